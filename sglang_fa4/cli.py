@@ -1,0 +1,30 @@
+"""The ``sglang-fa4`` command. Each subcommand lives in its own module exposing
+``add_parser(subparsers)``; heavy imports (torch, flash_attn, cutlass) happen inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module (under sglang_fa4) -> registers one or more subcommands
+SUBCOMMAND_MODULES = (
+    "doctor",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang-fa4", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"sglang_fa4.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
