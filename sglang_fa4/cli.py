@@ -10,6 +10,7 @@ import sys
 # module (under sglang_fa4) -> registers one or more subcommands
 SUBCOMMAND_MODULES = (
     "doctor",
+    "patching.cli",
 )
 
 

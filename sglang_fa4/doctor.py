@@ -1,0 +1,120 @@
+"""``sglang-fa4 doctor``: what this machine has and what the plugin would do on it.
+
+Works without SGLang, FA4 or a GPU; imports none of SGLang, flash_attn or CUTLASS.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from typing import Any, Optional
+
+from sglang_fa4 import features, plugin, selection
+from sglang_fa4.environ import envs
+from sglang_fa4.sglang_version import installed_sglang_version
+
+PLUGIN_NAME = "sglang_fa4"
+
+
+def _dist_version(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def plugin_status() -> dict[str, Any]:
+    eps = [ep for ep in metadata.entry_points(group="sglang.srt.plugins") if ep.name == PLUGIN_NAME]
+    allowed = envs.SGLANG_PLUGINS.get()
+    allowed_set = {x.strip() for x in allowed.split(",") if x.strip()}
+    if not eps:
+        return {"enabled": False, "reason": "entry point not installed (pip install sglang-fa4)"}
+    if allowed_set and PLUGIN_NAME not in allowed_set:
+        return {"enabled": False, "reason": f"SGLANG_PLUGINS={allowed!r} does not name {PLUGIN_NAME}"}
+    return {"enabled": True, "reason": "installed entry point; SGLANG_PLUGINS " + ("names it" if allowed_set else "is empty (all load)")}
+
+
+def gpu_status(capability_arg: Optional[str]) -> dict[str, Any]:
+    if capability_arg is not None:
+        return {"name": None, "capability": list(selection.parse_capability(capability_arg)), "source": "--capability"}
+    try:
+        import torch
+    except ImportError:
+        return {"name": None, "capability": None, "source": "torch not installed"}
+    if not torch.cuda.is_available():
+        return {"name": None, "capability": None, "source": "no CUDA GPU visible"}
+    return {
+        "name": torch.cuda.get_device_name(0),
+        "capability": list(torch.cuda.get_device_capability(0)),
+        "source": "torch.cuda",
+    }
+
+
+def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
+    version = installed_sglang_version()
+    plan = plugin.make_plan(version)
+    gpu = gpu_status(capability_arg)
+    if gpu["capability"] is not None:
+        choice = selection.select_mm_attention_backend(None, None, tuple(gpu["capability"]), "cuda")
+        backend = {"backend": choice.backend, "reason": choice.reason, "source": choice.source}
+    else:
+        backend = {"backend": None, "reason": "no CUDA GPU: SGLang's own platform default applies", "source": "upstream"}
+    return {
+        "sglang": {"version": version or "not installed", "supported": plan.supported, "note": plan.message},
+        "plugin": plugin_status(),
+        "features": {
+            f.name: ("upstream" if f.name in plan.upstream else "hooked" if f.name in plan.hooked else "off")
+            for f in features.FEATURES
+        }
+        if plan.supported
+        else {},
+        "fa4": {"flash-attn-4": _dist_version("flash-attn-4"), "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl")},
+        "gpu": gpu,
+        "vit_backend": backend,
+        "env": envs.snapshot(),
+    }
+
+
+def format_text(report: dict[str, Any]) -> str:
+    lines = [
+        f"SGLang:       {report['sglang']['version']}"
+        + (f"  ({report['sglang']['note']})" if report["sglang"]["version"] != "not installed" and report["sglang"]["note"] else ""),
+        f"plugin:       {'enabled' if report['plugin']['enabled'] else 'disabled'} - {report['plugin']['reason']}",
+    ]
+    for name, state in report["features"].items():
+        lines.append(f"  {name:<30} {state}")
+    fa4 = report["fa4"]
+    lines.append(f"FA4:          flash-attn-4 {fa4['flash-attn-4'] or 'not installed'}, "
+                 f"nvidia-cutlass-dsl {fa4['nvidia-cutlass-dsl'] or 'not installed'}")
+    gpu = report["gpu"]
+    cap = ".".join(map(str, gpu["capability"])) if gpu["capability"] else "-"
+    lines.append(f"GPU:          {gpu['name'] or '-'}  capability {cap}  ({gpu['source']})")
+    vb = report["vit_backend"]
+    lines.append(f"ViT backend:  {vb['backend'] or '(SGLang default)'} - {vb['reason']}")
+    lines.append("environment:")
+    for name, entry in report["env"].items():
+        value = entry.get("error") or repr(entry["value"])
+        lines.append(f"  {name:<40} {value}{'' if entry['set'] else '  (default)'}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    errors = envs.validate()
+    if errors:
+        for message in errors:
+            print(f"sglang-fa4 doctor: error: {message}")
+        return 2
+    try:
+        report = collect(args.capability)
+    except ValueError as exc:
+        print(f"sglang-fa4 doctor: error: {exc}")
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_text(report))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("doctor", help="report SGLang, FA4, GPU, the chosen ViT backend and the env registry")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--capability", metavar="X.Y", help="pretend the GPU has this compute capability (e.g. 10.3)")
+    p.set_defaults(handler=run)

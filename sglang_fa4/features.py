@@ -1,0 +1,57 @@
+"""What sglang-fa4 changes in SGLang, and from which SGLang version upstream already has it.
+
+The plugin hooks a feature on a supported version only where upstream lacks it; doctor and the
+README's support matrix are read from this table (a test keeps the README equal to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from packaging.version import Version
+
+# SGLang versions the plugin knows hook for hook; anything else gets a warning and no hooks.
+SUPPORTED_SGLANG_VERSIONS = ("0.5.20", "0.5.23")
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    summary: str
+    upstream_since: Optional[str]  # first SGLang release that has it; None: only sglang-fa4
+
+    def upstream_has(self, sglang_version: str) -> bool:
+        return self.upstream_since is not None and Version(sglang_version) >= Version(self.upstream_since)
+
+
+FEATURES = (
+    Feature(
+        "backend_default_table",
+        "ViT attention default per compute capability: sm_103 (B300) gets fa4, not triton_attn",
+        "0.5.21",
+    ),
+    Feature(
+        "backend_default_env_override",
+        "SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT replaces the per-GPU default",
+        None,
+    ),
+    Feature(
+        "fa4_list_seqlens",
+        "fa4 accepts the graph runners' [cu_seqlens, max_seqlen] list, chosen by argument type",
+        "0.5.21",
+    ),
+    Feature(
+        "fa4_checked_forward",
+        "fa4 forward: clear errors for malformed seqlens, window_size and sinks passed to FA4, "
+        "the cached-kernel launch path",
+        None,
+    ),
+)
+
+FEATURES_BY_NAME = {f.name: f for f in FEATURES}
+
+
+def features_to_hook(sglang_version: str) -> list[Feature]:
+    """The features the plugin must add on this (supported) SGLang version."""
+    return [f for f in FEATURES if not f.upstream_has(sglang_version)]

@@ -1,0 +1,59 @@
+"""The hook functions the plugin registers on SGLang: thin adapters from SGLang's call signatures to
+the logic in selection.py and attention.py. SGLang is imported only inside them."""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_fa4 import attention, selection
+
+logger = logging.getLogger("sglang_fa4")
+
+VISION = "sglang.srt.layers.attention.vision"
+DETERMINE_BACKEND = f"{VISION}.VisionAttention._determine_attention_backend"
+FA4_FORWARD = f"{VISION}.VisionFlash4Attention.forward"
+
+_logged_choices: set[tuple] = set()
+
+
+def _vision():
+    from sglang.srt.layers.attention import vision
+
+    return vision
+
+
+def determine_attention_backend(original, self, passed_backend):
+    """AROUND VisionAttention._determine_attention_backend: upstream resolves first (keeping its
+    errors and non-CUDA defaults), then on CUDA our selection decides."""
+    upstream = original(self, passed_backend)
+    vision = _vision()
+    if not vision.is_cuda():
+        return upstream
+    try:
+        server_arg = vision.get_mm().mm_attention_backend
+    except ValueError:  # no server args published (upstream tolerated it, so do we)
+        server_arg = None
+    capability = tuple(vision.get_device_capability())
+    choice = selection.select_mm_attention_backend(server_arg, passed_backend, capability, "cuda")
+    key = (choice.backend, choice.reason, upstream)
+    if key not in _logged_choices:
+        _logged_choices.add(key)
+        extra = "" if choice.backend == upstream else f" (SGLang alone would pick {upstream})"
+        logger.info("sglang-fa4: ViT attention backend %s: %s%s", choice.backend, choice.reason, extra)
+    return choice.backend
+
+
+def fa4_forward(self, q, k, v, cu_seqlens, bsz, seq_len, softmax_scale=None, forward_metadata=None, **kwargs):
+    """REPLACE VisionFlash4Attention.forward."""
+    return attention.vision_fa4_forward(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        bsz,
+        seq_len,
+        softmax_scale=softmax_scale,
+        forward_metadata=forward_metadata,
+        resolve_tensor=_vision().resolve_seqlens,
+        **kwargs,
+    )
