@@ -1,0 +1,118 @@
+"""The plugin's version-aware plan and registration, with SGLang's HookRegistry faked
+(the real-SGLang integration tests are in test_sglang_integration.py)."""
+
+import logging
+import sys
+import types
+from enum import Enum
+
+import pytest
+
+from sglang_fa4 import features, hooks, plugin
+from sglang_fa4.environ import EnvValueError
+
+
+class FakeHookType(Enum):
+    BEFORE = "before"
+    AFTER = "after"
+    AROUND = "around"
+    REPLACE = "replace"
+
+
+class FakeRegistry:
+    registered = []
+
+    @classmethod
+    def register(cls, target, hook, hook_type):
+        cls.registered.append((target, hook, hook_type))
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    FakeRegistry.registered = []
+    mod = types.ModuleType("sglang.srt.plugins.hook_registry")
+    mod.HookRegistry, mod.HookType = FakeRegistry, FakeHookType
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", mod)
+    monkeypatch.setattr(plugin, "_registered_plan", None)
+    monkeypatch.delenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", raising=False)
+    return FakeRegistry
+
+
+def use_version(monkeypatch, version):
+    monkeypatch.setattr(plugin, "installed_sglang_version", lambda: version)
+
+
+def test_plan_0_5_20_hooks_everything():
+    plan = plugin.make_plan("0.5.20")
+    assert plan.supported
+    assert set(plan.hooked) == {"backend_default_table", "fa4_list_seqlens", "fa4_checked_forward"}
+    assert plan.upstream == []
+
+
+def test_plan_0_5_23_hooks_only_what_goes_beyond():
+    plan = plugin.make_plan("0.5.23")
+    assert plan.hooked == ["fa4_checked_forward"]
+    assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens"}
+
+
+def test_env_override_feature_only_when_set(monkeypatch):
+    monkeypatch.setenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", "triton_attn")
+    assert "backend_default_env_override" in plugin.make_plan("0.5.23").hooked
+
+
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.21", "0.6.0", None])
+def test_plan_unknown_versions(version):
+    plan = plugin.make_plan(version)
+    assert not plan.supported and plan.hooked == []
+
+
+def test_register_0_5_20(fake_sglang, monkeypatch):
+    use_version(monkeypatch, "0.5.20")
+    plan = plugin.register()
+    targets = {(t, ht) for t, _, ht in fake_sglang.registered}
+    assert targets == {(hooks.DETERMINE_BACKEND, FakeHookType.AROUND), (hooks.FA4_FORWARD, FakeHookType.REPLACE)}
+    assert len(fake_sglang.registered) == 2  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 2  # idempotent
+
+
+def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
+    use_version(monkeypatch, "0.5.23")
+    plugin.register()
+    assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD]
+
+
+def test_register_unknown_version_warns_once_and_changes_nothing(fake_sglang, monkeypatch, caplog):
+    use_version(monkeypatch, "0.5.21")
+    with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
+        plan = plugin.register()
+        plugin.register()
+    assert not plan.supported and fake_sglang.registered == []
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "0.5.21" in warnings[0].getMessage()
+
+
+def test_register_unknown_version_strict(fake_sglang, monkeypatch):
+    use_version(monkeypatch, "0.5.21")
+    monkeypatch.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
+    with pytest.raises(plugin.UnsupportedSGLangVersion, match="0.5.21"):
+        plugin.register()
+
+
+def test_register_refuses_a_bad_environment(fake_sglang, monkeypatch):
+    use_version(monkeypatch, "0.5.20")
+    monkeypatch.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe")
+    with pytest.raises(EnvValueError, match="SGLANG_FA4_TMEM_LOAD_RED_MAX"):
+        plugin.register()
+    assert fake_sglang.registered == []
+
+
+def test_every_feature_has_a_registrar():
+    assert set(plugin.REGISTRARS) == {f.name for f in features.FEATURES}
+
+
+def test_upstream_has():
+    f = features.FEATURES_BY_NAME["backend_default_table"]
+    assert not f.upstream_has("0.5.20") and f.upstream_has("0.5.21") and f.upstream_has("0.5.23")
+    assert not features.FEATURES_BY_NAME["fa4_checked_forward"].upstream_has("9.9.9")
