@@ -42,6 +42,12 @@ FEATURES = (
         "0.5.21",
     ),
     Feature(
+        "vit_graph_runners_fa4",
+        "SGLANG_VIT_ENABLE_CUDA_GRAPH=1 with fa4: the generic and InternVL ViT graph runners pass "
+        "[cu_seqlens, max_seqlen] and compile every layout (windowed and full) before capture",
+        "0.5.21",
+    ),
+    Feature(
         "fa4_checked_forward",
         "fa4 forward: clear errors for malformed seqlens, window_size and sinks passed to FA4, "
         "the cached-kernel launch path",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_fa4 import attention, selection
+from sglang_fa4 import attention, selection, vit_graph_runners
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -57,3 +57,27 @@ def fa4_forward(self, q, k, v, cu_seqlens, bsz, seq_len, softmax_scale=None, for
         resolve_tensor=_vision().resolve_seqlens,
         **kwargs,
     )
+
+
+GENERIC_RUNNER = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner._create_graph"
+INTERNVL_RUNNER = "sglang.srt.multimodal.internvl_vit_cuda_graph_runner.InternViTCudaGraphRunner"
+
+
+def generic_runner_create_graph(original, self, graph_key, position_embeddings=None,
+                                rotary_pos_emb_cos=None, rotary_pos_emb_sin=None):
+    """AROUND ViTCudaGraphRunner._create_graph: for fa4, warm every layout, then capture with the
+    [cu_seqlens, max_seqlen] layout."""
+    if self._attn_backend != vit_graph_runners.FA4:
+        return original(self, graph_key, position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+    vit_graph_runners.warm_generic_runner(self, graph_key, position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+    with vit_graph_runners.runner_layout_as_fa3(self):
+        return original(self, graph_key, position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
+
+
+def internvl_runner_step(original, self, key):
+    """AROUND InternViTCudaGraphRunner._warmup_once / _capture_graph: fa4 uses the fa3 layout (one
+    uniform layout per graph, so the runner's own eager warmup already compiles it)."""
+    if self._attn_backend != vit_graph_runners.FA4:
+        return original(self, key)
+    with vit_graph_runners.runner_layout_as_fa3(self):
+        return original(self, key)

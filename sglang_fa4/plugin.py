@@ -39,12 +39,19 @@ def _register_fa4_forward(registry, hook_type) -> None:
     registry.register(hooks.FA4_FORWARD, hooks.fa4_forward, hook_type.REPLACE)
 
 
+def _register_vit_graph_runners(registry, hook_type) -> None:
+    registry.register(hooks.GENERIC_RUNNER, hooks.generic_runner_create_graph, hook_type.AROUND)
+    registry.register(f"{hooks.INTERNVL_RUNNER}._warmup_once", hooks.internvl_runner_step, hook_type.AROUND)
+    registry.register(f"{hooks.INTERNVL_RUNNER}._capture_graph", hooks.internvl_runner_step, hook_type.AROUND)
+
+
 # feature -> what registers it. Features sharing a registrar are hooked once.
 REGISTRARS: dict[str, Callable] = {
     "backend_default_table": _register_backend_selection,
     "backend_default_env_override": _register_backend_selection,
     "fa4_list_seqlens": _register_fa4_forward,
     "fa4_checked_forward": _register_fa4_forward,
+    "vit_graph_runners_fa4": _register_vit_graph_runners,
 }
 
 

@@ -47,14 +47,14 @@ def use_version(monkeypatch, version):
 def test_plan_0_5_20_hooks_everything():
     plan = plugin.make_plan("0.5.20")
     assert plan.supported
-    assert set(plan.hooked) == {"backend_default_table", "fa4_list_seqlens", "fa4_checked_forward"}
+    assert set(plan.hooked) == {"backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4"}
     assert plan.upstream == []
 
 
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["fa4_checked_forward"]
-    assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens"}
+    assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
 def test_env_override_feature_only_when_set(monkeypatch):
@@ -72,9 +72,15 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
     use_version(monkeypatch, "0.5.20")
     plan = plugin.register()
     targets = {(t, ht) for t, _, ht in fake_sglang.registered}
-    assert targets == {(hooks.DETERMINE_BACKEND, FakeHookType.AROUND), (hooks.FA4_FORWARD, FakeHookType.REPLACE)}
-    assert len(fake_sglang.registered) == 2  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 2  # idempotent
+    assert targets == {
+        (hooks.DETERMINE_BACKEND, FakeHookType.AROUND),
+        (hooks.FA4_FORWARD, FakeHookType.REPLACE),
+        (hooks.GENERIC_RUNNER, FakeHookType.AROUND),
+        (hooks.INTERNVL_RUNNER + "._warmup_once", FakeHookType.AROUND),
+        (hooks.INTERNVL_RUNNER + "._capture_graph", FakeHookType.AROUND),
+    }
+    assert len(fake_sglang.registered) == 5  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 5  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
