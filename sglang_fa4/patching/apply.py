@@ -127,7 +127,7 @@ def _run_series(series: Series, originals: dict[str, bytes | None], reverse: boo
             cmd = [exe, "-p1", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-",
                    "--silent", "-d", str(stage), "-i", str(patch.path)]
             cmd.insert(1, "--reverse" if reverse else "--forward")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+            proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 how = "reverse-apply" if reverse else "apply"
                 report = (proc.stdout + proc.stderr).strip()
