@@ -72,22 +72,25 @@ def _stub_hardware_info() -> None:
         pass
 
 
-def compile_once(interface, dump_dir: Path, dest: Path) -> dict:
+def compile_once(interface, dump_dir: Path, dest: Path, hd: int = 128, causal: bool = False,
+                 varlen: bool = True) -> dict:
     """Compile the forward once; move the PTX it dumped into `dest`; report on it."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    batch, seqlen, heads, hd = 2, 1024, 16, 128
+    batch, seqlen, heads = 2, 1024, 16
     total = batch * seqlen
     cache = interface._flash_attn_fwd.compile_cache.cache
     keys_before = set(cache)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        q = torch.empty(total, heads, hd, dtype=torch.bfloat16, device="cuda")
-        k = torch.empty(total, heads, hd, dtype=torch.bfloat16, device="cuda")
-        v = torch.empty(total, heads, hd, dtype=torch.bfloat16, device="cuda")
-        cu = torch.empty(batch + 1, dtype=torch.int32, device="cuda")
-        interface._flash_attn_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                  max_seqlen_q=seqlen, max_seqlen_k=seqlen, causal=False)
+        shape = (total, heads, hd) if varlen else (batch, seqlen, heads, hd)
+        q, k, v = (torch.empty(shape, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        if varlen:
+            cu = torch.empty(batch + 1, dtype=torch.int32, device="cuda")
+            interface._flash_attn_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                      max_seqlen_q=seqlen, max_seqlen_k=seqlen, causal=causal)
+        else:
+            interface._flash_attn_fwd(q, k, v, causal=causal)
     new_keys = [k for k in cache if k not in keys_before]
     dest.mkdir(parents=True, exist_ok=True)
     ptx = []
@@ -108,6 +111,9 @@ def main() -> int:
     ap.add_argument("--sglang-root", required=True, type=Path)
     ap.add_argument("--dump-dir", required=True, type=Path)
     ap.add_argument("--flag", action="append", choices=("on", "off"), required=True)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--batched", action="store_true", help="(batch, seqlen) tensors instead of varlen")
     args = ap.parse_args()
     args.dump_dir.mkdir(parents=True, exist_ok=True)
     _bare_sglang(args.sglang_root.resolve())
@@ -117,7 +123,8 @@ def main() -> int:
     out = {}
     for flag in args.flag:
         os.environ[FLAG] = "1" if flag == "on" else "0"
-        out[flag] = compile_once(interface, args.dump_dir, args.dump_dir / f"flag-{flag}")
+        out[flag] = compile_once(interface, args.dump_dir, args.dump_dir / f"flag-{flag}",
+                                 hd=args.head_dim, causal=args.causal, varlen=not args.batched)
     print(json.dumps(out))
     return 0
 

@@ -267,3 +267,32 @@ def test_build_wheel_refuses_mismatched_or_unknown(wheel, tmp_path):
     with pytest.raises(PatchError, match="is sglang 0.5.21, but --sglang 0.5.20"):
         build_fork_wheel(VERSION, tmp_path / "o", renamed)
     assert not (tmp_path / "o").exists()
+
+
+def test_patched_interface_reads_the_switch(tree, monkeypatch):
+    """The vendored interface can't import sglang_fa4, so it parses SGLANG_FA4_TMEM_LOAD_RED_MAX
+    itself: run that function (lifted out of the patched file; the module needs a GPU stack)."""
+    import ast
+
+    ops.apply(ops.resolve_target(tree))
+    module = ast.parse((tree / CUTE / "interface.py").read_text())
+    wanted = [n for n in module.body
+              if (isinstance(n, ast.FunctionDef) and n.name == "_tmem_load_red_max_enabled")
+              or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_TMEM_LOAD_RED_MAX_ENV")]
+    assert len(wanted) == 2
+    ns: dict = {}
+    exec(compile(ast.Module([ast.parse("import os").body[0], *wanted], []), "interface.py", "exec"), ns)
+    enabled = ns["_tmem_load_red_max_enabled"]
+
+    monkeypatch.delenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", raising=False)
+    assert enabled(103) is True  # default on, like environ.yaml's declaration
+    for raw, want in (("0", False), ("off", False), ("No", False), ("1", True), (" TRUE ", True)):
+        monkeypatch.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", raw)
+        assert enabled(103) is want, raw
+        assert enabled(100) is False and enabled(110) is False  # ignored off sm_103
+    monkeypatch.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe")
+    with pytest.raises(ValueError, match="SGLANG_FA4_TMEM_LOAD_RED_MAX='maybe' is not a boolean"):
+        enabled(103)
+    from sglang_fa4.environ import envs
+
+    assert envs.SGLANG_FA4_TMEM_LOAD_RED_MAX.default is True
