@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Build (or reuse) the CPU test environment:
+#   .venv/                      Python 3.11 venv: tests/requirements-sglang.txt + this package (-e .[test])
+#   .cache/wheels/              the upstream sglang wheels (pip download --no-deps), reused by other tests
+#   .cache/sglang/<version>/    sglang <version> + its version-specific pins, pip --no-deps --target;
+#                               tests/sglang_harness.py puts it first on PYTHONPATH of a .venv subprocess
+# Idempotent: every step leaves a stamp holding the sha256 of its inputs and is skipped while that
+# matches. Everything lands in ignored paths (.venv/, .cache/).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+SGLANG_VERSIONS=(0.5.20 0.5.23)
+# What each version pins differently (METADATA Requires-Dist), installed --no-deps beside it; their
+# own dependencies are in tests/requirements-sglang.txt. compressed-tensors is the same in both but
+# needs transformers, so it lives beside it.
+declare -A SGLANG_TARGET_PKGS=(
+    [0.5.20]="transformers==5.12.1 tokenizers==0.22.2 openai==2.6.1 xgrammar==0.2.1 compressed-tensors==0.18.0"
+    [0.5.23]="transformers==5.19.0 tokenizers==0.23.2 openai==2.8.0 xgrammar==0.2.7 compressed-tensors==0.18.0"
+)
+
+venv="$root/.venv"
+vpy="$venv/bin/python"
+stamps="$venv/.sglang-fa4-stamps"
+req="$root/tests/requirements-sglang.txt"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { printf '[setup_env %4ss] %s\n' "$SECONDS" "$*"; }
+sha() { sha256sum | cut -d' ' -f1; }
+# pip, minus the machine's pip.conf noise about local index folders it lacks
+pip_q() {
+    "$vpy" -m pip "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+}
+stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
+changed=0
+
+# 1. the venv (Python 3.11: the pinned binary wheels are cp311)
+py="$(command -v python3.11 || true)"
+if [[ -z "$py" ]]; then
+    echo "setup_env.sh: python3.11 is required" >&2
+    exit 1
+fi
+if [[ ! -x "$vpy" ]] || ! "$vpy" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+    log "creating .venv with $py"
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+fi
+mkdir -p "$stamps"
+
+# 2. the shared dependencies (torch first among them)
+want="$(sha < "$req")"
+if ! stamp_ok "$stamps/requirements" "$want"; then
+    log "installing tests/requirements-sglang.txt into .venv (torch 2.14.1 + torchvision from local disk)"
+    pip_q install -q -r "$req"
+    echo "$want" > "$stamps/requirements"
+    changed=1
+fi
+
+# 3. this package, editable, so its sglang.srt.plugins entry point is visible to SGLang's loader
+want="$(cat pyproject.toml "$req" | sha)"
+if ! stamp_ok "$stamps/project" "$want"; then
+    log "installing sglang-fa4 (-e .[test])"
+    pip_q install -q -e '.[test]'
+    echo "$want" > "$stamps/project"
+    changed=1
+fi
+
+# 4./5. per SGLang version: the wheel, then the target dir
+mkdir -p .cache/wheels .cache/sglang
+for v in "${SGLANG_VERSIONS[@]}"; do
+    wheel="$(ls .cache/wheels/sglang-"$v"-*.whl 2>/dev/null | head -n1 || true)"
+    if [[ -z "$wheel" ]]; then
+        log "downloading the sglang $v wheel"
+        pip_q download -q --no-deps --only-binary=:all: -d .cache/wheels "sglang==$v"
+        wheel="$(ls .cache/wheels/sglang-"$v"-*.whl | head -n1)"
+    fi
+    target=".cache/sglang/$v"
+    pkgs="${SGLANG_TARGET_PKGS[$v]}"
+    want="$(printf '%s\n%s\n' "$(basename "$wheel")" "$pkgs" | sha)"
+    if ! stamp_ok "$target/.sglang-fa4-stamp" "$want"; then
+        log "installing sglang $v + $pkgs into $target"
+        rm -rf "$target" "$target.tmp"
+        # shellcheck disable=SC2086  # pkgs is a word list
+        pip_q install -q --no-deps --target "$target.tmp" "$wheel" $pkgs
+        echo "$want" > "$target.tmp/.sglang-fa4-stamp"
+        mv "$target.tmp" "$target"
+        changed=1
+    fi
+done
+
+# after a change, a cheap check that the result is what the tests expect (a CUDA torch is fine:
+# it runs on the CPU)
+if [[ "$changed" == 1 ]]; then
+"$vpy" - <<'EOF'
+import importlib.metadata as md
+import torch, torchvision  # noqa: F401
+eps = [e.name for e in md.entry_points(group="sglang.srt.plugins")]
+assert "sglang_fa4" in eps, f"sglang_fa4 entry point not installed: {eps}"
+assert torch.__version__.split("+")[0] == "2.14.1", torch.__version__
+EOF
+fi
+log "ready"
