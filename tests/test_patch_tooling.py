@@ -213,9 +213,20 @@ def test_cli(tree, capsys):
     assert "nothing to revert" in capsys.readouterr().err
 
 
-def test_pyproject_ships_the_patches_in_the_wheel():
-    text = (ROOT / "pyproject.toml").read_text()
-    assert '"patches" = "sglang_fa4/patches"' in text
+def test_installed_sglang_fa4_wheel_finds_its_patches(tmp_path):
+    """pyproject force-includes patches/ as sglang_fa4/patches: build our wheel, install it
+    elsewhere, and load the series from there (not from this checkout)."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check",
+                    "-w", str(tmp_path / "w"), str(ROOT)], check=True)
+    (whl,) = (tmp_path / "w").glob("sglang_fa4-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--disable-pip-version-check",
+                    "--target", str(site), str(whl)], check=True)
+    code = ("from sglang_fa4.patching.series import patches_root, load_series; "
+            "print(patches_root()); print(load_series('0.5.20').revision)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out == [str(site / "sglang_fa4" / "patches"), str(load_series(VERSION).revision)]
 
 
 def _verify_record(whl: Path) -> dict[str, bytes]:
