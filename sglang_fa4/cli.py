@@ -11,6 +11,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "doctor",
     "patching.cli",
+    "bench.cli",
 )
 
 

@@ -1,0 +1,113 @@
+"""GPU timing primitives: CUDA events, CUDA-graph replay, host launch cost, and the two ceilings
+(bf16 matmul rate, device copy bandwidth). torch is imported inside the functions."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from .stats import median
+
+
+def sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def event_time_ms(fn: Callable[[], object], iters: int) -> float:
+    """Milliseconds per call of `iters` back-to-back calls between two CUDA events (eager: host
+    launch cost is included whenever it exceeds the GPU time)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def host_us_per_call(fn: Callable[[], object], iters: int) -> float:
+    """Wall microseconds per call of a launch-bound loop (GPU work far shorter than the launch)."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e6 / iters
+
+
+def iters_for(est_ms: float, target_ms: float, lo: int = 1, hi: int = 200) -> int:
+    if est_ms <= 0:
+        return hi
+    return max(lo, min(hi, int(round(target_ms / est_ms))))
+
+
+class GraphedCalls:
+    """`calls` (run in order, cycled to `count` launches) captured into one CUDA graph.
+    outputs[i] is what call i returned during capture (static: replays overwrite it)."""
+
+    def __init__(self, calls: Sequence[Callable[[], object]], count: int, warmup: int = 2):
+        import torch
+
+        self.count = count
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                for c in calls:
+                    c()
+        torch.cuda.current_stream().wait_stream(stream)
+        sync()
+        self.graph = torch.cuda.CUDAGraph()
+        outputs: list = []
+        with torch.cuda.graph(self.graph):
+            for i in range(count):
+                r = calls[i % len(calls)]()
+                if i < len(calls):
+                    outputs.append(r)
+        self.outputs = outputs
+        sync()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def ms_per_call(self, replays: int) -> float:
+        return event_time_ms(self.graph.replay, replays) / self.count
+
+    def release(self) -> None:
+        self.graph.reset()
+        self.outputs = []
+
+
+def measure_matmul_tflops(n: int = 8192, iters: int = 20, repeats: int = 5) -> dict:
+    """bf16 n x n x n matmul on random data through torch: median TFLOP/s of `repeats` samples."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    def mm():
+        torch.mm(a, b, out=c)
+
+    for _ in range(3):
+        mm()
+    samples = [2 * n**3 / (event_time_ms(mm, iters) * 1e-3) / 1e12 for _ in range(repeats)]
+    return {"tflops": median(samples), "samples": samples, "shape": [n, n, n]}
+
+
+def measure_copy_gbps(nbytes: int = 2 << 30, iters: int = 10, repeats: int = 5) -> dict:
+    """Device-to-device copy of `nbytes`, counting bytes read plus written: median GB/s."""
+    import torch
+
+    src = torch.randn(nbytes // 4, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    def copy():
+        dst.copy_(src)
+
+    for _ in range(3):
+        copy()
+    samples = [2 * nbytes / (event_time_ms(copy, iters) * 1e-3) / 1e9 for _ in range(repeats)]
+    return {"gbps": median(samples), "samples": samples, "bytes": nbytes}
