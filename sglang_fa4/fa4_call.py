@@ -4,14 +4,75 @@ Contract (everything else in sglang_fa4 calls only this):
     fa4_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, softmax_scale=None,
                          window_size=(None, None), sinks=None, out=None) -> Tensor
 q, k, v: (total_tokens, heads, head_dim) CUDA bf16/fp16; cu_seqlens: int32 CUDA, (segments + 1,);
-max_seqlen: a host int (or None). Returns (total_tokens, heads, head_dim).
+max_seqlen: a host int (or None). Returns (total_tokens, heads, head_dim_v): ``out`` when given.
+window_size: (left, right) token bounds of a sliding window; None or negative (SGLang's -1) is
+unbounded on that side; (None, 0) is causal. sinks: per-head attention-sink logits, (heads,)
+float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_120: raises).
+
+The output is bitwise what ``flash_attn.cute.flash_attn_varlen_func`` returns, but each
+configuration's compiled kernel is resolved once (through FA4's own forward, so its caches stay
+valid) and then launched directly on the current torch stream: a few microseconds of host time,
+CUDA-graph capturable. See :mod:`sglang_fa4.fa4_kernel_cache` for what a configuration is.
+Inputs that require grad (with grad mode on) take FA4's public autograd path instead.
+
+``compile_count()``, ``compile_events()``, ``configs_seen()`` and ``add_compile_listener()``
+report the configurations resolved in this process (for warmup and "no compiles after warmup"
+checks).
 
 flash_attn.cute is imported lazily: importing this module costs nothing.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import threading
+from typing import Callable, Optional
+
+from sglang_fa4.fa4_kernel_cache import (
+    CompileEvent,
+    FA4Config,
+    FA4FeatureError,
+    FA4InputError,
+    FA4LayoutError,
+    KernelCache,
+)
+
+__all__ = [
+    "fa4_varlen_attention",
+    "compile_count",
+    "compile_events",
+    "configs_seen",
+    "add_compile_listener",
+    "kernel_cache",
+    "install_kernel_cache",
+    "CompileEvent",
+    "FA4Config",
+    "FA4FeatureError",
+    "FA4InputError",
+    "FA4LayoutError",
+]
+
+_cache: Optional[KernelCache] = None
+_cache_lock = threading.Lock()
+
+
+def kernel_cache() -> KernelCache:
+    """The process-wide cache (FA4 backend), created on first use."""
+    global _cache
+    if _cache is None:
+        with _cache_lock:
+            if _cache is None:
+                from sglang_fa4.fa4_backend import FA4Backend
+
+                _cache = KernelCache(FA4Backend())
+    return _cache
+
+
+def install_kernel_cache(cache: Optional[KernelCache]) -> Optional[KernelCache]:
+    """Replace the process-wide cache (tests: a fake backend); returns the previous one."""
+    global _cache
+    with _cache_lock:
+        previous, _cache = _cache, cache
+    return previous
 
 
 def fa4_varlen_attention(
@@ -26,22 +87,23 @@ def fa4_varlen_attention(
     sinks=None,
     out=None,
 ):
-    from flash_attn.cute import flash_attn_varlen_func
+    cache = _cache if _cache is not None else kernel_cache()
+    return cache(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
 
-    result = flash_attn_varlen_func(
-        q,
-        k,
-        v,
-        cu_seqlens_q=cu_seqlens,
-        cu_seqlens_k=cu_seqlens,
-        max_seqlen_q=max_seqlen,
-        max_seqlen_k=max_seqlen,
-        softmax_scale=softmax_scale,
-        window_size=window_size,
-        learnable_sink=sinks,
-    )
-    result = result[0] if isinstance(result, tuple) else result
-    if out is not None:
-        out.copy_(result)
-        return out
-    return result
+
+def compile_count() -> int:
+    """Configurations resolved (compiled, or loaded from FA4's caches) in this process."""
+    return kernel_cache().compile_count()
+
+
+def compile_events() -> list[CompileEvent]:
+    return kernel_cache().compile_events()
+
+
+def configs_seen() -> list[FA4Config]:
+    return kernel_cache().configs_seen()
+
+
+def add_compile_listener(callback: Callable[[CompileEvent], None]) -> Callable[[], None]:
+    """Call ``callback(event)`` whenever a new configuration is resolved; returns a remover."""
+    return kernel_cache().add_compile_listener(callback)

@@ -1,0 +1,109 @@
+"""GPU: fa4_varlen_attention's direct launch is bitwise FA4's public API, compiles once per
+configuration, passes windows and sinks through, and replays in a CUDA graph. Skips without CUDA
+or flash_attn.cute (CI is CPU-only). The full sweep and timings: benchmark/check_fa4_call.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+H = 16
+
+
+@pytest.fixture(scope="module")
+def fa4():
+    pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4")
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from sglang_fa4 import fa4_call
+
+    def public(q, k, v, cu, ms, window=(None, None), sinks=None):
+        r = flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=ms, max_seqlen_k=ms,
+            window_size=window, learnable_sink=sinks,
+        )
+        return r[0] if isinstance(r, tuple) else r
+
+    return fa4_call, public
+
+
+def cu_from(lens):
+    c = [0]
+    for n in lens:
+        c.append(c[-1] + n)
+    return torch.tensor(c, dtype=torch.int32, device="cuda")
+
+
+def rand(total, d, packed=False):
+    if packed:
+        return torch.randn(total, 3, H, d, dtype=torch.bfloat16, device="cuda").unbind(1)
+    return tuple(torch.randn(total, H, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+
+
+@pytest.mark.parametrize("d", [64, 80])
+def test_bitwise_and_one_compile_per_configuration(fa4, d):
+    fa4_call, public = fa4
+    start = fa4_call.compile_count()
+    for lens, packed in (([1024], False), ([196, 784, 400, 64], True), ([100, 50, 64], False)):
+        q, k, v = rand(sum(lens), d, packed)
+        cu = cu_from(lens)
+        out = torch.full((sum(lens), H, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ours = fa4_call.fa4_varlen_attention(q, k, v, cu, max(lens), out=out)
+        assert ours is out and not torch.isnan(out).any()
+        assert torch.equal(ours, public(q, k, v, cu, max(lens)))
+    # another max_seqlen / layout of the same configuration compiled nothing new
+    assert fa4_call.compile_count() - start <= 1
+
+
+def test_many_segments(fa4):
+    fa4_call, public = fa4
+    lens = [int(x) for x in torch.randint(1, 40, (300,))]
+    q, k, v = rand(sum(lens), 80)
+    cu = cu_from(lens)
+    assert torch.equal(fa4_call.fa4_varlen_attention(q, k, v, cu, max(lens)), public(q, k, v, cu, max(lens)))
+    assert fa4_call.configs_seen()[-1].many_segments or any(c.many_segments for c in fa4_call.configs_seen())
+
+
+def test_window_and_sinks(fa4):
+    fa4_call, public = fa4
+    lens = [196, 784, 400, 64]
+    q, k, v = rand(sum(lens), 64)
+    cu = cu_from(lens)
+    sinks = torch.randn(H, device="cuda") * 2 + 3
+    ours = fa4_call.fa4_varlen_attention(q, k, v, cu, 784, window_size=(64, 64), sinks=sinks)
+    assert torch.equal(ours, public(q, k, v, cu, 784, window=(64, 64), sinks=sinks))
+    assert not torch.equal(ours, public(q, k, v, cu, 784))  # window + sinks were not dropped
+    n = fa4_call.compile_count()
+    ours2 = fa4_call.fa4_varlen_attention(q, k, v, cu, 784, window_size=(32, 16), sinks=sinks)
+    assert fa4_call.compile_count() == n  # window sizes are runtime values
+    assert torch.equal(ours2, public(q, k, v, cu, 784, window=(32, 16), sinks=sinks))
+    # SGLang's (-1, -1) means no window
+    assert torch.equal(
+        fa4_call.fa4_varlen_attention(q, k, v, cu, 784, window_size=(-1, -1)), public(q, k, v, cu, 784)
+    )
+
+
+def test_cuda_graph_capture_and_replay(fa4):
+    fa4_call, public = fa4
+    lens = [196, 784, 400, 64]
+    q, k, v = rand(sum(lens), 80)
+    cu = cu_from(lens)
+    out = torch.empty_like(q)
+    with torch.inference_mode():
+        fa4_call.fa4_varlen_attention(q, k, v, cu, 784, out=out)  # resolve outside the capture
+        n = fa4_call.compile_count()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fa4_call.fa4_varlen_attention(q, k, v, cu, 784, out=out)
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, public(q, k, v, cu, 784))
+    assert fa4_call.compile_count() == n
