@@ -114,6 +114,15 @@ def host_us(fn, n):
     }
 
 
+def _fa4_version(module) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("flash-attn-4")
+    except Exception:  # noqa: BLE001 (a bundle without dist-info)
+        return getattr(module, "__version__", "unknown (no dist-info)")
+
+
 def guarded(section: str, fn, *a):
     """Run one case; an exception is recorded (and fails the run) instead of ending it."""
     try:
@@ -133,6 +142,7 @@ def main() -> int:
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "fa4_call_check.json"))
     ap.add_argument("--budget-s", type=float, default=150.0, help="skip the remaining head dims past this")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--shell-command", default="", help="the full command line, recorded in the JSON")
     args = ap.parse_args()
     out_path = Path(args.json)
 
@@ -146,7 +156,8 @@ def main() -> int:
         device=dev.name,
         capability=f"{dev.major}.{dev.minor}",
         torch=torch.__version__,
-        flash_attn=getattr(flash_attn, "__version__", "?"),
+        flash_attn=_fa4_version(flash_attn),
+        shell_command=args.shell_command,
         python=platform.python_version(),
         host_cpu=platform.processor() or platform.machine(),
     )

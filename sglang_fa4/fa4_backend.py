@@ -19,6 +19,7 @@ flash_attn is imported inside the methods only.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -76,7 +77,8 @@ class FA4Backend:
         sched_kwargs: dict[str, Any] = {}
         original_cumsum = iface._compute_tile_cumsum
 
-        def recording_cumsum(**kwargs):
+        @functools.wraps(original_cumsum)  # also copies .compile_cache, which FA4 reads
+        def recording_cumsum(**kwargs):  # through the module global while it runs
             sched_kwargs.update(kwargs)
             return original_cumsum(**kwargs)
 

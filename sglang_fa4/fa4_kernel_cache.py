@@ -495,13 +495,13 @@ class KernelCache:
                 sinks = sinks.clone(memory_format=torch.contiguous_format)
 
         # Autograd: the direct launch is forward-only; inputs that want a graph go the public way.
-        if _grad_enabled() and (
-            q.requires_grad or k.requires_grad or v.requires_grad
-            or (sinks is not None and sinks.requires_grad)
+        if q.requires_grad or k.requires_grad or v.requires_grad or (
+            sinks is not None and sinks.requires_grad
         ):
-            return self._public(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, left, right, sinks, out)
-
-        if q.requires_grad or k.requires_grad or v.requires_grad:
+            if _grad_enabled():
+                return self._public(
+                    q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, left, right, sinks, out
+                )
             q, k, v = q.detach(), k.detach(), v.detach()  # as FA4 hands them to its kernel
 
         # FA4's maybe_contiguous: 16-byte aligned pointers and strides, unit last stride.
@@ -560,8 +560,25 @@ class KernelCache:
             bc,
         )
         launcher = self._launchers.get(key)
-        if launcher is not None:
-            launcher.launch(q, k, v, out, softmax_scale, cu_seqlens, left, right, sinks, max_seqlen, total_q)
+        if launcher is not None:  # Launcher.launch, inlined
+            lay = launcher.layout
+            args = launcher.template.copy()
+            args[lay.q] = q
+            args[lay.k] = k
+            args[lay.v] = v
+            args[lay.out] = out
+            args[lay.softmax_scale] = launcher.default_scale if softmax_scale is None else softmax_scale
+            args[lay.cu_seqlens_q] = cu_seqlens
+            args[lay.cu_seqlens_k] = cu_seqlens
+            args[lay.window_left] = left
+            args[lay.window_right] = right
+            args[lay.sink] = sinks
+            if lay.max_seqlen is not None:
+                args[lay.max_seqlen] = total_q if max_seqlen is None else max_seqlen
+            if launcher.sched is not None:
+                for i, t in zip(lay.sched, launcher.sched(cu_seqlens, total_q)):
+                    args[i] = t
+            launcher.fn(*args)
             return out
         call = FwdCall(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, left, right, sinks, out)
         return self._resolve(key, call)

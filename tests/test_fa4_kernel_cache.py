@@ -416,3 +416,93 @@ def test_importing_does_not_import_cutlass_or_flash_attn():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- the real backend, against a stand-in for flash_attn.cute.interface ----------------------
+
+_FAKE_INTERFACE = '''
+USE_BLOCKS_TO_BATCH = True
+
+class JITCache(dict):
+    pass
+
+def _get_device_arch():
+    return ARCH
+
+def _compute_tile_cumsum(*, num_m_blocks=None, cu_seqlens=None, seqused=None,
+                         num_splits_dynamic=None, virtual_batch_idx=None, tile_size=1, q_stage=1,
+                         cluster_shape_m=1, qhead_per_kvhead=1, pack_gqa=False):
+    # like FA4 b36: reads its cache through the module global
+    _compute_tile_cumsum.compile_cache.setdefault(("cumsum", tile_size), "compiled")
+    return torch.arange(cu_seqlens.shape[0], dtype=torch.int32), None
+
+_compute_tile_cumsum.compile_cache = JITCache()
+
+def _blocks_to_batch_size(total_q, num_batch, tile_m, qhead_per_kvhead, pack_gqa):
+    return (total_q + num_batch * (tile_m - 1)) // tile_m + 1
+
+def _compute_blocks_to_batch(cu_total_blocks, num_blocks, device):
+    return torch.zeros(num_blocks, dtype=torch.int32)
+
+def kernel(*args):
+    KERNEL_CALLS.append(args)
+
+def _flash_attn_fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                    max_seqlen_k=None, softmax_scale=None, causal=False, window_size_left=None,
+                    window_size_right=None, learnable_sink=None, num_splits=1, out=None):
+    import math
+    key = (q.dtype, q.shape[-1], window_size_left is not None, learnable_sink is not None)
+    if key not in _flash_attn_fwd.compile_cache:
+        _flash_attn_fwd.compile_cache[key] = kernel
+    sched = [None, None]
+    if cu_seqlens_q.shape[0] - 1 > 256:
+        sched = list(_compute_tile_cumsum(cu_seqlens=cu_seqlens_q, tile_size=192, q_stage=1,
+                                          cluster_shape_m=1, qhead_per_kvhead=1, pack_gqa=False))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    args = [q.detach(), k.detach(), v.detach(), out.detach(), None, scale, cu_seqlens_q,
+            cu_seqlens_k, None, None, None, window_size_left, window_size_right, learnable_sink,
+            None, AUX, *sched]
+    _flash_attn_fwd.compile_cache[key](*args)
+    return out, None, None, None, None
+
+_flash_attn_fwd.compile_cache = JITCache()
+'''
+
+
+@pytest.fixture
+def fake_interface(monkeypatch):
+    import types
+
+    from sglang_fa4 import fa4_backend
+
+    mod = types.ModuleType("fake_fa4_interface")
+    mod.__dict__.update(torch=torch, ARCH=90, KERNEL_CALLS=[], AUX=STATIC)
+    exec(_FAKE_INTERFACE, mod.__dict__)
+    monkeypatch.setattr(fa4_backend, "_interface", lambda: mod)
+    return mod
+
+
+def test_fa4_backend_records_kernel_and_restores_fa4(fake_interface):
+    from sglang_fa4.fa4_backend import FA4Backend
+
+    mod = fake_interface
+    cache_obj, cumsum = mod._flash_attn_fwd.compile_cache, mod._compute_tile_cumsum
+    cache = KernelCache(FA4Backend.__new__(FA4Backend))
+    cache.backend.requires_cuda = False
+    q, k, v = qkv(total=600)
+    cache(q, k, v, cu(300, 300), 300, None, (None, None), None, None)
+    cache(q, k, v, cu(*[2] * 300), 2, None, (None, None), None, None)
+    ev = cache.compile_events()
+    assert [e.fa4_compiled for e in ev] == [True, False]  # FA4's cache already had the 2nd key
+    assert mod._flash_attn_fwd.compile_cache is cache_obj and mod._compute_tile_cumsum is cumsum
+    assert ("cumsum", 192) in cumsum.compile_cache
+    n = len(mod.KERNEL_CALLS)
+    cache(q, k, v, cu(*[1] * 600), 1, None, (None, None), None, None)  # direct launch
+    assert len(mod.KERNEL_CALLS) == n + 1 and cache.compile_count() == 2
+    args = mod.KERNEL_CALLS[-1]
+    assert args[0] is q and args[16].shape == (601,) and args[17] is None
+    mod._flash_attn_fwd.compile_cache.clear()
+    cache2 = KernelCache(cache.backend)
+    cache2(q, k, v, cu(600), 600, None, (64, 64), torch.zeros(4), None)
+    assert cache2.compile_events()[0].fa4_compiled
+    assert mod.KERNEL_CALLS[-1][11:14][:2] == (64, 64)
