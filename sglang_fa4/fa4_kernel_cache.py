@@ -701,3 +701,34 @@ def _fa4_form(call: FwdCall) -> FwdCall:
 
 def describe(configs: Sequence[FA4Config]) -> list[dict[str, Any]]:
     return [c.as_dict() for c in configs]
+
+
+def config_for(
+    arch: int,
+    dtype,
+    head_dim: int,
+    head_dim_v: int,
+    qhead_per_kvhead: int,
+    max_seqlen: Optional[int],
+    total_q: int,
+    window_size=(None, None),
+    sink_dtype=None,
+    num_segments: int = 1,
+    broadcast: Optional[tuple] = None,
+) -> FA4Config:
+    """The :class:`FA4Config` that :class:`KernelCache` resolves for a call with these properties
+    (the same normalisation as ``KernelCache.__call__``'s key; tests/test_warmup.py checks the two
+    agree). ``dtype``/``sink_dtype``: torch dtypes or their FA4Config names."""
+    causal, left, right = normalize_window(window_size)
+    dtype_name = _DTYPE_NAMES.get(dtype, dtype)
+    if dtype_name not in _DTYPE_NAMES.values():
+        raise FA4InputError(f"dtype must be bfloat16 or float16, got {dtype!r}")
+    if sink_dtype is not None:
+        sink_dtype = _SINK_DTYPES.get(sink_dtype, sink_dtype)
+        if sink_dtype not in _SINK_DTYPES.values():
+            raise FA4InputError(f"sink dtype must be float32, bfloat16 or float16, got {sink_dtype!r}")
+    sclass = "any" if arch_family(arch) not in (10, 11) else seqlen_class(arch, max_seqlen, total_q)
+    return FA4Config(
+        arch, dtype_name, head_dim, head_dim_v, qhead_per_kvhead, sclass, causal,
+        left is not None, right is not None, sink_dtype, num_segments > MANY_SEGMENTS, broadcast,
+    )

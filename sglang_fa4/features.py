@@ -53,6 +53,12 @@ FEATURES = (
         "the cached-kernel launch path",
         None,
     ),
+    Feature(
+        "fa4_startup_warmup",
+        "at model load, compile exactly the FA4 kernel variants the ViT will hit (FA4's persistent "
+        "kernel cache on, so a restart compiles nothing); warn on any FA4 compile after warmup",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

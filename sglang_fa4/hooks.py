@@ -81,3 +81,16 @@ def internvl_runner_step(original, self, key):
         return original(self, key)
     with vit_graph_runners.runner_layout_as_fa3(self):
         return original(self, key)
+
+
+MODEL_RUNNER_LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+
+
+def after_load_model(result, self, *args, **kwargs):
+    """AFTER ModelRunner.load_model (every scheduler process, before CUDA-graph capture and
+    serving): compile the loaded model's FA4 ViT kernel variants. Returns None: SGLang keeps
+    load_model's own result."""
+    from sglang_fa4 import warmup
+
+    warmup.warm_model(getattr(self, "model", None))
+    return None

@@ -45,6 +45,10 @@ def _register_vit_graph_runners(registry, hook_type) -> None:
     registry.register(f"{hooks.INTERNVL_RUNNER}._capture_graph", hooks.internvl_runner_step, hook_type.AROUND)
 
 
+def _register_startup_warmup(registry, hook_type) -> None:
+    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.after_load_model, hook_type.AFTER)
+
+
 # feature -> what registers it. Features sharing a registrar are hooked once.
 REGISTRARS: dict[str, Callable] = {
     "backend_default_table": _register_backend_selection,
@@ -52,6 +56,7 @@ REGISTRARS: dict[str, Callable] = {
     "fa4_list_seqlens": _register_fa4_forward,
     "fa4_checked_forward": _register_fa4_forward,
     "vit_graph_runners_fa4": _register_vit_graph_runners,
+    "fa4_startup_warmup": _register_startup_warmup,
 }
 
 
@@ -59,6 +64,8 @@ def _feature_needed(feature: features.Feature) -> bool:
     # the env override only changes anything when it is set
     if feature.name == "backend_default_env_override":
         return bool(envs.SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT.get())
+    if feature.name == "fa4_startup_warmup":
+        return bool(envs.SGLANG_FA4_WARMUP.get())
     return True
 
 
@@ -102,6 +109,11 @@ def register() -> Plan:
         return plan
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    # FA4 reads its persistent-cache variables once, when flash_attn.cute is imported: set them
+    # now, before anything imports it (no FA4 import here).
+    from sglang_fa4.warmup import configure_fa4_disk_cache
+
+    cache_dir = configure_fa4_disk_cache()
     done = set()
     for name in plan.hooked:
         registrar = REGISTRARS[name]
@@ -114,5 +126,7 @@ def register() -> Plan:
         ", ".join(plan.hooked) or "nothing",
         ", ".join(plan.upstream) or "nothing",
     )
+    if cache_dir:
+        logger.info("sglang-fa4: FA4 persistent kernel cache in %s", cache_dir)
     _registered_plan = plan
     return plan

@@ -37,6 +37,8 @@ def fake_sglang(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", mod)
     monkeypatch.setattr(plugin, "_registered_plan", None)
     monkeypatch.delenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", raising=False)
+    monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
+    monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")  # register() would set FA4's cache variables
     return FakeRegistry
 
 
@@ -47,13 +49,16 @@ def use_version(monkeypatch, version):
 def test_plan_0_5_20_hooks_everything():
     plan = plugin.make_plan("0.5.20")
     assert plan.supported
-    assert set(plan.hooked) == {"backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4"}
+    assert set(plan.hooked) == {
+        "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
+        "fa4_startup_warmup",
+    }
     assert plan.upstream == []
 
 
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
-    assert plan.hooked == ["fa4_checked_forward"]
+    assert plan.hooked == ["fa4_checked_forward", "fa4_startup_warmup"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -78,13 +83,22 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.GENERIC_RUNNER, FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + "._warmup_once", FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + "._capture_graph", FakeHookType.AROUND),
+        (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
     }
-    assert len(fake_sglang.registered) == 5  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 5  # idempotent
+    assert len(fake_sglang.registered) == 6  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 6  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     use_version(monkeypatch, "0.5.23")
+    plugin.register()
+    assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL]
+
+
+def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
+    assert "fa4_startup_warmup" not in plugin.make_plan("0.5.23").hooked
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD]
 
