@@ -1,5 +1,6 @@
 """Smoke test of the real-SGLang harness: each supported release imports its ViT attention module,
-both graph runners and the plugin loader on this CPU machine, from its own target dir."""
+both graph runners, the plugin loader and the model runner on this CPU machine, from its own target
+dir."""
 
 import pytest
 
@@ -13,6 +14,7 @@ import sglang.srt.layers.attention.vision as vision
 import sglang.srt.multimodal.vit_cuda_graph_runner as vit_runner
 import sglang.srt.multimodal.internvl_vit_cuda_graph_runner as internvl_runner
 import sglang.srt.plugins as plugins
+import sglang.srt.model_executor.model_runner as model_runner
 import torch
 emit({
     "version": sglang.__version__,
