@@ -47,10 +47,10 @@ if [[ ! -x "$vpy" ]] || ! "$vpy" -c 'import sys; assert sys.version_info[:2] == 
 fi
 mkdir -p "$stamps"
 
-# 2. the shared dependencies (torch first among them)
+# 2. the shared dependencies, torch 2.14.1 + torchvision 0.29.1 among them (one pip resolve)
 want="$(sha < "$req")"
 if ! stamp_ok "$stamps/requirements" "$want"; then
-    log "installing tests/requirements-sglang.txt into .venv (torch 2.14.1 + torchvision from local disk)"
+    log "installing tests/requirements-sglang.txt into .venv"
     pip_q install -q -r "$req"
     echo "$want" > "$stamps/requirements"
     changed=1
