@@ -1,0 +1,96 @@
+"""The startup warmup's hook point against the REAL SGLang 0.5.20 and 0.5.23 (subprocesses, see
+sglang_harness.py): ModelRunner.load_model resolves by its dotted name, is a plain method that
+ModelRunner.initialize calls (every scheduler process, before CUDA-graph capture), the plugin's
+registration really wraps it through SGLang's HookRegistry, and an AFTER hook of that shape gets
+the runner and keeps load_model's result.
+
+model_runner.py imports server-side packages (uvicorn, fastapi, opentelemetry) that the CPU test
+env may lack; those, and only when missing, are stubbed so the module can be imported."""
+
+from sglang_harness import run_with_sglang, sglang_version  # noqa: F401  (fixture)
+
+STUBS = """
+import importlib.abc, importlib.machinery, sys, types
+from unittest import mock
+
+class _Stub(types.ModuleType):
+    __path__ = []
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return mock.MagicMock(name=f"{self.__name__}.{name}")
+
+class _StubMissing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    names = ("uvicorn", "fastapi", "opentelemetry")
+    stubbed = []
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and finder.find_spec(name, path, target) is not None:
+                return None  # installed: use the real one
+        self.stubbed.append(name)
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        return _Stub(spec.name)
+    def exec_module(self, module):
+        pass
+
+_stubs = _StubMissing()
+sys.meta_path.append(_stubs)
+"""
+
+CHECK = STUBS + """
+import inspect, logging, os, pkgutil, warnings
+warnings.simplefilter("ignore")
+os.environ["SGLANG_FA4_KERNEL_CACHE"] = "0"
+from sglang_fa4 import hooks, plugin, warmup
+
+target = pkgutil.resolve_name(hooks.MODEL_RUNNER_LOAD_MODEL)
+from sglang.srt.model_executor.model_runner import ModelRunner
+original_id = id(ModelRunner.load_model)  # an id: HookRegistry rebinds module globals holding it
+init_src = inspect.getsource(ModelRunner.initialize)
+ctor_src = inspect.getsource(ModelRunner.__init__)
+
+plan = plugin.register()  # the real plugin, through SGLang's real HookRegistry
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+HookRegistry.apply_hooks()
+wrapped = id(ModelRunner.load_model) != original_id
+
+# the AFTER-hook contract with SGLang's registry, on a stand-in class (running the real
+# load_model needs a GPU and a model)
+mod = types.ModuleType("standin_runner")
+class StandIn:
+    model = "the-model"
+    def load_model(self):
+        return "loaded"
+mod.ModelRunner = StandIn
+sys.modules["standin_runner"] = mod
+seen = []
+warmup.warm_model = lambda model, **kw: seen.append(model)
+HookRegistry.register("standin_runner.ModelRunner.load_model", hooks.after_load_model, HookType.AFTER)
+HookRegistry.apply_hooks()
+result = StandIn().load_model()
+
+emit({
+    "qualname": target.__qualname__,
+    "is_function": inspect.isfunction(target),
+    "params": list(inspect.signature(target).parameters),
+    "initialize_calls_load_model": "self.load_model()" in init_src,
+    "ctor_calls_initialize": "self.initialize(" in ctor_src,
+    "hooked": "fa4_startup_warmup" in plan.hooked,
+    "wrapped": wrapped,
+    "standin_result": result,
+    "warmed": seen,
+    "stubbed": sorted({n.split(".")[0] for n in _stubs.stubbed}),
+})
+"""
+
+
+def test_load_model_hook_target(sglang_version):
+    out = run_with_sglang(sglang_version, CHECK)
+    assert out["qualname"] == "ModelRunner.load_model"
+    assert out["is_function"] and out["params"] == ["self"]
+    assert out["initialize_calls_load_model"] and out["ctor_calls_initialize"]
+    assert out["hooked"] and out["wrapped"]
+    assert out["standin_result"] == "loaded" and out["warmed"] == ["the-model"]
