@@ -438,8 +438,8 @@ def _cumsum(values: Iterable[int]) -> list[int]:
 
 
 def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
-    """Resolve (compile, or load from FA4's caches) every variant through
-    :func:`sglang_fa4.fa4_call.fa4_varlen_attention`, eagerly: call it before any CUDA-graph
+    """Resolve (compile, or load from FA4's caches) every variant through FA4's kernel cache
+    (:func:`sglang_fa4.fa4_call.kernel_cache`), eagerly: call it before any CUDA-graph
     capture. Logs one line per variant with its time."""
     global _warming, _finished
     import torch
@@ -462,9 +462,9 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
             try:
                 q, k, v, cu, sinks = _inputs(variant, device)
                 with torch.no_grad():
-                    fa4_call.fa4_varlen_attention(
-                        q, k, v, cu, variant.max_seqlen, window_size=variant.window, sinks=sinks
-                    )
+                    # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
+                    # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
+                    fa4_call.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
                 if cuda:
                     torch.cuda.synchronize(device)
             except Exception as exc:  # noqa: BLE001 - one bad variant must not stop the server
