@@ -59,6 +59,12 @@ FEATURES = (
         "kernel cache on, so a restart compiles nothing); warn on any FA4 compile after warmup",
         None,
     ),
+    Feature(
+        "vit_graph_budgets",
+        "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=1: generic ViT graph runner replays startup graphs over "
+        "token budgets (padded layouts, eager above the largest) and flags any capture after startup",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

@@ -49,6 +49,15 @@ def _register_startup_warmup(registry, hook_type) -> None:
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.after_load_model, hook_type.AFTER)
 
 
+def _register_vit_graph_budgets(registry, hook_type) -> None:
+    from sglang_fa4 import vit_budgets
+
+    runner = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
+    registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
+    registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
+    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.after_load_model, hook_type.AFTER)
+
+
 # feature -> what registers it. Features sharing a registrar are hooked once.
 REGISTRARS: dict[str, Callable] = {
     "backend_default_table": _register_backend_selection,
@@ -57,6 +66,7 @@ REGISTRARS: dict[str, Callable] = {
     "fa4_checked_forward": _register_fa4_forward,
     "vit_graph_runners_fa4": _register_vit_graph_runners,
     "fa4_startup_warmup": _register_startup_warmup,
+    "vit_graph_budgets": _register_vit_graph_budgets,
 }
 
 
@@ -66,6 +76,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT.get())
     if feature.name == "fa4_startup_warmup":
         return bool(envs.SGLANG_FA4_WARMUP.get())
+    if feature.name == "vit_graph_budgets":
+        return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
     return True
 
 

@@ -1,0 +1,473 @@
+"""Startup ViT CUDA graphs over token budgets (opt-in: ``SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=1``
+beside ``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``, fa4 backend).
+
+SGLang's generic ``ViTCudaGraphRunner`` (0.5.20 and 0.5.23) captures one graph per exact image
+layout on the request path and keeps it forever. Here the runner instead gets one graph per token
+budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budgets` before serving:
+
+* an image batch of ``T`` tokens runs in the smallest budget ``B >= T``: ``x`` and the rotary
+  tables are copied into the budget's static buffers, rows ``T..B`` zeroed;
+* every cu_seqlens tensor of a budget has a FIXED length (``segment_capacity(B) + 1``, so a fixed
+  address and shape): the real boundaries, then the padding rows ``T..B`` as segments of at most
+  ``PAD_SEGMENT_TOKENS`` (every row is written by FA4, pad rows attend only to pad rows, so no
+  garbage and no NaN reach a real row), then empty segments ``[B, B, ...]``;
+* max_seqlen is fixed per budget and layout, baked into the graph at capture: ``B`` for full
+  attention, the window's token count for Qwen2.5-VL's windowed blocks;
+* after replay the padded output rows (merger, and Qwen3-VL deepstack mergers, rows past
+  ``T / merge``) are zeroed and the real rows returned (through ``output_indices`` when given);
+* above the largest budget, or for a layout that does not fit a budget's segment capacity, the
+  tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
+  through the original ``run``, which would capture and keep a new graph for that layout.
+
+A guard counts graph captures after :func:`capture_budgets` sealed the runner and, like the FA4
+compile monitor of :mod:`sglang_fa4.warmup`, warns or raises per ``SGLANG_FA4_JIT_MONITOR``; FA4
+compiles after startup are that monitor's job (budget capture is counted as warmup there).
+
+The pure part (budgets, :func:`pick_budget`, :func:`pad_layout`, memory estimate) imports nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+from sglang_fa4.environ import envs
+
+logger = logging.getLogger("sglang_fa4")
+
+FA4 = "fa4"
+#: the graph-key tag of budget graphs in the runner's dicts
+BUDGET_TAG = "sglang_fa4_budget"
+#: padding rows are split into segments of at most this many tokens (<= any window)
+PAD_SEGMENT_TOKENS = 64
+#: smallest non-empty real segment (Qwen: a 2x2 spatial-merge unit); sizes the segment capacity
+MIN_SEGMENT_TOKENS = 4
+#: empty segments a real layout may carry (Qwen2.5-VL's full cu_seqlens starts [0, 0, ...])
+SPARE_SEGMENTS = 2
+STATE_ATTR = "_sglang_fa4_budgets"
+
+
+class LayoutDoesNotFit(ValueError):
+    """A layout cannot run in a budget (too many tokens or segments, or a segment longer than the
+    budget's fixed max_seqlen): the batch runs eagerly."""
+
+
+class GraphCaptureAfterStartup(RuntimeError):
+    """SGLANG_FA4_JIT_MONITOR=raise: a ViT graph was captured after the startup budgets."""
+
+
+# --------------------------------------------------------------------------------------------
+# Pure part
+# --------------------------------------------------------------------------------------------
+
+
+def parse_budgets(text: str) -> tuple[int, ...]:
+    """``"1024,2048"`` -> (1024, 2048): sorted, unique; each a positive multiple of
+    MIN_SEGMENT_TOKENS (the merger groups 4 rows)."""
+    out = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise ValueError(f"SGLANG_FA4_VIT_GRAPH_BUDGETS: {part!r} is not an integer") from None
+        if value <= 0 or value % MIN_SEGMENT_TOKENS:
+            raise ValueError(
+                f"SGLANG_FA4_VIT_GRAPH_BUDGETS: {value} is not a positive multiple of {MIN_SEGMENT_TOKENS}"
+            )
+        out.add(value)
+    if not out:
+        raise ValueError("SGLANG_FA4_VIT_GRAPH_BUDGETS is empty")
+    return tuple(sorted(out))
+
+
+def budgets_from_env() -> tuple[int, ...]:
+    return parse_budgets(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.get())
+
+
+def enabled() -> bool:
+    return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
+
+
+def pick_budget(tokens: int, budgets: Sequence[int]) -> Optional[int]:
+    """The smallest budget holding ``tokens``; None above the largest (run eagerly)."""
+    for budget in sorted(budgets):
+        if tokens <= budget:
+            return budget
+    return None
+
+
+def segment_capacity(budget: int) -> int:
+    """Segments every cu_seqlens tensor of ``budget`` holds (fixed: one shape, one address).
+    Real segments of >= MIN_SEGMENT_TOKENS each plus padding segments of PAD_SEGMENT_TOKENS fit,
+    with SPARE_SEGMENTS empty ones."""
+    return budget // MIN_SEGMENT_TOKENS + SPARE_SEGMENTS
+
+
+def pad_layout(cu: Sequence[int], budget: int, capacity: int, max_seqlen: int,
+               pad_segment: int = PAD_SEGMENT_TOKENS) -> list[int]:
+    """Fixed-length (``capacity + 1``) cu_seqlens for ``budget``: ``cu``, then the rows
+    ``cu[-1]..budget`` as segments of at most ``min(pad_segment, max_seqlen)`` tokens, then empty
+    segments ending at ``budget``. Raises LayoutDoesNotFit when ``cu`` does not fit."""
+    cu = [int(v) for v in cu]
+    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise LayoutDoesNotFit(f"not a cu_seqlens layout: {cu[:8]}...")
+    tokens = cu[-1]
+    if tokens > budget:
+        raise LayoutDoesNotFit(f"{tokens} tokens exceed the budget {budget}")
+    longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
+    if longest > max_seqlen:
+        raise LayoutDoesNotFit(f"a {longest}-token segment exceeds the budget's max_seqlen {max_seqlen}")
+    step = max(1, min(pad_segment, max_seqlen))
+    out = list(cu)
+    pos = tokens
+    while pos < budget:
+        pos = min(pos + step, budget)
+        out.append(pos)
+    if len(out) - 1 > capacity:
+        raise LayoutDoesNotFit(f"{len(out) - 1} segments exceed the budget's capacity {capacity}")
+    out.extend([budget] * (capacity + 1 - len(out)))
+    return out
+
+
+def capture_layout(budget: int, capacity: int, segment: int) -> list[int]:
+    """The layout a budget is captured with: segments of ``segment`` tokens (so the longest, the
+    max_seqlen the graph bakes in, is ``min(segment, budget)``), then empty segments."""
+    return pad_layout([0], budget, capacity, max_seqlen=min(segment, budget), pad_segment=segment)
+
+
+def estimate_graph_bytes(budget: int, *, hidden: int, heads: int, head_dim: int, intermediate: int,
+                         out_dim: int, rope_dim: int, merge: int = 4, dtype_bytes: int = 2,
+                         capacity: Optional[int] = None) -> int:
+    """Rough device memory one budget graph keeps (static buffers + its private pool's peak
+    activations of one block, reused block to block):
+
+        B * dtype_bytes * (hidden [input] + heads*head_dim [attn workspace] + 2*rope_dim [cos, sin]
+                           + 3*heads*head_dim [qkv] + heads*head_dim [attn out] + 2*intermediate
+                           [MLP up/gate] + 2*hidden [residual, norm])
+        + (B / merge) * out_dim * dtype_bytes [merger output] + 2 * 4 * (capacity + 1) [cu tensors]
+
+    Not measured on a GPU; :func:`capture_budgets` reports the measured allocator delta on CUDA."""
+    capacity = segment_capacity(budget) if capacity is None else capacity
+    per_token = (hidden + heads * head_dim + 2 * rope_dim + 3 * heads * head_dim + heads * head_dim
+                 + 2 * intermediate + 2 * hidden)
+    return budget * dtype_bytes * per_token + (budget // merge) * out_dim * dtype_bytes + 8 * (capacity + 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Runner part (torch, SGLang runner objects)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BudgetState:
+    budgets: tuple[int, ...]
+    window_tokens: Optional[int]  # Qwen2.5-VL windowed blocks; None: full attention only
+    rope_kind: str  # "position_embeddings" (Qwen2.5-VL) | "rotary" (Qwen3-VL cos/sin)
+    keys: dict[int, Any] = field(default_factory=dict)
+    capacity: dict[int, int] = field(default_factory=dict)
+    cu_full: dict[int, Any] = field(default_factory=dict)
+    cu_window: dict[int, Any] = field(default_factory=dict)
+    graph_bytes: dict[int, Optional[int]] = field(default_factory=dict)
+    sealed: bool = False
+    replays: int = 0
+    eager_runs: int = 0
+    captures_after_startup: int = 0
+
+    def report(self) -> dict[str, Any]:
+        measured = [b for b in self.graph_bytes.values() if b is not None]
+        return {
+            "budgets": list(self.budgets),
+            "graphs": len(self.keys),
+            "window_tokens": self.window_tokens,
+            "segment_capacity": {str(b): c for b, c in self.capacity.items()},
+            "graph_bytes": {str(b): v for b, v in self.graph_bytes.items()},
+            "graph_bytes_total": sum(measured) if measured else None,
+            "replays": self.replays,
+            "eager_runs": self.eager_runs,
+            "captures_after_startup": self.captures_after_startup,
+        }
+
+
+def budget_state(runner) -> Optional[BudgetState]:
+    return getattr(runner, STATE_ATTR, None)
+
+
+def window_tokens_of(vit) -> Optional[int]:
+    """Qwen2.5-VL: tokens per attention window, ``(window_size // patch_size) ** 2``; None for a
+    tower without windowed blocks."""
+    if not getattr(vit, "fullatt_block_indexes", None):
+        return None
+    window, patch = getattr(vit, "window_size", None), getattr(vit, "patch_size", None)
+    if isinstance(window, int) and isinstance(patch, int) and 0 < patch <= window:
+        return (window // patch) ** 2
+    return PAD_SEGMENT_TOKENS
+
+
+@contextmanager
+def _expected_fa4_compiles() -> Iterator[None]:
+    """FA4 compiles while budgets are captured are startup work: count them as warmup for the
+    JIT monitor of sglang_fa4.warmup."""
+    try:
+        from sglang_fa4 import warmup
+    except ImportError:  # pragma: no cover - warmup is part of the package
+        yield
+        return
+    with warmup._state_lock:
+        warmup._warming += 1
+    try:
+        yield
+    finally:
+        with warmup._state_lock:
+            warmup._warming -= 1
+
+
+def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[str] = None,
+                    budgets: Optional[Sequence[int]] = None) -> BudgetState:
+    """Capture one graph per budget on ``runner`` (a generic ``ViTCudaGraphRunner`` whose backend
+    is fa4) and seal it: from then on ``run`` replays these graphs (or runs eagerly) and any new
+    capture is flagged. ``hidden``: width of ``x`` (the tower's embed dim); ``rope_dim``: columns
+    of the rotary tables; ``rope_kind``: "position_embeddings" (Qwen2.5-VL, the default for a
+    tower with windowed blocks) or "rotary" (Qwen3-VL cos/sin)."""
+    import torch
+
+    if runner._attn_backend != FA4:
+        raise ValueError(f"ViT graph budgets need the fa4 backend, the runner has {runner._attn_backend!r}")
+    budgets = tuple(sorted(budgets)) if budgets is not None else budgets_from_env()
+    window = window_tokens_of(runner.vit) if runner._fullatt_block_indexes else None
+    if rope_kind is None:
+        rope_kind = "position_embeddings" if runner._fullatt_block_indexes else "rotary"
+    if rope_kind not in ("position_embeddings", "rotary"):
+        raise ValueError(f"rope_kind {rope_kind!r}")
+    state = BudgetState(budgets, window, rope_kind)
+    setattr(runner, STATE_ATTR, state)
+    device, dtype = runner.device, runner.dtype
+    cuda = torch.device(device).type == "cuda"
+    with _expected_fa4_compiles():
+        # largest first: the runner's shared rotary workspace is allocated once, at full size
+        for budget in sorted(budgets, reverse=True):
+            cap = segment_capacity(budget)
+            cu_full = torch.tensor(capture_layout(budget, cap, budget), dtype=torch.int32, device=device)
+            cu_window = None
+            if window is not None:
+                cu_window = torch.tensor(capture_layout(budget, cap, window), dtype=torch.int32, device=device)
+            x_3d = torch.zeros(budget, 1, hidden, dtype=dtype, device=device)
+            table = torch.zeros(budget, rope_dim, dtype=dtype, device=device)
+            kwargs: dict[str, Any] = {"position_embeddings": None}
+            if rope_kind == "position_embeddings":
+                kwargs["position_embeddings"] = (table, table.clone())
+            else:
+                kwargs["rotary_pos_emb_cos"], kwargs["rotary_pos_emb_sin"] = table, table.clone()
+            before = torch.cuda.memory_allocated(device) if cuda else None
+            key = runner.create_graph(x_3d=x_3d, cu_seqlens=cu_full, cu_window_seqlens=cu_window,
+                                      attention_layout_key=(BUDGET_TAG, budget), **kwargs)
+            if cuda:
+                torch.cuda.synchronize(device)
+            state.graph_bytes[budget] = (torch.cuda.memory_allocated(device) - before) if cuda else None
+            state.keys[budget] = key
+            state.capacity[budget] = cap
+            state.cu_full[budget] = runner.cu_full_len[key]  # the captured tensors themselves
+            if window is not None:
+                state.cu_window[budget] = runner.cu_window_len[key]
+            logger.info("sglang-fa4: ViT graph for a %d-token budget captured (%s)", budget,
+                        "n/a on CPU" if not cuda else f"{state.graph_bytes[budget] / 2**20:.1f} MiB")
+    state.sealed = True
+    rep = state.report()
+    logger.info("sglang-fa4: %d ViT budget graph(s) %s captured at startup; graph memory %s",
+                rep["graphs"], list(budgets),
+                "not measured (CPU)" if rep["graph_bytes_total"] is None else f"{rep['graph_bytes_total'] / 2**20:.1f} MiB")
+    return state
+
+
+def _host_layout(cu) -> list[int]:
+    return [int(v) for v in (cu.tolist() if hasattr(cu, "tolist") else cu)]
+
+
+def _max_len(layout: Sequence[int]) -> int:
+    return max((b - a for a, b in zip(layout, layout[1:])), default=0)
+
+
+def eager_run(runner, x, cu_seqlens, cu_window_seqlens, position_embeddings=None,
+              rotary_pos_emb_cos=None, rotary_pos_emb_sin=None, output_indices=None):
+    """The captured computation (blocks + merger + deepstack mergers) run eagerly with the
+    request's own layouts: the runner's per-block layout choice, fa4's [cu_seqlens, max_seqlen]."""
+    import torch
+
+    vit = runner.vit
+    full = [cu_seqlens, _max_len(_host_layout(cu_seqlens))]
+    window = None
+    if runner._fullatt_block_indexes:
+        window = [cu_window_seqlens, _max_len(_host_layout(cu_window_seqlens))]
+    rope: dict[str, Any] = {}
+    if position_embeddings is not None:
+        rope["position_embeddings"] = position_embeddings
+    elif rotary_pos_emb_cos is not None and rotary_pos_emb_sin is not None:
+        rope = {"rotary_pos_emb_cos": rotary_pos_emb_cos, "rotary_pos_emb_sin": rotary_pos_emb_sin}
+    deep = []
+    deep_idx = 0
+    with torch.no_grad():
+        y = x.unsqueeze(1)
+        for layer_num, blk in enumerate(vit.blocks):
+            layout = full if window is None or layer_num in vit.fullatt_block_indexes else window
+            y = blk(y, cu_seqlens=layout, **rope)
+            if runner._deepstack_visual_indexes and layer_num in runner._deepstack_visual_indexes:
+                deep.append(runner._deepstack_merger_list[deep_idx](y))
+                deep_idx += 1
+        out = vit.merger(y)
+        if deep:
+            out = torch.cat([out] + deep, dim=1)
+    if output_indices is not None:
+        out = out.index_select(0, output_indices)
+    return out
+
+
+def _budget_layouts(state: BudgetState, budget: int, cu_seqlens, cu_window_seqlens):
+    """The padded (full, window-or-None) host layouts of a request in ``budget``; raises
+    LayoutDoesNotFit."""
+    cap = state.capacity[budget]
+    full = pad_layout(_host_layout(cu_seqlens), budget, cap, max_seqlen=budget)
+    window = None
+    if state.window_tokens is not None:
+        window = pad_layout(_host_layout(cu_window_seqlens), budget, cap,
+                            max_seqlen=min(state.window_tokens, budget))
+    return full, window
+
+
+def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tables, output_indices):
+    import torch
+
+    tokens = x.shape[0]
+    key = state.keys[budget]
+    state.cu_full[budget].copy_(torch.tensor(full, dtype=torch.int32))
+    if window is not None:
+        state.cu_window[budget].copy_(torch.tensor(window, dtype=torch.int32))
+    block_input = runner.block_input[key]
+    block_input[:tokens].copy_(x.unsqueeze(1))
+    block_input[tokens:].zero_()
+    for ws, src in zip(runner._sin_cos_ws_by_graph[key], tables):
+        ws[:tokens].copy_(src)
+        ws[tokens:].zero_()
+    runner.block_graphs[key].replay()
+    out = runner.block_output[key]
+    rows = tokens // (budget // out.shape[0])
+    out[rows:].zero_()  # padded rows: no stale or padding values leave the graph
+    state.replays += 1
+    if output_indices is not None:
+        return out.index_select(0, output_indices)
+    return out[:rows]
+
+
+def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_embeddings=None,
+               rotary_pos_emb_cos=None, rotary_pos_emb_sin=None, output_indices=None,
+               attention_layout_key=None):
+    """AROUND ViTCudaGraphRunner.run: on a runner sealed by :func:`capture_budgets`, replay the
+    smallest budget that fits, else run eagerly; any other runner runs upstream's ``run``."""
+    state = budget_state(self)
+    if state is None or not state.sealed:
+        return original(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
+                        rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices, attention_layout_key)
+    tokens = x.shape[0]
+    budget = pick_budget(tokens, state.budgets)
+    if budget is not None:
+        tables = position_embeddings if state.rope_kind == "position_embeddings" else (rotary_pos_emb_cos, rotary_pos_emb_sin)
+        merge = budget // int(self.block_output[state.keys[budget]].shape[0])
+        try:
+            if tables is None or any(t is None for t in tables):
+                raise LayoutDoesNotFit(f"the budget graphs were captured with {state.rope_kind}")
+            if tokens % merge:
+                raise LayoutDoesNotFit(f"{tokens} tokens are not a multiple of the merger's {merge}")
+            full, window = _budget_layouts(state, budget, cu_seqlens, cu_window_seqlens)
+        except LayoutDoesNotFit as exc:
+            logger.info("sglang-fa4: ViT batch of %d tokens runs eagerly: %s", tokens, exc)
+        else:
+            return _replay_budget(self, state, budget, full, window, x, tables, output_indices)
+    state.eager_runs += 1
+    return eager_run(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
+                     rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices)
+
+
+def create_graph_around(original, self, *args, **kwargs):
+    """AROUND ViTCudaGraphRunner.create_graph: the capture guard. On a sealed runner a capture is
+    counted and warned about or raised per SGLANG_FA4_JIT_MONITOR (off / warn / raise)."""
+    state = budget_state(self)
+    if state is not None and state.sealed:
+        state.captures_after_startup += 1
+        mode = envs.SGLANG_FA4_JIT_MONITOR.get()
+        message = (f"sglang-fa4: ViT CUDA graph captured after the startup budgets "
+                   f"(#{state.captures_after_startup}); budgets {list(state.budgets)}")
+        if mode == "raise":
+            raise GraphCaptureAfterStartup(message)
+        if mode == "warn":
+            logger.warning(message)
+    return original(self, *args, **kwargs)
+
+
+def infer_capture_dims(vit) -> dict[str, Any]:
+    """``hidden``, ``rope_kind`` and ``rope_dim`` of a Qwen2.5-VL / Qwen3-VL vision tower, read
+    from the modules that produce them: the width of block 0's ``norm1``; Qwen2.5-VL
+    (``fullatt_block_indexes``): ``position_embeddings`` = cat(rot, rot) over 2 position axes,
+    4 * len(rotary_pos_emb.inv_freq) columns; Qwen3-VL: rotary cos/sin of
+    ``rotary_pos_emb.rotary_dim`` columns. Raises ValueError when a tower has neither."""
+    norm = getattr(vit.blocks[0], "norm1", None)
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        raise ValueError("cannot read the tower's width: blocks[0].norm1.weight is missing")
+    rope = getattr(vit, "rotary_pos_emb", None)
+    windowed = bool(getattr(vit, "fullatt_block_indexes", None))
+    if getattr(rope, "inv_freq", None) is not None:
+        rope_dim = 4 * int(rope.inv_freq.numel())
+    elif getattr(rope, "rotary_dim", None) is not None:
+        rope_dim = int(rope.rotary_dim)
+    else:
+        raise ValueError("cannot read the rotary table width: rotary_pos_emb has neither inv_freq nor rotary_dim")
+    return {"hidden": int(weight.shape[0]), "rope_kind": "position_embeddings" if windowed else "rotary",
+            "rope_dim": rope_dim}
+
+
+def find_runners(model) -> list:
+    """The generic ViT graph runners a loaded model holds (Qwen2.5-VL ``cuda_graph_runner``,
+    Qwen3-VL ``graph_runners``), each once."""
+    from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
+
+    found, seen = [], set()
+    modules = model.modules() if hasattr(model, "modules") else ()
+    for module in modules:
+        for name in ("cuda_graph_runner", "graph_runners"):
+            runner = getattr(module, name, None)
+            if isinstance(runner, ViTCudaGraphRunner) and id(runner) not in seen:
+                seen.add(id(runner))
+                found.append(runner)
+    return found
+
+
+def capture_model_budgets(model) -> list[BudgetState]:
+    """Startup: capture the budgets on every fa4 generic ViT runner of ``model``. A runner that
+    fails (dims not readable, capture error) is logged and left to upstream's per-layout path."""
+    states = []
+    for runner in find_runners(model):
+        if runner._attn_backend != FA4:
+            continue
+        try:
+            dims = infer_capture_dims(runner.vit)
+            import torch
+
+            with torch.no_grad():
+                states.append(capture_budgets(runner, **dims))
+        except Exception as exc:  # noqa: BLE001 - the server still runs, upstream's way
+            if hasattr(runner, STATE_ATTR):
+                delattr(runner, STATE_ATTR)
+            logger.warning("sglang-fa4: ViT graph budgets not captured (%s: %s); the runner captures "
+                           "per image layout as upstream does", type(exc).__name__, exc)
+    return states
+
+
+def after_load_model(result, self, *args, **kwargs):
+    """AFTER ModelRunner.load_model (after the FA4 startup warmup hook): capture the ViT budget
+    graphs before serving. Returns None: SGLang keeps load_model's own result."""
+    if enabled() and envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get():
+        capture_model_budgets(getattr(self, "model", None))
+    return None

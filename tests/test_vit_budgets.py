@@ -1,0 +1,375 @@
+"""ViT graphs over token budgets (sglang_fa4.vit_budgets): the pure layout logic, and the real
+SGLang 0.5.20 / 0.5.23 ViTCudaGraphRunner driven on a CPU with the plugin loaded.
+
+In the runner tests CUDA graphs are faked so that replay is checkable: a fake graph's ``replay()``
+re-runs the runner's own ``_create_graph`` body (the captured Python), reading the same static
+buffers and the max_seqlen fixed at capture, exactly what a real graph replays. FA4 is a torch
+reference varlen attention that fills only rows inside segments (others stay NaN, like
+uninitialised memory) and raises if a segment is longer than the max_seqlen it was given.
+"""
+
+import pytest
+
+from sglang_fa4 import plugin, vit_budgets as vb
+from sglang_harness import run_with_sglang, sglang_version  # noqa: F401  (fixture)
+
+# ---------------------------------------------------------------------------------------------
+# pure
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parse_budgets_and_env(monkeypatch):
+    assert vb.parse_budgets(" 2048,1024,1024 ,") == (1024, 2048)
+    for bad in ("", "abc", "1023", "0", "-4"):
+        with pytest.raises(ValueError):
+            vb.parse_budgets(bad)
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", raising=False)
+    assert vb.budgets_from_env() == (1024, 2048, 4096, 8192, 16384)
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", "64,256")
+    assert vb.budgets_from_env() == (64, 256)
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
+    assert vb.enabled() is False
+
+
+def test_pick_budget():
+    budgets = (1024, 256, 4096)
+    assert vb.pick_budget(1, budgets) == 256
+    assert vb.pick_budget(256, budgets) == 256
+    assert vb.pick_budget(257, budgets) == 1024
+    assert vb.pick_budget(4096, budgets) == 4096
+    assert vb.pick_budget(4097, budgets) is None
+
+
+def test_pad_layout_fixed_shape_and_pad_segments():
+    cap = vb.segment_capacity(256)
+    out = vb.pad_layout([0, 0, 100, 140], 256, cap, max_seqlen=256)
+    assert len(out) == cap + 1
+    assert out[:4] == [0, 0, 100, 140]
+    # the 116 padding rows: segments of <= 64, then empty segments at the budget
+    assert out[4:6] == [204, 256] and set(out[6:]) == {256}
+    # every row 0..budget lies in exactly one segment; none longer than max_seqlen
+    lens = [b - a for a, b in zip(out, out[1:])]
+    assert sum(lens) == 256 and max(lens) <= 256
+    # windowed: pad segments no longer than the window
+    w = vb.pad_layout([0, 16, 20, 24], 64, vb.segment_capacity(64), max_seqlen=16)
+    assert max(b - a for a, b in zip(w, w[1:])) <= 16 and w[-1] == 64 and w[3:6] == [24, 40, 56]
+
+
+@pytest.mark.parametrize("cu,budget,max_seqlen", [
+    ([0, 300], 256, 256),  # more tokens than the budget
+    ([0, 20, 40], 64, 16),  # a segment longer than the fixed max_seqlen (window)
+    ([0, 8, 4], 64, 64),  # not monotone
+    ([1, 8], 64, 64),
+])
+def test_pad_layout_rejects(cu, budget, max_seqlen):
+    with pytest.raises(vb.LayoutDoesNotFit):
+        vb.pad_layout(cu, budget, vb.segment_capacity(budget), max_seqlen)
+
+
+def test_pad_layout_capacity_holds_worst_case():
+    # every real segment the smallest possible (4 tokens) still fits, with Qwen2.5's empty lead
+    for budget in (64, 256, 1024):
+        for tokens in range(0, budget + 1, 4):
+            cu = [0, 0] + list(range(4, tokens + 1, 4))
+            out = vb.pad_layout(cu, budget, vb.segment_capacity(budget), max_seqlen=16)
+            assert len(out) == vb.segment_capacity(budget) + 1
+    with pytest.raises(vb.LayoutDoesNotFit):
+        vb.pad_layout([0] + list(range(1, 65)), 64, vb.segment_capacity(64), 64)  # 1-token segments
+
+
+def test_capture_layout_max_seqlen():
+    cu = vb.capture_layout(1024, vb.segment_capacity(1024), 64)
+    assert max(b - a for a, b in zip(cu, cu[1:])) == 64 and cu[-1] == 1024
+    cu = vb.capture_layout(1024, vb.segment_capacity(1024), 1024)
+    assert cu[:2] == [0, 1024]
+    assert max(b - a for a, b in zip(cu, cu[1:])) == 1024
+
+
+def test_estimate_graph_bytes_formula():
+    dims = dict(hidden=1280, heads=16, head_dim=80, intermediate=3420, out_dim=3584, rope_dim=80)
+    one = vb.estimate_graph_bytes(1024, **dims)
+    per_token = 1280 + 1280 + 160 + 3 * 1280 + 1280 + 2 * 3420 + 2 * 1280
+    assert one == 1024 * 2 * per_token + 256 * 3584 * 2 + 8 * (vb.segment_capacity(1024) + 1)
+    assert vb.estimate_graph_bytes(2048, **dims) > 2 * one - 10_000  # linear in the budget
+
+
+def test_plugin_plan_gates_on_env(monkeypatch):
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
+    assert "vit_graph_budgets" not in plugin.make_plan("0.5.23").hooked
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
+    for v in ("0.5.20", "0.5.23"):
+        assert "vit_graph_budgets" in plugin.make_plan(v).hooked
+
+
+# ---------------------------------------------------------------------------------------------
+# the real runner
+# ---------------------------------------------------------------------------------------------
+
+RUNNER = r"""
+import warnings, logging, io, random
+warnings.simplefilter("ignore")
+from contextlib import contextmanager
+from unittest import mock
+import torch, torch.nn as nn
+import sglang.srt.plugins as plugins
+plugins.load_plugins()
+from sglang.srt.layers.attention import vision
+from sglang.srt.multimodal import vit_cuda_graph_runner as vr
+import sglang_fa4.fa4_call
+from sglang_fa4 import vit_budgets as vb
+
+log = io.StringIO()
+logging.getLogger("sglang_fa4").addHandler(logging.StreamHandler(log))
+torch.manual_seed(0); random.seed(0)
+STATE = {"capturing": False, "replaying": False, "captures": 0, "attn_calls": 0, "startup": False, "warming": set()}
+from sglang_fa4 import warmup
+
+def ref_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
+    # reference varlen attention: rows outside every segment stay NaN (uninitialised memory)
+    STATE["attn_calls"] += 1
+    STATE["warming"].add((STATE["startup"], warmup._warming))
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    out = torch.full_like(q, float("nan"))
+    for a, b in zip(cu, cu[1:]):
+        if b - a > max_seqlen:
+            raise RuntimeError(f"segment {b - a} > max_seqlen {max_seqlen}")
+        if b > a:
+            s = torch.einsum("qhd,khd->hqk", q[a:b], k[a:b]) / q.shape[-1] ** 0.5
+            out[a:b] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[a:b])
+    return out
+sglang_fa4.fa4_call.fa4_varlen_attention = ref_fa4
+
+class FakeGraph:
+    def __init__(self): self.again = None
+    def replay(self): self.again()
+
+@contextmanager
+def fake_graph(g, *a, **k):
+    STATE["capturing"] = True
+    if not STATE["replaying"]:
+        STATE["captures"] += 1
+    try: yield
+    finally: STATE["capturing"] = False
+
+hooked_create = vr.ViTCudaGraphRunner._create_graph
+def recording_create(self, graph_key, *a, **k):
+    hooked_create(self, graph_key, *a, **k)
+    graph = self.block_graphs[graph_key]
+    def again():
+        STATE["replaying"] = True
+        try:
+            with torch.no_grad():
+                hooked_create(self, graph_key, *a, **k)
+        finally:
+            STATE["replaying"] = False
+        self.block_graphs[graph_key] = graph
+    graph.again = again
+
+H, D = 2, 8
+C = H * D
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_backend_name = "fa4"; self.num_attention_heads_per_partition = H; self.head_size = D
+        with mock.patch.object(vision, "_is_cuda", True):
+            self.backend = vision.VisionFlash4Attention()
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attn(); self.norm1 = nn.LayerNorm(C); self.qkv = nn.Linear(C, 3 * C); self.proj = nn.Linear(C, C)
+        self.mlp = nn.Sequential(nn.Linear(C, 2 * C), nn.GELU(), nn.Linear(2 * C, C))
+    def forward(self, x, cu_seqlens=None, position_embeddings=None, output_ws=None,
+                rotary_pos_emb_cos=None, rotary_pos_emb_sin=None):
+        s = x.shape[0]
+        cos, sin = position_embeddings if position_embeddings is not None else (rotary_pos_emb_cos, rotary_pos_emb_sin)
+        q, k, v = self.qkv(self.norm1(x.reshape(s, C))).reshape(s, 3, H, D).unbind(1)
+        q = q * cos[:, None] + q.flip(-1) * sin[:, None]; k = k * cos[:, None] + k.flip(-1) * sin[:, None]
+        o = self.attn.backend.forward(q, k, v, cu_seqlens=cu_seqlens, bsz=1, seq_len=s)
+        y = x.reshape(s, C) + self.proj(o.reshape(s, C))
+        return (y + self.mlp(y)).reshape(x.shape)
+
+class Merger(nn.Module):  # Qwen: groups 4 consecutive tokens
+    def __init__(self, out=12):
+        super().__init__(); self.lin = nn.Linear(4 * C, out)
+    def forward(self, y):
+        return self.lin(y.reshape(-1, 4 * C))
+
+class ViT(nn.Module):
+    def __init__(self, qwen3):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+        if qwen3:
+            self.deepstack_visual_indexes = [0, 2]
+            self.deepstack_merger_list = nn.ModuleList([Merger(6), Merger(6)])
+            self.rotary_pos_emb = mock.Mock(rotary_dim=D, spec=["rotary_dim"])  # Qwen3: get_rope(...)
+        else:
+            self.fullatt_block_indexes = [1, 3]; self.window_size = 8; self.patch_size = 2  # 16-token windows
+            self.rotary_pos_emb = nn.Module(); self.rotary_pos_emb.register_buffer("inv_freq", torch.ones(D // 4))
+        self.merger = Merger()
+        self.device = torch.device("cpu"); self.dtype = torch.float32
+
+def image_mix(qwen3):
+    # random images (h, w even: token counts multiples of 4), Qwen2.5 windows of <= 16 tokens
+    n = random.randint(1, 3)
+    sizes = [2 * random.randint(1, 3) * 2 * random.randint(1, 3) for _ in range(n)]  # <= 108 tokens
+    total = sum(sizes)
+    full = [0] + [sum(sizes[:i + 1]) for i in range(n)]
+    if qwen3:
+        return total, full, None
+    full = [0] + full
+    win = [0]
+    for s in sizes:
+        left = s
+        while left:
+            w = min(left, 4 * random.randint(1, 4)); left -= w; win.append(win[-1] + w)
+    return total, full, win
+
+def reference(vit, x, full, win, tables, qwen3, perm):
+    # eager, unpadded: the model's own loop over blocks
+    fl = [torch.tensor(full, dtype=torch.int32), max(b - a for a, b in zip(full, full[1:]))]
+    wl = None if win is None else [torch.tensor(win, dtype=torch.int32), max(b - a for a, b in zip(win, win[1:]))]
+    kw = {"rotary_pos_emb_cos": tables[0], "rotary_pos_emb_sin": tables[1]} if qwen3 else {"position_embeddings": tables}
+    y = x.unsqueeze(1); deep = []
+    with torch.no_grad():
+        for i, blk in enumerate(vit.blocks):
+            y = blk(y, cu_seqlens=fl if (qwen3 or i in vit.fullatt_block_indexes) else wl, **kw)
+            if qwen3 and i in vit.deepstack_visual_indexes:
+                deep.append(vit.deepstack_merger_list[vit.deepstack_visual_indexes.index(i)](y))
+        out = vit.merger(y)
+        if deep: out = torch.cat([out] + deep, dim=1)
+    return out if perm is None else out.index_select(0, perm)
+
+def call_run(runner, x, full, win, tables, qwen3, perm):
+    cu = torch.tensor(full, dtype=torch.int32)
+    cw = None if win is None else torch.tensor(win, dtype=torch.int32)
+    if qwen3:
+        return runner.run(x=x, position_embeddings=None, rotary_pos_emb_cos=tables[0], rotary_pos_emb_sin=tables[1],
+                          cu_seqlens=cu, cu_window_seqlens=None, output_indices=None,
+                          attention_layout_key=(tuple(full), None))
+    return runner.run(x=x, position_embeddings=tables, cu_seqlens=cu, cu_window_seqlens=cw,
+                      output_indices=perm, attention_layout_key=(tuple(full), tuple(win)))
+
+result = {}
+with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
+     mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
+     mock.patch.object(vr.ViTCudaGraphRunner, "_capture_context", lambda self: mock.MagicMock()), \
+     mock.patch.object(vr.ViTCudaGraphRunner, "_create_graph", recording_create):
+    for qwen3 in (False, True):
+        name = "qwen3" if qwen3 else "qwen25"
+        vit = ViT(qwen3)
+        runner = vr.ViTCudaGraphRunner(vit)
+        setattr(vit, "graph_runners" if qwen3 else "cuda_graph_runner", runner)
+        model = nn.Module(); model.visual = vit
+        class ModelRunner: pass
+        mr = ModelRunner(); mr.model = model
+        # the startup path: the AFTER ModelRunner.load_model hook finds the runner, reads its dims
+        STATE["startup"] = True
+        assert vb.after_load_model(None, mr) is None
+        STATE["startup"] = False
+        state = vb.budget_state(runner)
+        startup_captures = STATE["captures"]
+        cases = []
+        for trial in range(12):
+            total, full, win = image_mix(qwen3)
+            x = torch.randn(total, C)
+            tables = (torch.randn(total, D), torch.randn(total, D))
+            perm = None if qwen3 else torch.randperm(total // 4)
+            got = call_run(runner, x, full, win, tables, qwen3, perm)
+            want = reference(vit, x, full, win, tables, qwen3, perm)
+            budget = vb.pick_budget(total, state.budgets)
+            static = runner.block_output[state.keys[budget]] if budget else None
+            cases.append({
+                "tokens": total, "budget": budget,
+                "max_err": float((got - want).abs().max()), "shape_ok": list(got.shape) == list(want.shape),
+                "nan": bool(got.isnan().any()),
+                "pad_rows_zero": None if static is None else bool((static[total // 4:] == 0).all()),
+                "static_nan": None if static is None else bool(static.isnan().any()),
+            })
+        # a batch above the largest budget: eager, no capture
+        total = 160
+        x = torch.randn(total, C); tables = (torch.randn(total, D), torch.randn(total, D))
+        full = [0, 160] if qwen3 else [0, 0, 160]
+        win = None if qwen3 else list(range(0, 161, 16))
+        perm = None if qwen3 else torch.randperm(40)
+        big = call_run(runner, x, full, win, tables, qwen3, perm)
+        big_err = float((big - reference(vit, x, full, win, tables, qwen3, perm)).abs().max())
+        misfit_err = None
+        if not qwen3:  # a window longer than the captured window max_seqlen: eager, not wrong
+            x = torch.randn(32, C); tables = (torch.randn(32, D), torch.randn(32, D)); perm = torch.randperm(8)
+            got = call_run(runner, x, [0, 0, 32], [0, 32], tables, qwen3, perm)
+            misfit_err = float((got - reference(vit, x, [0, 0, 32], [0, 32], tables, qwen3, perm)).abs().max())
+        result[name] = {"cases": cases, "startup_captures": startup_captures, "misfit_err": misfit_err,
+                        "captures_after": STATE["captures"] - startup_captures, "big_err": big_err,
+                        "report": state.report(), "graphs": len(runner.block_graphs)}
+        STATE["captures"] = 0
+    # the guard: a capture forced after startup
+    for mode in ("warn", "raise"):
+        import os; os.environ["SGLANG_FA4_JIT_MONITOR"] = mode
+        x = torch.randn(8, 1, C); t = torch.randn(8, D)
+        try:
+            runner.create_graph(x_3d=x, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32), cu_window_seqlens=None,
+                                position_embeddings=None, rotary_pos_emb_cos=t, rotary_pos_emb_sin=t)
+            result[f"guard_{mode}"] = "ok"
+        except Exception as exc:
+            result[f"guard_{mode}"] = type(exc).__name__
+    result["guard_count"] = vb.budget_state(runner).captures_after_startup
+    result["log"] = log.getvalue()
+    result["warming"] = sorted(STATE["warming"])
+emit(result)
+"""
+
+
+def test_budget_graphs_on_real_runner(sglang_version):
+    out = run_with_sglang(sglang_version, RUNNER, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
+                                                       "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
+                                                       "SGLANG_FA4_JIT_MONITOR": "warn",
+                                                       "SGLANG_FA4_VIT_GRAPH_BUDGETS": "128,32,64"})
+    for name in ("qwen25", "qwen3"):
+        r = out[name]
+        assert r["startup_captures"] == 3 and r["graphs"] == 3, r  # one graph per budget, at startup
+        assert r["captures_after"] == 0, r  # serving never captured
+        assert {c["budget"] for c in r["cases"]} >= {32, 64}, r["cases"]  # the mixes hit several budgets
+        for c in r["cases"]:
+            assert c["shape_ok"] and not c["nan"], c
+            assert c["max_err"] < 1e-4, c  # budgeted replay == eager on the real tokens
+            assert c["pad_rows_zero"] and not c["static_nan"], c  # padded rows zeroed, nothing uninitialised
+        assert r["big_err"] < 1e-4  # above the largest budget: eager, right
+        rep = r["report"]
+        assert rep["eager_runs"] == (1 if name == "qwen3" else 2), rep
+        assert rep["replays"] == len(r["cases"]) and rep["captures_after_startup"] == 0
+        assert rep["budgets"] == [32, 64, 128]
+    assert out["qwen25"]["misfit_err"] < 1e-4
+    assert out["qwen25"]["report"]["window_tokens"] == 16 and out["qwen3"]["report"]["window_tokens"] is None
+    assert out["guard_warn"] == "ok" and out["guard_raise"] == "GraphCaptureAfterStartup"
+    assert out["guard_count"] == 2
+    # FA4 calls while budgets are captured count as warmup for the JIT monitor; serving ones do not
+    assert out["warming"] == [[False, 0], [True, 1]]
+    assert "captured after the startup budgets" in out["log"]
+
+
+REGISTERED = r"""
+import warnings; warnings.simplefilter("ignore")
+import sglang.srt.plugins as plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+plugins.load_plugins()
+runner = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
+hooks = {m: [(ht.value, fn.__qualname__) for ht, fn, src in HookRegistry._hooks.get(f"{runner}.{m}", [])]
+         for m in ("run", "create_graph")}
+hooks["load_model"] = [fn.__module__ + "." + fn.__qualname__ for ht, fn, src in
+                       HookRegistry._hooks.get("sglang.srt.model_executor.model_runner.ModelRunner.load_model", [])]
+emit(hooks)
+"""
+
+
+@pytest.mark.parametrize("enable", ["0", "1"])
+def test_hooks_registered_only_when_enabled(sglang_version, enable):
+    out = run_with_sglang(sglang_version, REGISTERED, env={"SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": enable})
+    if enable == "1":
+        assert out["run"] == [["around", "run_around"]] and out["create_graph"] == [["around", "create_graph_around"]]
+        # budgets captured after the FA4 startup warmup hook
+        assert out["load_model"][-1] == "sglang_fa4.vit_budgets.after_load_model"
+        assert out["load_model"].index("sglang_fa4.hooks.after_load_model") < len(out["load_model"]) - 1
+    else:
+        assert out["run"] == [] and out["create_graph"] == []
+        assert "sglang_fa4.vit_budgets.after_load_model" not in out["load_model"]
