@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     # static buffers + graphs per (budget, kind), captured once, like the runner does at startup
     static = {}
     for b in budgets:
-        cap = vit_budgets.segment_capacity(b)
+        cap = vit_budgets.segment_capacity(b, WINDOW * WINDOW)
         for kind, max_len in (("full", b), ("windowed", WINDOW * WINDOW)):
             layout = vit_budgets.capture_layout(b, cap, max_len)
             q, k, v = (torch.randn(b, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))

@@ -66,15 +66,33 @@ def test_pad_layout_rejects(cu, budget, max_seqlen):
         vb.pad_layout(cu, budget, vb.segment_capacity(budget), max_seqlen)
 
 
-def test_pad_layout_capacity_holds_worst_case():
-    # every real segment the smallest possible (4 tokens) still fits, with Qwen2.5's empty lead
+def test_pad_layout_capacity():
+    # segments of CAPACITY_TOKENS_PER_SEGMENT tokens fill any budget, with Qwen2.5's empty lead
+    step = vb.CAPACITY_TOKENS_PER_SEGMENT
     for budget in (64, 256, 1024):
-        for tokens in range(0, budget + 1, 4):
-            cu = [0, 0] + list(range(4, tokens + 1, 4))
+        for tokens in range(0, budget + 1, step):
+            cu = [0, 0] + list(range(step, tokens + 1, step))
             out = vb.pad_layout(cu, budget, vb.segment_capacity(budget), max_seqlen=16)
             assert len(out) == vb.segment_capacity(budget) + 1
+    # more, smaller segments than the capacity: does not fit (that batch runs eagerly)
     with pytest.raises(vb.LayoutDoesNotFit):
-        vb.pad_layout([0] + list(range(1, 65)), 64, vb.segment_capacity(64), 64)  # 1-token segments
+        vb.pad_layout([0] + list(range(4, 257, 4)), 256, vb.segment_capacity(256), 64)
+    # with windows, a slot per quarter window (never under MIN_SEGMENT_TOKENS)
+    assert vb.segment_capacity(1024, 64) == 1024 // 16 + vb.SPARE_SEGMENTS
+    assert vb.segment_capacity(1024, 8) == 1024 // vb.MIN_SEGMENT_TOKENS + vb.SPARE_SEGMENTS
+
+
+def test_capacity_fits_real_qwen_window_layouts():
+    from sglang_fa4.bench.layouts import QWEN25_VL, PICTURES
+
+    for name, (width, height, frames) in PICTURES.items():
+        seqlens = QWEN25_VL.window_seqlens([QWEN25_VL.grid_thw(width, height, frames)])
+        tokens = sum(seqlens)
+        budget = 1 << (tokens - 1).bit_length()
+        cu = [0]
+        for n in seqlens:
+            cu.append(cu[-1] + n)
+        vb.pad_layout(cu, budget, vb.segment_capacity(budget, 64), max_seqlen=64)  # fits: no exception
 
 
 def test_capture_layout_max_seqlen():
