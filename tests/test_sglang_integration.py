@@ -46,6 +46,21 @@ vision.flash_attn_func = fake_flash_attn_func  # only defined on CUDA builds; up
 def fa4_backend():
     with mock.patch.object(vision, "_is_cuda", True):
         return vision.VisionFlash4Attention()
+
+# CUDA graph stand-ins: capture runs the Python eagerly with STATE["capturing"] set; replay is recorded
+from contextlib import contextmanager
+
+class FakeGraph:
+    def replay(self):
+        RECORDS.append({"replay": True})
+
+@contextmanager
+def fake_graph(g, *a, **k):
+    STATE["capturing"] = True
+    try:
+        yield
+    finally:
+        STATE["capturing"] = False
 """
 
 BACKEND_MATRIX = """
@@ -132,21 +147,9 @@ def test_fa4_forward_without_plugin(sglang_version):
 
 
 GENERIC_RUNNER = """
-from contextlib import contextmanager
 import torch.nn as nn
 from sglang.srt.multimodal import vit_cuda_graph_runner as vr
 
-class FakeGraph:
-    def replay(self):
-        RECORDS.append({"replay": True})
-
-@contextmanager
-def fake_graph(g, *a, **k):
-    STATE["capturing"] = True
-    try:
-        yield
-    finally:
-        STATE["capturing"] = False
 
 H, D = 2, 8
 class Attn(nn.Module):
@@ -223,21 +226,9 @@ def test_generic_runner_fa4_fails_without_plugin_on_0_5_20(sglang_version):
 
 
 INTERNVL_RUNNER = """
-from contextlib import contextmanager
 import torch.nn as nn
 from sglang.srt.multimodal import internvl_vit_cuda_graph_runner as ir
 
-class FakeGraph:
-    def replay(self):
-        RECORDS.append({"replay": True})
-
-@contextmanager
-def fake_graph(g, *a, **k):
-    STATE["capturing"] = True
-    try:
-        yield
-    finally:
-        STATE["capturing"] = False
 
 H, D = 2, 8
 class Inner(nn.Module):
