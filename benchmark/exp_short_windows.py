@@ -7,7 +7,9 @@ Candidates, side by side in one run, graph-timed, paired rounds with alternating
   triton_attn  SGLang's context_attention_fwd (the bar)
 Every output is checked against an fp32 reference on fresh random data, output poisoned first.
 
-usage: python3 benchmark/exp_short_windows.py --out results.json
+  triton_short_wN  sglang_fa4.short_window_kernel (one program per segment and head, N warps)
+
+usage: python3 benchmark/exp_short_windows.py --out results.json [--backends ...] [--layouts ...]
 """
 
 from __future__ import annotations
@@ -31,6 +33,21 @@ def fa2_varlen_runner(p):
     return run
 
 
+def triton_short_runner(p, num_warps):
+    from sglang_fa4.short_window_kernel import short_window_attention
+
+    q, k, v, cu, ms, out = p.q, p.k, p.v, p.cu_seqlens, p.max_seqlen, p.out
+    return lambda: short_window_attention(q, k, v, cu, ms, out=out, num_warps=num_warps)
+
+
+def make(b, p, make_runner):
+    if b == "fa2_varlen":
+        return fa2_varlen_runner(p)
+    if b.startswith("triton_short"):
+        return triton_short_runner(p, int(b.rsplit("_w", 1)[1]))
+    return make_runner(b, p)
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -43,18 +60,19 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="700x64,180x64,win448,win720p,win1080p,win4k,8x4096,64x1024")
     ap.add_argument("--head-dims", default="64,72,80,128")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--backends", default="fa4,fa2_varlen,triton_attn")
     args = ap.parse_args(argv)
 
     copy = measure_copy_gbps()
     gbps = copy["gbps"] if "gbps" in copy else next(v for k, v in copy.items() if "gb" in k.lower())
     rows = []
-    backends = ("fa4", "fa2_varlen", "triton_attn")
+    backends = tuple(args.backends.split(","))
     for name in args.layouts.split(","):
         layout = kernel_layout(name)
         for d in map(int, args.head_dims.split(",")):
             g = torch.Generator(device="cuda").manual_seed(hash((name, d)) & 0xFFFF)
             p = make_problem(layout.seqlens, 16, d, generator=g)
-            runners = {b: (fa2_varlen_runner(p) if b == "fa2_varlen" else make_runner(b, p)) for b in backends}
+            runners = {b: make(b, p, make_runner) for b in backends}
             ref = reference_fp32(p)
             errs = {}
             for b, fn in runners.items():
@@ -76,13 +94,12 @@ def main(argv=None) -> int:
             for b in backends:
                 row[f"{b}_us"] = statistics.median(times[b])
                 row[f"{b}_rel_err"] = errs[b]
-            ratio = [t / f for t, f in zip(times["triton_attn"], times["fa2_varlen"])]
-            row["fa2_vs_triton"] = statistics.median(ratio)
-            row["fa2_vs_fa4"] = statistics.median([a / b for a, b in zip(times["fa4"], times["fa2_varlen"])])
+            for b in backends:  # paired per-round speed-up over triton_attn
+                if b != "triton_attn" and "triton_attn" in times:
+                    row[f"{b}_vs_triton"] = statistics.median([t / f for t, f in zip(times["triton_attn"], times[b])])
             rows.append(row)
-            print(f"{name:>9} d{d:<3} fa4 {row['fa4_us']:8.1f}  fa2 {row['fa2_varlen_us']:8.1f}  triton "
-                  f"{row['triton_attn_us']:8.1f}  floor {floor_us:6.1f}  fa2/triton x{row['fa2_vs_triton']:.2f} "
-                  f"err {max(errs.values()):.1e}", flush=True)
+            print(f"{name:>9} d{d:<3} " + "  ".join(f"{b} {row[b + '_us']:7.1f}" for b in backends)
+                  + f"  floor {floor_us:6.1f}  err {max(errs.values()):.1e}", flush=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
                                     "torch": torch.__version__, "copy": copy, "time": time.time()},

@@ -14,7 +14,7 @@ configuration's compiled kernel is resolved once (through FA4's own forward, so 
 valid) and then launched directly on the current torch stream: a few microseconds of host time,
 CUDA-graph capturable. See :mod:`sglang_fa4.fa4_kernel_cache` for what a configuration is.
 Inputs that require grad (with grad mode on) take FA4's public autograd path instead.
-Layouts of short segments only (ViT windows) are routed to FA2 where that was measured faster: see
+Layouts of short segments only (ViT windows) are routed to faster kernels where measured: see
 :mod:`sglang_fa4.short_segments`.
 
 ``compile_count()``, ``compile_events()``, ``configs_seen()`` and ``add_compile_listener()``
@@ -92,7 +92,7 @@ def fa4_varlen_attention(
 ):
     cache = _cache if _cache is not None else kernel_cache()
     if short_segments.should_route(cache.arch if q.is_cuda else -1, q, max_seqlen, window_size, sinks):
-        return short_segments.fa2_varlen_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out)
+        return short_segments.short_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out)
     return cache(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
 
 

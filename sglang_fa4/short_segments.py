@@ -1,14 +1,17 @@
-"""Short segments (ViT windows) go to torch's bundled FlashAttention-2 varlen forward.
+"""Short segments (ViT windows) leave FA4 for kernels measured faster on them.
 
 FA4's SM90 kernel gives every segment its own 128/192-row tile and CTA, so on 64-token windows its
-time is per-tile pipeline latency: on the H200 it runs 700 x 64-token windows at d=80 in ~800 us where
-SGLang's triton_attn takes ~550 us and FA2's varlen kernel (``aten._flash_attention_forward``, in every
-CUDA build of torch) ~260 us, 1.2-2.1x faster than triton_attn at d=64/80/128 and 7-9x at d=72, on
-every windowed layout measured (benchmark/results/h200/short_windows.json). On long segments FA4 is
-1.4-1.9x faster than FA2, so only layouts whose longest segment is short are routed, and only where
-that was measured (SM90); Blackwell keeps FA4 until it is measured there.
-FA2 has no attention sinks: calls with sinks stay on FA4. Results are exact attention within bf16
-rounding (rel. error vs fp32 ~2.3e-3, as FA4), not bitwise FA4's.
+time is per-tile pipeline latency: on the H200, 700 x 64-token windows at d=80 take ~800 us in FA4,
+~550 us in SGLang's triton_attn, ~260 us in torch's bundled FA2 varlen forward
+(``aten._flash_attention_forward``) and ~140 us in our one-tile-per-segment Triton kernel
+(:mod:`sglang_fa4.short_window_kernel`), against an HBM floor of ~108 us
+(benchmark/results/h200/short_windows*.json). So, on SM90, a layout whose longest segment is short:
+- head_dim 64/80/128 (measured 1.0-1.35x the HBM floor): the Triton kernel;
+- other head dims (d=72: the Triton kernel pads to 128 and loses to FA2): FA2.
+On long segments FA4 is 1.4-1.9x faster than FA2, so nothing else is routed; Blackwell keeps FA4
+until measured there. Neither route has attention sinks or sliding windows: such calls stay on FA4.
+Results are exact attention within bf16 rounding (rel. error vs fp32 ~2.3e-3, as FA4), not
+bitwise FA4's.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional
 
+from sglang_fa4 import short_window_kernel
 from sglang_fa4.environ import envs
 from sglang_fa4.fa4_kernel_cache import normalize_window
 
 # compute capabilities (major*10+minor) where the route was measured faster than FA4 and triton_attn
 ROUTED_ARCHS = (90,)
+# head dims where the Triton short-window kernel was measured faster than FA2 (the rest use FA2)
+TRITON_HEAD_DIMS = (64, 80, 128)
 
 
 @lru_cache(maxsize=1)
@@ -42,6 +48,17 @@ def should_route(arch: int, q, max_seqlen: Optional[int], window_size, sinks) ->
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= 256
     )
+
+
+def short_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float], out=None):
+    """The routed call: the Triton kernel where it was measured best, FA2 elsewhere."""
+    if (
+        q.shape[-1] in TRITON_HEAD_DIMS
+        and max_seqlen <= short_window_kernel.BLOCK_S
+        and all(t.stride(-1) == 1 for t in (q, k, v) + (() if out is None else (out,)))
+    ):
+        return short_window_kernel.short_window_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out=out)
+    return fa2_varlen_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out=out)
 
 
 def fa2_varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float], out=None):

@@ -92,3 +92,75 @@ def test_fa2_route_matches_fp32_reference():
     ])
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert torch.isfinite(out).all() and err < 1e-2
+
+
+def test_short_attention_picks_the_kernel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(short_segments.short_window_kernel, "short_window_attention", lambda *a, **k: calls.append("triton"))
+    monkeypatch.setattr(short_segments, "fa2_varlen_attention", lambda *a, **k: calls.append("fa2"))
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    for d, max_seqlen in ((64, 64), (80, 8), (128, 64), (72, 64), (80, 65)):
+        q = torch.randn(8, 2, d)
+        short_segments.short_attention(q, q, q, cu, max_seqlen, None)
+    assert calls == ["triton", "triton", "triton", "fa2", "fa2"]
+    q = torch.randn(8, 2, 160)[..., ::2]  # a strided last dim: the Triton kernel needs it contiguous
+    short_segments.short_attention(q, q, q, cu, 8, None)
+    assert calls[-1] == "fa2"
+
+
+INTERPRETED = """
+import json, torch
+from sglang_fa4.short_window_kernel import short_window_attention
+torch.manual_seed(0)
+out_json = {}
+for d, heads, kv_heads in ((64, 2, 2), (80, 4, 2), (128, 2, 1)):
+    seqlens = [64, 16, 0, 48, 4, 64]
+    cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32)
+    t = sum(seqlens)
+    q = torch.randn(t, heads, d, dtype=torch.float16)
+    k, v = (torch.randn(t, kv_heads, d, dtype=torch.float16) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    short_window_attention(q, k, v, cu, 64, out=out)
+    g = heads // kv_heads
+    ref = torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(
+            q[a:b].float().transpose(0, 1), k[a:b].float().repeat_interleave(g, 1).transpose(0, 1),
+            v[a:b].float().repeat_interleave(g, 1).transpose(0, 1)).transpose(0, 1)
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()) if b > a])
+    out_json[d] = {"finite": bool(torch.isfinite(out).all()),
+                   "rel_err": float((out.float() - ref).norm() / ref.norm())}
+print(json.dumps(out_json))
+"""
+
+
+def test_short_window_kernel_in_the_triton_interpreter():
+    """The Triton kernel's arithmetic on the CPU (TRITON_INTERPRET=1, fp16): windows of 4-64 tokens,
+    an empty segment, grouped kv heads; every row written, error at fp16 rounding."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for d, r in result.items():
+        assert r["finite"] and r["rel_err"] < 2e-3, (d, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_short_window_kernel_on_gpu():
+    from sglang_fa4.short_window_kernel import short_window_attention
+
+    torch.manual_seed(0)
+    seqlens = [64] * 40 + [4, 16, 0, 36]
+    cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(seqlens), 16, 80, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    short_window_attention(q, k, v, cu, 64, out=out)
+    ref = short_segments.fa2_varlen_attention(q.float().half(), k.half(), v.half(), cu, 64, None).float()
+    assert torch.isfinite(out).all()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2

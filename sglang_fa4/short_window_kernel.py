@@ -1,0 +1,94 @@
+"""A Triton kernel for varlen attention whose segments are all short (ViT windows of <= 64 tokens).
+
+One program per (segment, head): the whole segment's q, k and v tiles sit in registers, S = QK^T is one
+64 x 64 tile, the softmax needs no online rescaling, and O = PV is one more tile. No pipeline, no
+tile scheduler: the time is the bytes of q, k, v and o, which is what a layout of many 64-token
+windows is bound by. Segments longer than BLOCK_S tokens are not supported (the caller routes only
+layouts whose longest segment fits). Empty segments write nothing.
+
+Triton (and torch) are imported lazily.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Optional
+
+#: the longest segment this kernel handles (one tile)
+BLOCK_S = 64
+
+
+@lru_cache(maxsize=1)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def short_window_attention(
+        Q, K, V, O, CU,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        qk_scale,  # softmax_scale * log2(e)
+        KV_GROUP: tl.constexpr,  # q heads per kv head
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        seg = tl.program_id(0)
+        head = tl.program_id(1)
+        kv_head = head // KV_GROUP
+        start = tl.load(CU + seg)
+        n = tl.load(CU + seg + 1) - start
+        if n > 0:
+            rows = tl.arange(0, BLOCK_S)
+            cols = tl.arange(0, BLOCK_D)
+            row_ok = rows < n
+            col_ok = cols < HEAD_DIM
+            tok = (start + rows).to(tl.int64)
+            mask = row_ok[:, None] & col_ok[None, :]
+            q = tl.load(Q + tok[:, None] * stride_qt + head * stride_qh + cols[None, :], mask=mask, other=0.0)
+            k = tl.load(K + tok[:, None] * stride_kt + kv_head * stride_kh + cols[None, :], mask=mask, other=0.0)
+            v = tl.load(V + tok[:, None] * stride_vt + kv_head * stride_vh + cols[None, :], mask=mask, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(row_ok[None, :], s, float("-inf"))  # keys past the segment
+            m = tl.max(s, 1)
+            p = tl.exp2(s - m[:, None])
+            denom = tl.sum(p, 1)
+            o = tl.dot(p.to(v.dtype), v) / denom[:, None]
+            tl.store(O + tok[:, None] * stride_ot + head * stride_oh + cols[None, :], o.to(O.dtype.element_ty), mask=mask)
+
+    return short_window_attention
+
+
+def short_window_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None, out=None,
+                           num_warps: int = 4):
+    """Attention within each segment of ``cu_seqlens``; q (tokens, heads, d), k/v (tokens, kv_heads, d)
+    with a contiguous last dim; every segment at most BLOCK_S tokens."""
+    import torch
+    import triton
+
+    if max_seqlen > BLOCK_S:
+        raise ValueError(f"short_window_attention handles segments of <= {BLOCK_S} tokens, got max_seqlen {max_seqlen}")
+    tokens, heads, d = q.shape
+    kv_heads = k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} q heads are not a multiple of {kv_heads} kv heads")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a contiguous last dim")
+    if out is None:
+        out = torch.empty_like(q)
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    segments = cu_seqlens.numel() - 1
+    if segments > 0 and tokens > 0:
+        _kernel()[(segments, heads)](
+            q, k, v, out, cu_seqlens,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+            scale * math.log2(math.e),
+            KV_GROUP=heads // kv_heads,
+            HEAD_DIM=d,
+            BLOCK_D=max(16, triton.next_power_of_2(d)),
+            BLOCK_S=BLOCK_S,
+            num_warps=num_warps,
+        )
+    return out
