@@ -16,7 +16,10 @@ SUBCOMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-fa4", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="sglang-fa4",
+        description="FlashAttention-4 as SGLang's ViT attention backend: diagnose, patch, benchmark.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(f"sglang_fa4.{name}").add_parser(sub)
