@@ -47,6 +47,18 @@ def fa4_backend():
     with mock.patch.object(vision, "_is_cuda", True):
         return vision.VisionFlash4Attention()
 
+# a stand-in for SGLang's VisionAttention as the graph runners read it, with a real fa4 backend
+import torch.nn as nn
+H, D = 2, 8
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_backend_name = "fa4"
+        self.num_attention_heads_per_partition = H
+        self.head_size = D
+        self.backend = fa4_backend()
+
 # CUDA graph stand-ins: capture runs the Python eagerly with STATE["capturing"] set; replay is recorded
 from contextlib import contextmanager
 
@@ -147,18 +159,9 @@ def test_fa4_forward_without_plugin(sglang_version):
 
 
 GENERIC_RUNNER = """
-import torch.nn as nn
 from sglang.srt.multimodal import vit_cuda_graph_runner as vr
 
 
-H, D = 2, 8
-class Attn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv_backend_name = "fa4"
-        self.num_attention_heads_per_partition = H
-        self.head_size = D
-        self.backend = fa4_backend()
 
 class Block(nn.Module):
     def __init__(self):
@@ -226,23 +229,14 @@ def test_generic_runner_fa4_fails_without_plugin_on_0_5_20(sglang_version):
 
 
 INTERNVL_RUNNER = """
-import torch.nn as nn
 from sglang.srt.multimodal import internvl_vit_cuda_graph_runner as ir
 
 
-H, D = 2, 8
-class Inner(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv_backend_name = "fa4"
-        self.num_attention_heads_per_partition = H
-        self.head_size = D
-        self.backend = fa4_backend()
 
 class Outer(nn.Module):
     def __init__(self):
         super().__init__()
-        self.attn = Inner()
+        self.attn = Attn()
 
 class Layer(nn.Module):
     def __init__(self):
