@@ -18,10 +18,6 @@ from typing import Any, Callable, Optional
 
 from sglang_fa4 import fa4_call
 
-# SGLang/FA3 spell "no window" as -1; FA4 as None.
-NO_WINDOW = (-1, -1)
-
-
 class SeqlensError(ValueError):
     """The sequence-length arguments handed to the fa4 ViT backend are malformed."""
 

@@ -69,7 +69,3 @@ FEATURES = (
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}
 
-
-def features_to_hook(sglang_version: str) -> list[Feature]:
-    """The features the plugin must add on this (supported) SGLang version."""
-    return [f for f in FEATURES if not f.upstream_has(sglang_version)]

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from sglang_fa4.environ import envs
-from sglang_fa4.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, arch_family, config_for
+from sglang_fa4.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, config_for
 
 logger = logging.getLogger("sglang_fa4")
 

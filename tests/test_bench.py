@@ -151,12 +151,6 @@ def test_all_pairs():
     assert out[0]["median_ratio"] == 2.0
 
 
-def test_rel_error():
-    assert stats.rel_error([1, 2], [1, 2]) == 0.0
-    assert stats.rel_error([0, 0], [3, 4]) == pytest.approx(1.0)
-    assert stats.rel_error([1], [0]) == float("inf")
-
-
 # ---------------------------------------------------------------- schema and reports
 
 

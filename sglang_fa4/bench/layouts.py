@@ -180,6 +180,3 @@ def kernel_layout(name: str) -> Layout:
         return Layout(name, seqlens, note=f"Qwen2.5-VL windows of {width}x{height}, grid {grid}")
     raise ValueError(f"unknown layout {name!r} (NxL, mixed, or win + one of {sorted(PICTURES)})")
 
-
-def kernel_layouts(names) -> list[Layout]:
-    return [kernel_layout(n) for n in names]

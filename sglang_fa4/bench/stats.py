@@ -56,10 +56,3 @@ def all_pairs(per_backend: dict[str, Sequence[float]]) -> list[dict]:
             out.append({"a": a, "b": b, **paired(per_backend[a], per_backend[b])})
     return out
 
-
-def rel_error(out, ref) -> float:
-    """||out - ref|| / ||ref|| over flat sequences of numbers (CPU-side helper for tests/small data);
-    the GPU path computes the same in float64 with torch."""
-    num = sum((float(o) - float(r)) ** 2 for o, r in zip(out, ref))
-    den = sum(float(r) ** 2 for r in ref)
-    return (num / den) ** 0.5 if den else float("inf") if num else 0.0
