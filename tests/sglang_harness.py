@@ -6,7 +6,7 @@ tests/setup_env.sh installs each supported release with its version-specific pin
 ``sys.executable -c PRELUDE+code`` with that target dir first on PYTHONPATH, and must print one JSON
 value on its last stdout line (the prelude defines ``emit(obj)`` for that)::
 
-    from sglang_harness import run_with_sglang, sglang_version  # the fixture, for pytest
+    from sglang_harness import run_with_sglang  # the sglang_version fixture comes from conftest.py
 
     def test_something(sglang_version):
         out = run_with_sglang(sglang_version, "import sglang; emit({'v': sglang.__version__})")

@@ -4,7 +4,7 @@ dir."""
 
 import pytest
 
-from sglang_harness import SGLangRunError, run_with_sglang, sglang_version  # noqa: F401  (fixture)
+from sglang_harness import SGLangRunError, run_with_sglang
 
 IMPORTS = """
 import os, warnings

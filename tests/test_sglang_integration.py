@@ -12,7 +12,7 @@ installed entry point). Stubbed, because it cannot run on a CPU, and only that:
 
 import pytest
 
-from sglang_harness import run_with_sglang, sglang_version  # noqa: F401  (fixture)
+from sglang_harness import run_with_sglang
 
 COMMON = """
 import warnings, sys

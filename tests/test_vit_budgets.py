@@ -11,7 +11,7 @@ uninitialised memory) and raises if a segment is longer than the max_seqlen it w
 import pytest
 
 from sglang_fa4 import plugin, vit_budgets as vb
-from sglang_harness import run_with_sglang, sglang_version  # noqa: F401  (fixture)
+from sglang_harness import run_with_sglang
 
 # ---------------------------------------------------------------------------------------------
 # pure

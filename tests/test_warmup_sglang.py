@@ -7,7 +7,7 @@ the runner and keeps load_model's result.
 Nothing is stubbed: the test env installs the server-side packages model_runner.py imports
 (uvicorn, fastapi); opentelemetry is optional upstream (guarded import) and stays absent."""
 
-from sglang_harness import run_with_sglang, sglang_version  # noqa: F401  (fixture)
+from sglang_harness import run_with_sglang
 
 CHECK = """
 import inspect, logging, os, pkgutil, sys, types, warnings
