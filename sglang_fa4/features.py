@@ -65,6 +65,12 @@ FEATURES = (
         "token budgets (padded layouts, eager above the largest) and flags any capture after startup",
         None,
     ),
+    Feature(
+        "vit_host_metadata",
+        "Qwen2.5-VL eager ViT forward: window/full layouts and max_seqlen from host data, one "
+        "non-blocking H2D copy, no device->host sync (SGLANG_FA4_VIT_HOST_METADATA)",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

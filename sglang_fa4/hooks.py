@@ -94,3 +94,17 @@ def after_load_model(result, self, *args, **kwargs):
 
     warmup.warm_model(getattr(self, "model", None))
     return None
+
+
+QWEN2_5_VIT_FORWARD = "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward"
+
+
+def qwen2_5_vit_forward(original, self, x, grid_thw):
+    """AROUND Qwen2_5_VisionTransformer.forward: the eager path with host-computed layouts and
+    max_seqlen (no device sync). The CUDA-graph path (``enable_cg``) and devices other than
+    CUDA/CPU (NPU wants host cu_seqlens) stay upstream's."""
+    if self.enable_cg or self.device.type not in ("cuda", "cpu"):
+        return original(self, x, grid_thw)
+    from sglang_fa4 import qwen2_5_vit_forward as vit_forward
+
+    return vit_forward.eager_forward(self, x, grid_thw, _vision().VisionAttentionMetadata)

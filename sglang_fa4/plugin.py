@@ -58,6 +58,11 @@ def _register_vit_graph_budgets(registry, hook_type) -> None:
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.after_load_model, hook_type.AFTER)
 
 
+def _register_vit_host_metadata(registry, hook_type) -> None:
+    # AROUND, not REPLACE: the CUDA-graph path and non-CUDA devices call the original
+    registry.register(hooks.QWEN2_5_VIT_FORWARD, hooks.qwen2_5_vit_forward, hook_type.AROUND)
+
+
 # feature -> what registers it. Features sharing a registrar are hooked once.
 REGISTRARS: dict[str, Callable] = {
     "backend_default_table": _register_backend_selection,
@@ -67,6 +72,7 @@ REGISTRARS: dict[str, Callable] = {
     "vit_graph_runners_fa4": _register_vit_graph_runners,
     "fa4_startup_warmup": _register_startup_warmup,
     "vit_graph_budgets": _register_vit_graph_budgets,
+    "vit_host_metadata": _register_vit_host_metadata,
 }
 
 
@@ -78,6 +84,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_WARMUP.get())
     if feature.name == "vit_graph_budgets":
         return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
+    if feature.name == "vit_host_metadata":
+        return bool(envs.SGLANG_FA4_VIT_HOST_METADATA.get())
     return True
 
 

@@ -38,6 +38,7 @@ def fake_sglang(monkeypatch):
     monkeypatch.setattr(plugin, "_registered_plan", None)
     monkeypatch.delenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", raising=False)
     monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
+    monkeypatch.delenv("SGLANG_FA4_VIT_HOST_METADATA", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")  # register() would set FA4's cache variables
     return FakeRegistry
 
@@ -51,14 +52,14 @@ def test_plan_0_5_20_hooks_everything():
     assert plan.supported
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
-        "fa4_startup_warmup",
+        "fa4_startup_warmup", "vit_host_metadata",
     }
     assert plan.upstream == []
 
 
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
-    assert plan.hooked == ["fa4_checked_forward", "fa4_startup_warmup"]
+    assert plan.hooked == ["fa4_checked_forward", "fa4_startup_warmup", "vit_host_metadata"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -84,15 +85,18 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.INTERNVL_RUNNER + "._warmup_once", FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + "._capture_graph", FakeHookType.AROUND),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
+        (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 6  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 6  # idempotent
+    assert len(fake_sglang.registered) == 7  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 7  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     use_version(monkeypatch, "0.5.23")
     plugin.register()
-    assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL]
+    assert [t for t, _, _ in fake_sglang.registered] == [
+        hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
+    ]
 
 
 def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
@@ -100,7 +104,16 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
     assert "fa4_startup_warmup" not in plugin.make_plan("0.5.23").hooked
     plugin.register()
-    assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD]
+    assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD]
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_vit_host_metadata_opt_out(fake_sglang, monkeypatch, version):
+    use_version(monkeypatch, version)
+    monkeypatch.setenv("SGLANG_FA4_VIT_HOST_METADATA", "0")
+    assert "vit_host_metadata" not in plugin.make_plan(version).hooked
+    plugin.register()
+    assert hooks.QWEN2_5_VIT_FORWARD not in [t for t, _, _ in fake_sglang.registered]
 
 
 def test_register_unknown_version_warns_once_and_changes_nothing(fake_sglang, monkeypatch, caplog):
