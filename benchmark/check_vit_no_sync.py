@@ -198,6 +198,11 @@ def main(argv=None) -> int:
         save()
         print("no CUDA device", file=sys.stderr)
         return 2
+    if on_gpu:  # a GPU machine without SGLang's CUDA-only binaries (the device machine): stand-ins
+        sys.path.insert(0, str(ROOT / "benchmark" / "sglang_on_gpu"))
+        import cuda_only_stubs
+
+        result["stubbed_packages"] = cuda_only_stubs.install_missing()
     import sglang
 
     dtype = getattr(torch, args.dtype)

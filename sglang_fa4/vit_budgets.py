@@ -7,10 +7,16 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
 
 * an image batch of ``T`` tokens runs in the smallest budget ``B >= T``: ``x`` and the rotary
   tables are copied into the budget's static buffers, rows ``T..B`` zeroed;
-* every cu_seqlens tensor of a budget has a FIXED length (``segment_capacity(B) + 1``, so a fixed
-  address and shape): the real boundaries, then the padding rows ``T..B`` as segments of at most
-  ``PAD_SEGMENT_TOKENS`` (every row is written by FA4, pad rows attend only to pad rows, so no
-  garbage and no NaN reach a real row), then empty segments ``[B, B, ...]``;
+* every cu_seqlens tensor of a budget has a FIXED length (a fixed address and shape): the real
+  boundaries, then the padding rows ``T..B`` as padding segments (every row is written by the
+  kernels, pad rows attend only to pad rows, so no garbage and no NaN reach a real row), then empty
+  segments ``[B, B, ...]``. The two layouts are sized apart: the full-attention one holds
+  ``SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS`` images/frames and splits the padding into at most
+  ``FULL_PAD_CHUNKS`` segments, because FA4's SM90 varlen scheduler launches about one extra tile
+  per segment and every tile scans the whole segment list (measured on the H200: a slot per 16
+  tokens made the budget graphs 15-25% slower than eager at equal tokens); the windowed one
+  (Qwen2.5-VL, short-window kernel: a program per segment, empty ones exit at once) holds a slot
+  per quarter window and pads with segments of at most ``PAD_SEGMENT_TOKENS``;
 * max_seqlen is fixed per budget and layout, baked into the graph at capture: ``B`` for full
   attention, the window's token count for Qwen2.5-VL's windowed blocks;
 * after replay the padded output rows (merger, and Qwen3-VL deepstack mergers, rows past
@@ -40,8 +46,11 @@ logger = logging.getLogger("sglang_fa4")
 FA4 = "fa4"
 #: the graph-key tag of budget graphs in the runner's dicts
 BUDGET_TAG = "sglang_fa4_budget"
-#: padding rows are split into segments of at most this many tokens (<= any window)
+#: windowed layouts: padding rows are split into segments of at most this many tokens (<= any window)
 PAD_SEGMENT_TOKENS = 64
+#: full-attention layouts: padding rows are split into at most this many segments (a chunk of P
+#: rows costs P^2 attention work; each segment costs every tile a scan step)
+FULL_PAD_CHUNKS = 4
 #: smallest non-empty real segment (Qwen: a 2x2 spatial-merge unit); sizes the segment capacity
 MIN_SEGMENT_TOKENS = 4
 #: tokens per segment slot the fixed segment capacity is sized for without windows (images); with
@@ -105,7 +114,8 @@ def pick_budget(tokens: int, budgets: Sequence[int]) -> Optional[int]:
 
 
 def segment_capacity(budget: int, window_tokens: Optional[int] = None) -> int:
-    """Segments every cu_seqlens tensor of ``budget`` holds (fixed: one shape, one address): one per
+    """Segments every windowed cu_seqlens tensor of ``budget`` holds (fixed: one shape, one address;
+    full-attention layouts use :func:`full_capacity`): one per
     ``window/4`` tokens (CAPACITY_TOKENS_PER_SEGMENT without windows; never under
     MIN_SEGMENT_TOKENS), plus SPARE_SEGMENTS empty ones. Sized for real layouts, not the worst case:
     every unused slot is an empty segment the kernels still schedule (measured on the H200 with a
@@ -113,6 +123,22 @@ def segment_capacity(budget: int, window_tokens: Optional[int] = None) -> int:
     segments runs eagerly instead."""
     per_slot = CAPACITY_TOKENS_PER_SEGMENT if window_tokens is None else window_tokens // 4
     return budget // max(MIN_SEGMENT_TOKENS, per_slot) + SPARE_SEGMENTS
+
+
+def full_capacity(max_segments: Optional[int] = None) -> int:
+    """Segments every full-attention cu_seqlens tensor holds: ``max_segments`` real ones
+    (SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS), FULL_PAD_CHUNKS padding, SPARE_SEGMENTS empty."""
+    if max_segments is None:
+        max_segments = envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
+    if max_segments < 1:
+        raise ValueError(f"SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS must be >= 1, got {max_segments}")
+    return max_segments + FULL_PAD_CHUNKS + SPARE_SEGMENTS
+
+
+def full_pad_segment(budget: int, tokens: int) -> int:
+    """Padding segment length of a full-attention layout: the rows ``tokens..budget`` in at most
+    FULL_PAD_CHUNKS segments."""
+    return max(1, -(-(budget - tokens) // FULL_PAD_CHUNKS))
 
 
 def pad_layout(cu: Sequence[int], budget: int, capacity: int, max_seqlen: int,
@@ -176,7 +202,8 @@ class BudgetState:
     window_tokens: Optional[int]  # Qwen2.5-VL windowed blocks; None: full attention only
     rope_kind: str  # "position_embeddings" (Qwen2.5-VL) | "rotary" (Qwen3-VL cos/sin)
     keys: dict[int, Any] = field(default_factory=dict)
-    capacity: dict[int, int] = field(default_factory=dict)
+    capacity: dict[int, int] = field(default_factory=dict)  # windowed layout
+    capacity_full: dict[int, int] = field(default_factory=dict)
     cu_full: dict[int, Any] = field(default_factory=dict)
     cu_window: dict[int, Any] = field(default_factory=dict)
     graph_bytes: dict[int, Optional[int]] = field(default_factory=dict)
@@ -191,7 +218,9 @@ class BudgetState:
             "budgets": list(self.budgets),
             "graphs": len(self.keys),
             "window_tokens": self.window_tokens,
-            "segment_capacity": {str(b): c for b, c in self.capacity.items()},
+            "segment_capacity_full": {str(b): c for b, c in self.capacity_full.items()},
+            "segment_capacity_window": ({str(b): c for b, c in self.capacity.items()}
+                                        if self.window_tokens is not None else None),
             "graph_bytes": {str(b): v for b, v in self.graph_bytes.items()},
             "graph_bytes_total": sum(measured) if measured else None,
             "replays": self.replays,
@@ -257,8 +286,8 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     with _expected_fa4_compiles():
         # largest first: the runner's shared rotary workspace is allocated once, at full size
         for budget in sorted(budgets, reverse=True):
-            cap = segment_capacity(budget, window)
-            cu_full = torch.tensor(capture_layout(budget, cap, budget), dtype=torch.int32, device=device)
+            cap, cap_full = segment_capacity(budget, window), full_capacity()
+            cu_full = torch.tensor(capture_layout(budget, cap_full, budget), dtype=torch.int32, device=device)
             cu_window = None
             if window is not None:
                 cu_window = torch.tensor(capture_layout(budget, cap, window), dtype=torch.int32, device=device)
@@ -277,6 +306,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
             state.graph_bytes[budget] = (torch.cuda.memory_allocated(device) - before) if cuda else None
             state.keys[budget] = key
             state.capacity[budget] = cap
+            state.capacity_full[budget] = cap_full
             state.cu_full[budget] = runner.cu_full_len[key]  # the captured tensors themselves
             if window is not None:
                 state.cu_window[budget] = runner.cu_window_len[key]
@@ -335,23 +365,34 @@ def eager_run(runner, x, cu_seqlens, cu_window_seqlens, position_embeddings=None
 def _budget_layouts(state: BudgetState, budget: int, cu_seqlens, cu_window_seqlens):
     """The padded (full, window-or-None) host layouts of a request in ``budget``; raises
     LayoutDoesNotFit."""
-    cap = state.capacity[budget]
-    full = pad_layout(_host_layout(cu_seqlens), budget, cap, max_seqlen=budget)
+    host_full = _host_layout(cu_seqlens)
+    full = pad_layout(host_full, budget, state.capacity_full[budget], max_seqlen=budget,
+                      pad_segment=full_pad_segment(budget, host_full[-1] if host_full else 0))
     window = None
     if state.window_tokens is not None:
-        window = pad_layout(_host_layout(cu_window_seqlens), budget, cap,
+        window = pad_layout(_host_layout(cu_window_seqlens), budget, state.capacity[budget],
                             max_seqlen=min(state.window_tokens, budget))
     return full, window
 
 
-def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tables, output_indices):
+def _upload(dst, values: Sequence[int]) -> None:
+    """A host layout into a captured device tensor without blocking the host: staged in pinned
+    memory (a pageable copy would wait for all queued GPU work)."""
     import torch
 
+    src = torch.tensor(values, dtype=dst.dtype)
+    if dst.is_cuda:
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
+
+
+def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tables, output_indices):
     tokens = x.shape[0]
     key = state.keys[budget]
-    state.cu_full[budget].copy_(torch.tensor(full, dtype=torch.int32))
+    _upload(state.cu_full[budget], full)
     if window is not None:
-        state.cu_window[budget].copy_(torch.tensor(window, dtype=torch.int32))
+        _upload(state.cu_window[budget], window)
     block_input = runner.block_input[key]
     block_input[:tokens].copy_(x.unsqueeze(1))
     block_input[tokens:].zero_()

@@ -24,7 +24,7 @@ def test_parse_budgets_and_env(monkeypatch):
         with pytest.raises(ValueError):
             vb.parse_budgets(bad)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", raising=False)
-    assert vb.budgets_from_env() == (1024, 2048, 4096, 8192, 16384)
+    assert vb.budgets_from_env() == (1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192)
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", "64,256")
     assert vb.budgets_from_env() == (64, 256)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
@@ -93,6 +93,28 @@ def test_capacity_fits_real_qwen_window_layouts():
         for n in seqlens:
             cu.append(cu[-1] + n)
         vb.pad_layout(cu, budget, vb.segment_capacity(budget, 64), max_seqlen=64)  # fits: no exception
+
+
+def test_full_layout_capacity_and_padding(monkeypatch):
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", raising=False)
+    cap = vb.full_capacity()
+    assert cap == 64 + vb.FULL_PAD_CHUNKS + vb.SPARE_SEGMENTS
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "3")
+    assert vb.full_capacity() == 3 + vb.FULL_PAD_CHUNKS + vb.SPARE_SEGMENTS
+    with pytest.raises(ValueError, match="SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS"):
+        vb.full_capacity(0)
+    # Qwen2.5-VL's full layout (empty lead) of 3 images in a 16384 budget: the 5620 padding rows go
+    # in at most FULL_PAD_CHUNKS segments, then empty ones; fixed length
+    cu = [0, 0, 1024, 4000, 10764]
+    out = vb.pad_layout(cu, 16384, cap, max_seqlen=16384, pad_segment=vb.full_pad_segment(16384, 10764))
+    assert len(out) == cap + 1 and out[:5] == cu and out[-1] == 16384
+    pads = [b - a for a, b in zip(out[4:], out[5:]) if b > a]
+    assert sum(pads) == 16384 - 10764 and len(pads) <= vb.FULL_PAD_CHUNKS
+    assert vb.full_pad_segment(1024, 1024) == 1 and vb.full_pad_segment(1024, 1021) == 1
+    # more images than the capacity: does not fit (eager)
+    many = list(range(0, 4 * (cap + 1), 4))
+    with pytest.raises(vb.LayoutDoesNotFit):
+        vb.pad_layout(many, 16384, cap, 16384, vb.full_pad_segment(16384, many[-1]))
 
 
 def test_capture_layout_max_seqlen():
@@ -357,6 +379,12 @@ def test_budget_graphs_on_real_runner(sglang_version):
         assert rep["eager_runs"] == (1 if name == "qwen3" else 2), rep
         assert rep["replays"] == len(r["cases"]) and rep["captures_after_startup"] == 0
         assert rep["budgets"] == [32, 64, 128]
+        # the full-attention layout is sized apart from the windowed one (few, fixed slots)
+        assert rep["segment_capacity_full"] == {str(b): vb.full_capacity() for b in (32, 64, 128)}, rep
+        if name == "qwen25":
+            assert rep["segment_capacity_window"] == {str(b): vb.segment_capacity(b, 16) for b in (32, 64, 128)}
+        else:
+            assert rep["segment_capacity_window"] is None
     assert out["qwen25"]["misfit_err"] < 1e-4
     assert out["qwen25"]["report"]["window_tokens"] == 16 and out["qwen3"]["report"]["window_tokens"] is None
     assert out["guard_warn"] == "ok" and out["guard_raise"] == "GraphCaptureAfterStartup"

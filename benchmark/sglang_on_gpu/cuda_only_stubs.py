@@ -1,0 +1,130 @@
+"""Stand-ins for SGLang's CUDA-only binary dependencies (sgl_kernel, flashinfer), so the REAL
+SGLang Python code (vision towers, ViT graph runners, VisionAttention) runs on a GPU machine that
+cannot receive those wheels (the device machine takes 64 MiB per call; sgl_kernel alone is far
+larger, and nothing can be installed there from a registry).
+
+Only what cannot travel is replaced, and only the ops the ViT towers call have a body (plain torch,
+written here): RMSNorm (plain and with a fused residual add) and the gated activations. Every other
+name of these packages imports as a callable that raises, naming itself, so a code path we did not
+expect fails loudly instead of computing something else. Attention itself is not stubbed: fa4 goes
+through sglang_fa4 (flash_attn.cute), the others through torch.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+ROOTS = ("sgl_kernel", "flashinfer")
+
+
+def _rms(x, weight, eps):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    y = _rms(input, weight, eps)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    # sgl_kernel semantics: residual += input; input = rmsnorm(residual), both in place
+    residual.add_(input)
+    input.copy_(_rms(residual, weight, eps))
+
+
+def _gated(act):
+    def op(input, out=None, enable_pdl=None):
+        d = input.shape[-1] // 2
+        y = act(input[..., :d].float()).to(input.dtype) * input[..., d:]
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+    return op
+
+
+silu_and_mul = _gated(F.silu)
+gelu_and_mul = _gated(lambda t: F.gelu(t, approximate="none"))
+gelu_tanh_and_mul = _gated(lambda t: F.gelu(t, approximate="tanh"))
+
+IMPLEMENTED = {
+    "sgl_kernel": {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "silu_and_mul": silu_and_mul,
+                   "gelu_and_mul": gelu_and_mul, "gelu_tanh_and_mul": gelu_tanh_and_mul},
+}
+
+called_missing: list[str] = []  # names of raising stand-ins that were called (for the report)
+
+
+class _Missing:
+    """What any other name resolves to: raises when called, names itself; usable as a base class
+    or a decorator target at import time."""
+
+    def __init__(self, qualname):
+        self._qualname = qualname
+
+    def __call__(self, *args, **kwargs):
+        called_missing.append(self._qualname)
+        raise NotImplementedError(f"{self._qualname} is a stand-in (cuda_only_stubs): the real "
+                                  "package is not on this machine")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"{self._qualname}.{name}")
+
+    def __mro_entries__(self, bases):
+        return (type(self._qualname.rsplit(".", 1)[-1], (), {}),)
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        impl = IMPLEMENTED.get(self.__name__, {}).get(name)
+        return impl if impl is not None else _Missing(f"{self.__name__}.{name}")
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in ROOTS:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = _StubModule(spec.name)
+        mod.__path__ = []
+        mod.__version__ = "0.0.0+stub"
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+def install() -> None:
+    """Put the stand-ins for every package in ROOTS first on sys.meta_path (before anything
+    imports SGLang)."""
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def install_missing() -> list[str]:
+    """Stand-ins only for the packages of ROOTS that are not installed; returns their names."""
+    import importlib.util
+
+    global ROOTS
+    ROOTS = tuple(name for name in ROOTS if importlib.util.find_spec(name) is None)
+    if ROOTS:
+        install()
+    return list(ROOTS)

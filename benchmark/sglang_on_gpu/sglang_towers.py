@@ -1,0 +1,148 @@
+"""The REAL SGLang vision towers (Qwen2.5-VL, Qwen3-VL) on one GPU, outside a server.
+
+What a server process does before the ViT runs, done by hand: CUDA-only binaries replaced where
+they are absent (cuda_only_stubs), the server args published (mm_attention_backend), TP=1 model
+parallel groups, and SGLang's own plugin loader (``load_plugins``), which finds sglang_fa4 through
+its ``sglang.srt.plugins`` entry point and applies its hooks. The towers are SGLang's classes built
+from the configs of the benchmark (``sglang_fa4.bench.vit``: Qwen2.5-VL-7B, Qwen3-VL-8B), random
+weights.
+
+Used by benchmark/check_vit_graphs.py (and any check that needs SGLang's towers on the GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+MODELS = ("qwen2_5_vl", "qwen3_vl")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None) -> dict:
+    """Stubs (only for what is missing), environment, server args, TP=1 groups, plugins. Call once
+    per process, before building a tower. Returns what was done, for the report."""
+    for key, value in (env or {}).items():
+        os.environ[key] = str(value)
+    import cuda_only_stubs
+
+    stubbed = cuda_only_stubs.install_missing()
+    import sglang
+    import torch
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path="dummy", mm_attention_backend=mm_attention_backend)
+    if hasattr(rc, "SpawnRanks"):  # 0.5.23: ranks come with the published args, as a scheduler's
+        rc.publish(args, role="scheduler",
+                   ranks=rc.SpawnRanks(world_rank=0, gpu_id=0 if torch.cuda.is_available() else None))
+    else:
+        rc.get_context().set_server_args(args)
+
+    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                    backend="nccl" if torch.cuda.is_available() else "gloo",
+                                    distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+    ps.initialize_model_parallel()  # TP=1: the widths default to 1 (0.5.23 reads the published args)
+
+    import sglang.srt.plugins as plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    plugins.load_plugins()
+    from sglang_fa4 import plugin
+
+    plan = plugin._registered_plan
+    return {
+        "sglang_version": sglang.__version__,
+        "stubbed_packages": stubbed,
+        "mm_attention_backend": mm_attention_backend,
+        "plugin_hooked": plan.hooked if plan else None,
+        "plugin_upstream": plan.upstream if plan else None,
+        "hooks_applied": sorted(HookRegistry._patched),
+    }
+
+
+def init_random_(module, seed: int) -> None:
+    """SGLang allocates parameters uninitialised: norms get weight 1 / bias 0, everything else
+    N(0, 0.02) (biases 0), like transformers' init."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name or ".ln_" in name or name.startswith("ln_"):
+                p.fill_(1.0 if leaf == "weight" else 0.0)
+            elif leaf == "bias":
+                p.zero_()
+            else:
+                p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+
+
+def build_tower(model: str, seed: int = 0, device: str = "cuda"):
+    """SGLang's vision tower for ``model`` (bf16, eval, random weights) on ``device``."""
+    import torch
+
+    from sglang_fa4.bench.vit import QWEN3_8B_VISION, QWEN25_7B_VISION
+
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            if model == "qwen2_5_vl":
+                from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer
+                from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+                tower = Qwen2_5_VisionTransformer(Qwen2_5_VLVisionConfig(**QWEN25_7B_VISION))
+            elif model == "qwen3_vl":
+                from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
+                from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
+
+                tower = Qwen3VLMoeVisionModel(Qwen3VLVisionConfig(**QWEN3_8B_VISION))
+            else:
+                raise ValueError(f"unknown model {model!r}; known: {MODELS}")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    tower = tower.to(device=device, dtype=torch.bfloat16).eval()
+    init_random_(tower, seed)
+    return tower
+
+
+def grid_of(model: str, width: int, height: int, frames: int = 1) -> tuple[int, int, int]:
+    """(t, h, w) patch grid the model's processor gives a picture (sglang_fa4.bench.layouts)."""
+    from sglang_fa4.bench.vit import GEOMETRY
+
+    return tuple(GEOMETRY[model].grid_thw(width, height, frames))
+
+
+def pixels(tower, grids, seed: int, device: str = "cuda"):
+    """Random patch rows for ``grids`` (what the processor hands the tower), and grid_thw on the
+    host, as SGLang passes it."""
+    import torch
+
+    pe = tower.patch_embed
+    patch_dim = pe.proj.weight[0].numel() if hasattr(pe, "proj") else None
+    tokens = sum(t * h * w for t, h, w in grids)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(tokens, patch_dim, device=device, generator=gen).to(torch.bfloat16)
+    return x, torch.tensor(grids, dtype=torch.int64)
+
+
+def set_graph_mode(tower, on: bool) -> None:
+    """Eager or CUDA-graph forward: Qwen2.5-VL reads ``enable_cg`` (set in __init__), Qwen3-VL reads
+    SGLANG_VIT_ENABLE_CUDA_GRAPH at each call."""
+    if hasattr(tower, "enable_cg"):
+        tower.enable_cg = on
+    os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"] = "1" if on else "0"

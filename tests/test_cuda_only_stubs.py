@@ -1,0 +1,78 @@
+"""benchmark/sglang_on_gpu/cuda_only_stubs.py: the stand-ins that let SGLang's real ViT towers run on
+the GPU machine without sgl_kernel / flashinfer. Their ops must compute what sgl_kernel does (checked
+here against float64 references on random data), and every other name must fail loudly."""
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "sglang_on_gpu"))
+import cuda_only_stubs  # noqa: E402
+
+
+@pytest.fixture()
+def stubs(monkeypatch):
+    """The finder installed for two fake roots (the real names may exist elsewhere)."""
+    monkeypatch.setattr(cuda_only_stubs, "ROOTS", ("sglfa4_fake_kernel", "sglfa4_fake_infer"))
+    monkeypatch.setitem(cuda_only_stubs.IMPLEMENTED, "sglfa4_fake_kernel", cuda_only_stubs.IMPLEMENTED["sgl_kernel"])
+    before = list(sys.meta_path)
+    names = cuda_only_stubs.install_missing()
+    yield names
+    sys.meta_path[:] = before
+    for mod in [m for m in sys.modules if m.startswith("sglfa4_fake_")]:
+        del sys.modules[mod]
+
+
+def test_install_missing_skips_installed_packages(monkeypatch):
+    monkeypatch.setattr(cuda_only_stubs, "ROOTS", ("torch", "sglfa4_fake_absent"))
+    before = list(sys.meta_path)
+    try:
+        assert cuda_only_stubs.install_missing() == ["sglfa4_fake_absent"]
+        assert importlib.import_module("torch").__file__  # the real torch still wins
+    finally:
+        sys.meta_path[:] = before
+        sys.modules.pop("sglfa4_fake_absent", None)
+
+
+def test_ops_match_references(stubs):
+    from sglfa4_fake_kernel import fused_add_rmsnorm, gelu_tanh_and_mul, rmsnorm, silu_and_mul
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 96, generator=gen, dtype=torch.float64)
+    w = torch.randn(96, generator=gen, dtype=torch.float64)
+    ref = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert torch.allclose(rmsnorm(x, w, 1e-6), ref)
+    out = torch.full_like(x, float("nan"))
+    assert rmsnorm(x, w, 1e-6, out=out) is out and torch.allclose(out, ref)
+
+    # fused: residual += input; input = rmsnorm(residual), both in place (sgl_kernel's contract)
+    inp, res = x.clone(), torch.randn(37, 96, generator=gen, dtype=torch.float64)
+    want_res = x + res
+    want = want_res / torch.sqrt(want_res.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert fused_add_rmsnorm(inp, res, w, 1e-6) is None
+    assert torch.allclose(res, want_res) and torch.allclose(inp, want)
+
+    g = torch.randn(5, 2 * 48, generator=gen, dtype=torch.float64)
+    assert torch.allclose(silu_and_mul(g), torch.nn.functional.silu(g[:, :48]) * g[:, 48:])
+    tanh = torch.nn.functional.gelu(g[:, :48], approximate="tanh") * g[:, 48:]
+    assert torch.allclose(gelu_tanh_and_mul(g), tanh)
+
+
+def test_other_names_raise_naming_themselves(stubs):
+    assert stubs == ["sglfa4_fake_kernel", "sglfa4_fake_infer"]
+    from sglfa4_fake_infer.prefill import cudnn_batch_prefill_with_kv_cache
+    from sglfa4_fake_kernel import flash_attn_varlen_func
+
+    for fn, name in ((flash_attn_varlen_func, "sglfa4_fake_kernel.flash_attn_varlen_func"),
+                     (cudnn_batch_prefill_with_kv_cache, "sglfa4_fake_infer.prefill.cudnn_batch_prefill_with_kv_cache")):
+        with pytest.raises(NotImplementedError, match=name.replace(".", r"\.")):
+            fn(1, 2)
+    assert "sglfa4_fake_kernel.flash_attn_varlen_func" in cuda_only_stubs.called_missing
+
+    class Sub(flash_attn_varlen_func):  # a stand-in can still be a base class at import time
+        pass
+
+    assert Sub.__name__ == "Sub"
