@@ -145,7 +145,8 @@ def test_plugin_plan_gates_on_env(monkeypatch):
 # the real runner
 # ---------------------------------------------------------------------------------------------
 
-RUNNER = r"""
+# The real runner with CUDA graphs faked (see the module docstring) and FA4 a CPU reference.
+FAKE_GRAPHS = r"""
 import warnings, logging, io, random
 warnings.simplefilter("ignore")
 from contextlib import contextmanager
@@ -204,7 +205,9 @@ def recording_create(self, graph_key, *a, **k):
             STATE["replaying"] = False
         self.block_graphs[graph_key] = graph
     graph.again = again
+"""
 
+RUNNER = FAKE_GRAPHS + r"""
 H, D = 2, 8
 C = H * D
 class Attn(nn.Module):
@@ -419,3 +422,111 @@ def test_hooks_registered_only_when_enabled(sglang_version, enable):
     else:
         assert out["run"] == [] and out["create_graph"] == []
         assert "sglang_fa4.vit_budgets.after_load_model" not in out["load_model"]
+
+
+# SGLang's real Qwen2.5-VL tower, tensor-parallel over 2 CPU processes (gloo): its linears are
+# TP-sharded (2 of 4 heads per rank, all-reduces inside every block), the generic runner is the
+# real one with graphs faked, budgets captured by the startup path on each rank. Per rank: the
+# budget replay (windowed + full blocks, padded) equals the tower's eager forward.
+TP_TOWER = FAKE_GRAPHS + r"""
+import os, socket
+import torch.multiprocessing as mp
+from sglang.srt.models import qwen2_5_vl
+from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+def rank_main(rank, port, queue):
+    try:
+        queue.put(run_rank(rank, port))
+    except BaseException:
+        import traceback
+        queue.put({"rank": rank, "error": traceback.format_exc()[-3000:]})
+        raise
+
+def run_rank(rank, port):
+    import sglang.srt.runtime_context as rc
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.server_args import ServerArgs
+    # CPU groups: plain gloo, none of the CUDA communicators (PyNccl, custom all-reduce)
+    make_group = ps.init_model_parallel_group
+    ps.init_model_parallel_group = lambda *a, **k: make_group(
+        *a, **{**k, "use_pynccl": False, "use_custom_allreduce": False})
+    ps.init_distributed_environment(world_size=2, rank=rank, local_rank=rank, backend="gloo",
+                                    distributed_init_method=f"tcp://127.0.0.1:{port}")
+    args = ServerArgs(model_path="dummy", mm_attention_backend="fa4", tp_size=2)
+    if hasattr(rc, "SpawnRanks"):  # 0.5.23: groups built from the published topology
+        rc.reset_context()
+        rc.publish(args, role="test", ranks=rc.SpawnRanks(world_rank=rank))
+        rc.get_parallel().override_permanently(world_group=ps._WORLD)
+        ps.initialize_model_parallel(backend="gloo")
+    else:
+        rc.get_context().set_server_args(args)
+        ps.initialize_model_parallel(2, 1)
+    with mock.patch.object(vision, "_is_cuda", True), mock.patch.object(qwen2_5_vl, "_is_cuda", True):
+        cfg = Qwen2_5_VLVisionConfig(depth=4, hidden_size=64, hidden_act="silu", intermediate_size=96,
+                                     num_heads=4, in_channels=3, patch_size=14, spatial_merge_size=2,
+                                     temporal_patch_size=2, window_size=112, out_hidden_size=32,
+                                     fullatt_block_indexes=[1, 3])
+        vit = qwen2_5_vl.Qwen2_5_VisionTransformer(cfg)
+    torch.manual_seed(1 + rank)  # each rank its own shard of the weights
+    with torch.no_grad():
+        for p in vit.parameters():
+            p.normal_(0, 0.05)
+    runner = vit.cuda_graph_runner
+    model = nn.Module(); model.visual = vit
+    class ModelRunner: pass
+    mr = ModelRunner(); mr.model = model
+    out = {"rank": rank, "heads_per_rank": vit.blocks[0].attn.num_attention_heads_per_partition, "cases": []}
+    with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
+         mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
+         mock.patch.object(vr.ViTCudaGraphRunner, "_create_graph", recording_create):
+        vb.after_load_model(None, mr)  # the startup path, on every rank
+        state = vb.budget_state(runner)
+        startup = STATE["captures"]
+        random.seed(5)  # the same image mixes on both ranks (TP: every rank sees every token)
+        for trial in range(6):
+            grid = torch.tensor([[1, 2 * random.randint(2, 9), 2 * random.randint(2, 9)]
+                                 for _ in range(random.randint(1, 3))])
+            x = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(trial))
+            with torch.no_grad():
+                vit.enable_cg = True
+                replays = state.replays
+                got = vit(x, grid).clone()
+                replayed = state.replays == replays + 1
+                vit.enable_cg = False
+                want = vit(x, grid)
+            out["cases"].append({"tokens": x.shape[0], "replayed": replayed,
+                                 "max_err": float((got - want).abs().max()), "scale": float(want.abs().max())})
+        out["captures_after"] = STATE["captures"] - startup
+        out["report"] = state.report()
+    ps.destroy_model_parallel(); ps.destroy_distributed_environment()
+    return out
+
+ctx = mp.get_context("fork")
+queue = ctx.Queue()
+port = free_port()
+procs = [ctx.Process(target=rank_main, args=(r, port, queue)) for r in range(2)]
+for p in procs: p.start()
+results = sorted((queue.get(timeout=180) for _ in procs), key=lambda r: r["rank"])
+for p in procs: p.join(60)
+emit({"ranks": results, "exitcodes": [p.exitcode for p in procs]})
+"""
+
+
+def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
+    out = run_with_sglang(sglang_version, TP_TOWER, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
+                                                         "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
+                                                         "SGLANG_FA4_JIT_MONITOR": "raise",
+                                                         "SGLANG_FA4_VIT_GRAPH_BUDGETS": "128,256,512"})
+    for r in out["ranks"]:
+        assert "error" not in r, r.get("error")
+    assert out["exitcodes"] == [0, 0]
+    for r in out["ranks"]:
+        assert r["heads_per_rank"] == 2  # the tower really is sharded
+        assert r["report"]["graphs"] == 3 and r["captures_after"] == 0, r
+        assert sum(c["replayed"] for c in r["cases"]) >= 4, r["cases"]  # most mixes fit a budget
+        for c in r["cases"]:
+            assert c["max_err"] <= 1e-5 * max(1.0, c["scale"]), c  # replay == eager, fp32 on CPU
