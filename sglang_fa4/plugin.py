@@ -55,6 +55,7 @@ def _register_vit_graph_budgets(registry, hook_type) -> None:
     runner = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
     registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
     registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
+    registry.register(hooks.QWEN2_5_VIT_FORWARD, vit_budgets.qwen2_5_forward_around, hook_type.AROUND)
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.after_load_model, hook_type.AFTER)
 
 

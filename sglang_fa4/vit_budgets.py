@@ -23,7 +23,9 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   ``T / merge``) are zeroed and the real rows returned (through ``output_indices`` when given);
 * above the largest budget, or for a layout that does not fit a budget's segment capacity, the
   tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
-  through the original ``run``, which would capture and keep a new graph for that layout.
+  through the original ``run``, which would capture and keep a new graph for that layout. For
+  Qwen2.5-VL a batch above the budgets is seen from ``grid_thw`` before the graph path
+  (:func:`qwen2_5_forward_around`) and takes the tower's own eager forward, which is faster.
 
 A guard counts graph captures after :func:`capture_budgets` sealed the runner and, like the FA4
 compile monitor of :mod:`sglang_fa4.warmup`, warns or raises per ``SGLANG_FA4_JIT_MONITOR``; FA4
@@ -436,6 +438,33 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
     state.eager_runs += 1
     return eager_run(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
                      rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices)
+
+
+def _grid_rows(grid_thw) -> list:
+    return grid_thw.tolist() if hasattr(grid_thw, "tolist") else list(grid_thw)
+
+
+def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
+    """From host data (grid_thw): a batch no budget graph holds (more tokens than the largest
+    budget, or more images than the full-attention layout's slots)."""
+    rows = _grid_rows(grid_thw)
+    tokens = sum(int(t) * int(h) * int(w) for t, h, w in rows)
+    return tokens > max(state.budgets) or len(rows) > envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
+
+
+def qwen2_5_forward_around(original, self, x, grid_thw):
+    """AROUND Qwen2_5_VisionTransformer.forward: with sealed budgets, a batch above them takes the
+    tower's own eager forward instead of the graph path's input preparation + eager blocks (H200,
+    1080p / 4K: 47 / 225 ms against 62 / 276 ms, benchmark/results/h200/vit_graphs-0.5.23.md)."""
+    state = budget_state(getattr(self, "cuda_graph_runner", None))
+    if not (self.enable_cg and state is not None and state.sealed and exceeds_budgets(state, grid_thw)):
+        return original(self, x, grid_thw)
+    state.eager_runs += 1
+    self.enable_cg = False  # the forward reads it per call; the ViT runs on one thread
+    try:
+        return original(self, x, grid_thw)
+    finally:
+        self.enable_cg = True
 
 
 def create_graph_around(original, self, *args, **kwargs):

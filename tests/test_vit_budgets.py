@@ -405,6 +405,8 @@ plugins.load_plugins()
 runner = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
 hooks = {m: [(ht.value, fn.__qualname__) for ht, fn, src in HookRegistry._hooks.get(f"{runner}.{m}", [])]
          for m in ("run", "create_graph")}
+hooks["forward"] = [(ht.value, fn.__qualname__) for ht, fn, src in
+                    HookRegistry._hooks.get("sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward", [])]
 hooks["load_model"] = [fn.__module__ + "." + fn.__qualname__ for ht, fn, src in
                        HookRegistry._hooks.get("sglang.srt.model_executor.model_runner.ModelRunner.load_model", [])]
 emit(hooks)
@@ -416,11 +418,13 @@ def test_hooks_registered_only_when_enabled(sglang_version, enable):
     out = run_with_sglang(sglang_version, REGISTERED, env={"SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": enable})
     if enable == "1":
         assert out["run"] == [["around", "run_around"]] and out["create_graph"] == [["around", "create_graph_around"]]
+        assert ["around", "qwen2_5_forward_around"] in out["forward"]
         # budgets captured after the FA4 startup warmup hook
         assert out["load_model"][-1] == "sglang_fa4.vit_budgets.after_load_model"
         assert out["load_model"].index("sglang_fa4.hooks.after_load_model") < len(out["load_model"]) - 1
     else:
         assert out["run"] == [] and out["create_graph"] == []
+        assert ["around", "qwen2_5_forward_around"] not in out["forward"]
         assert "sglang_fa4.vit_budgets.after_load_model" not in out["load_model"]
 
 
@@ -500,6 +504,22 @@ def run_rank(rank, port):
                 want = vit(x, grid)
             out["cases"].append({"tokens": x.shape[0], "replayed": replayed,
                                  "max_err": float((got - want).abs().max()), "scale": float(want.abs().max())})
+        # above the largest budget: the tower's own eager forward, decided from grid_thw before the
+        # graph path (the runner is not called at all)
+        runner_calls = []
+        hooked_run = runner.run
+        runner.run = lambda **kw: runner_calls.append(1) or hooked_run(**kw)
+        grid = torch.tensor([[1, 28, 28]])
+        x = torch.randn(784, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(99))
+        eager_runs = state.eager_runs
+        with torch.no_grad():
+            vit.enable_cg = True
+            got = vit(x, grid).clone()
+            flag_restored = vit.enable_cg
+            vit.enable_cg = False
+            want = vit(x, grid)
+        out["big"] = {"runner_calls": len(runner_calls), "eager_runs": state.eager_runs - eager_runs,
+                      "max_err": float((got - want).abs().max()), "enable_cg_restored": flag_restored}
         out["captures_after"] = STATE["captures"] - startup
         out["report"] = state.report()
     ps.destroy_model_parallel(); ps.destroy_distributed_environment()
@@ -530,3 +550,6 @@ def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
         assert sum(c["replayed"] for c in r["cases"]) >= 4, r["cases"]  # most mixes fit a budget
         for c in r["cases"]:
             assert c["max_err"] <= 1e-5 * max(1.0, c["scale"]), c  # replay == eager, fp32 on CPU
+        big = r["big"]
+        assert big["runner_calls"] == 0 and big["eager_runs"] == 1 and big["enable_cg_restored"], big
+        assert big["max_err"] == 0.0, big
