@@ -17,7 +17,7 @@ after ModelRunner.load_model: the FA4 variant warmup, then one graph per token b
 
 usage (GPU machine, SGLang importable; see benchmark/sglang_on_gpu/README.md):
   python3 benchmark/check_vit_graphs.py --out DIR [--models qwen2_5_vl qwen3_vl] [--mixes 20]
-Writes DIR/vit_graphs-<sglang version>.json and .md.
+Writes DIR/vit_graphs.json and .md (the latest supported SGLang; others: vit_graphs-<version>.*).
 """
 
 from __future__ import annotations
@@ -324,7 +324,11 @@ def main(argv=None) -> int:
     result = {"meta": meta, "models": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"vit_graphs-{info['sglang_version']}" + (f"-{args.tag}" if args.tag else "")
+    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+
+    # the latest supported SGLang's run is the headline file
+    stem = "vit_graphs" + ("" if info["sglang_version"] == SUPPORTED_SGLANG_VERSIONS[-1]
+                           else f"-{info['sglang_version']}") + (f"-{args.tag}" if args.tag else "")
     for i, model in enumerate(args.models):
         t0 = time.perf_counter()
         result["models"].append(check_model(model, args, seed=i))

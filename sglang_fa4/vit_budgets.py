@@ -455,7 +455,7 @@ def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
 def qwen2_5_forward_around(original, self, x, grid_thw):
     """AROUND Qwen2_5_VisionTransformer.forward: with sealed budgets, a batch above them takes the
     tower's own eager forward instead of the graph path's input preparation + eager blocks (H200,
-    1080p / 4K: 47 / 225 ms against 62 / 276 ms, benchmark/results/h200/vit_graphs-0.5.23.md)."""
+    1080p / 4K: 47 / 225 ms against 62 / 276 ms, benchmark/results/h200/vit_graphs.md)."""
     state = budget_state(getattr(self, "cuda_graph_runner", None))
     if not (self.enable_cg and state is not None and state.sealed and exceeds_budgets(state, grid_thw)):
         return original(self, x, grid_thw)
