@@ -13,8 +13,9 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   segments ``[B, B, ...]``. The two layouts are sized apart: the full-attention one holds
   ``SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS`` images/frames and splits the padding into at most
   ``FULL_PAD_CHUNKS`` segments, because FA4's SM90 varlen scheduler launches about one extra tile
-  per segment and every tile scans the whole segment list (measured on the H200: a slot per 16
-  tokens made the budget graphs 15-25% slower than eager at equal tokens); the windowed one
+  per segment and every tile scans the segment list (flash_attn.cute's SingleTileVarlenScheduler;
+  on the H200 the budget graph is within 1.03x of SGLang's exact-layout graph at equal tokens,
+  benchmark/results/h200/vit_graphs.md); the windowed one
   (Qwen2.5-VL, short-window kernel: a program per segment, empty ones exit at once) holds a slot
   per quarter window and pads with segments of at most ``PAD_SEGMENT_TOKENS``;
 * max_seqlen is fixed per budget and layout, baked into the graph at capture: ``B`` for full
