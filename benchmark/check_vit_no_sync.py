@@ -25,7 +25,6 @@ import argparse
 import json
 import platform
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -34,8 +33,9 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmark" / "sglang_on_gpu"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import torch  # noqa: E402
 
@@ -46,31 +46,6 @@ TOWER_7B = dict(
     fullatt_block_indexes=[7, 15, 23, 31],
 )
 FORWARD = "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_sglang(backend: str) -> None:
-    """ServerArgs with `backend` as --mm-attention-backend, and a world-size-1 TP group (gloo)."""
-    import sglang.srt.runtime_context as rc
-    from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.server_args import ServerArgs
-
-    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
-    args = ServerArgs(model_path="dummy", mm_attention_backend=backend)
-    if hasattr(rc, "SpawnRanks"):  # 0.5.23: the groups are built from the published topology
-        rc.reset_context()
-        rc.publish(args, role="test", ranks=rc.SpawnRanks(world_rank=0))
-        rc.get_parallel().override_permanently(world_group=ps._WORLD)
-        ps.initialize_model_parallel(backend="gloo")
-    else:  # 0.5.20
-        rc.get_context().set_server_args(args)
-        ps.initialize_model_parallel(1, 1)
 
 
 def load_plugin() -> dict:
@@ -199,7 +174,6 @@ def main(argv=None) -> int:
         print("no CUDA device", file=sys.stderr)
         return 2
     if on_gpu:  # a GPU machine without SGLang's CUDA-only binaries (the device machine): stand-ins
-        sys.path.insert(0, str(ROOT / "benchmark" / "sglang_on_gpu"))
         import cuda_only_stubs
 
         result["stubbed_packages"] = cuda_only_stubs.install_missing()
@@ -222,7 +196,9 @@ def main(argv=None) -> int:
     })
     save()
 
-    init_sglang(backend)
+    from sglang_towers import init_sglang
+
+    init_sglang(backend, dist_backend="gloo")  # world size 1: no collectives
     from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer
 
     upstream_forward = Qwen2_5_VisionTransformer.forward  # before the plugin wraps it

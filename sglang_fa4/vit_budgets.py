@@ -441,15 +441,13 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
                      rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices)
 
 
-def _grid_rows(grid_thw) -> list:
-    return grid_thw.tolist() if hasattr(grid_thw, "tolist") else list(grid_thw)
-
-
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
     """From host data (grid_thw): a batch no budget graph holds (more tokens than the largest
     budget, or more images than the full-attention layout's slots)."""
-    rows = _grid_rows(grid_thw)
-    tokens = sum(int(t) * int(h) * int(w) for t, h, w in rows)
+    from sglang_fa4.vit_host_metadata import grid_rows
+
+    rows = grid_rows(grid_thw)
+    tokens = sum(t * h * w for t, h, w in rows)
     return tokens > max(state.budgets) or len(rows) > envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
 
 

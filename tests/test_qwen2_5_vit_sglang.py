@@ -49,7 +49,8 @@ from unittest import mock
 import torch
 import check_vit_no_sync as tower
 
-tower.init_sglang("sdpa")
+from sglang_towers import init_sglang  # on the path check_vit_no_sync sets
+init_sglang("sdpa")
 from sglang.srt.layers.attention import vision
 from sglang.srt.models import qwen2_5_vl
 from sglang.srt.models.utils import RotaryPosMixin, permute_inv

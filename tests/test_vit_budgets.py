@@ -11,7 +11,7 @@ uninitialised memory) and raises if a segment is longer than the max_seqlen it w
 import pytest
 
 from sglang_fa4 import plugin, vit_budgets as vb
-from sglang_harness import run_with_sglang
+from sglang_harness import ROOT, run_with_sglang
 
 # ---------------------------------------------------------------------------------------------
 # pure
@@ -433,8 +433,9 @@ def test_hooks_registered_only_when_enabled(sglang_version, enable):
 # real one with graphs faked, budgets captured by the startup path on each rank. Per rank: the
 # budget replay (windowed + full blocks, padded) equals the tower's eager forward.
 TP_TOWER = FAKE_GRAPHS + r"""
-import os, socket
+import os, socket, sys
 import torch.multiprocessing as mp
+sys.path.insert(0, BENCH_GPU)  # benchmark/sglang_on_gpu: init_sglang, shared with the GPU checks
 from sglang.srt.models import qwen2_5_vl
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
@@ -451,24 +452,9 @@ def rank_main(rank, port, queue):
         raise
 
 def run_rank(rank, port):
-    import sglang.srt.runtime_context as rc
     from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.server_args import ServerArgs
-    # CPU groups: plain gloo, none of the CUDA communicators (PyNccl, custom all-reduce)
-    make_group = ps.init_model_parallel_group
-    ps.init_model_parallel_group = lambda *a, **k: make_group(
-        *a, **{**k, "use_pynccl": False, "use_custom_allreduce": False})
-    ps.init_distributed_environment(world_size=2, rank=rank, local_rank=rank, backend="gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{port}")
-    args = ServerArgs(model_path="dummy", mm_attention_backend="fa4", tp_size=2)
-    if hasattr(rc, "SpawnRanks"):  # 0.5.23: groups built from the published topology
-        rc.reset_context()
-        rc.publish(args, role="test", ranks=rc.SpawnRanks(world_rank=rank))
-        rc.get_parallel().override_permanently(world_group=ps._WORLD)
-        ps.initialize_model_parallel(backend="gloo")
-    else:
-        rc.get_context().set_server_args(args)
-        ps.initialize_model_parallel(2, 1)
+    from sglang_towers import init_sglang
+    init_sglang("fa4", tp_size=2, rank=rank, port=port)  # gloo groups on a CPU
     with mock.patch.object(vision, "_is_cuda", True), mock.patch.object(qwen2_5_vl, "_is_cuda", True):
         cfg = Qwen2_5_VLVisionConfig(depth=4, hidden_size=64, hidden_act="silu", intermediate_size=96,
                                      num_heads=4, in_channels=3, patch_size=14, spatial_merge_size=2,
@@ -537,7 +523,8 @@ emit({"ranks": results, "exitcodes": [p.exitcode for p in procs]})
 
 
 def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
-    out = run_with_sglang(sglang_version, TP_TOWER, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
+    prelude = f"BENCH_GPU = {str(ROOT / 'benchmark' / 'sglang_on_gpu')!r}\n"
+    out = run_with_sglang(sglang_version, prelude + TP_TOWER, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
                                                          "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
                                                          "SGLANG_FA4_JIT_MONITOR": "raise",
                                                          "SGLANG_FA4_VIT_GRAPH_BUDGETS": "128,256,512"})

@@ -32,6 +32,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def init_sglang(mm_attention_backend: str, *, tp_size: int = 1, rank: int = 0, port: int | None = None,
+                dist_backend: str | None = None) -> None:
+    """Server args published and the model-parallel groups built, as a server process does for TP
+    rank ``rank`` of ``tp_size``. 0.5.20: ``set_server_args`` and the sizes passed; 0.5.23: the
+    args published with the rank, the groups built from the published topology. ``dist_backend``:
+    torch.distributed's (nccl on a GPU, gloo on a CPU, where the groups also skip PyNccl and the
+    custom all-reduce, which want a CUDA device). Every rank must pass the same ``port``."""
+    import torch
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.server_args import ServerArgs
+
+    cuda = torch.cuda.is_available()
+    backend = dist_backend or ("nccl" if cuda else "gloo")
+    if not cuda and tp_size > 1:
+        make_group = ps.init_model_parallel_group
+        ps.init_model_parallel_group = lambda *a, **k: make_group(
+            *a, **{**k, "use_pynccl": False, "use_custom_allreduce": False})
+    ps.init_distributed_environment(world_size=tp_size, rank=rank, local_rank=rank, backend=backend,
+                                    distributed_init_method=f"tcp://127.0.0.1:{port or _free_port()}")
+    args = ServerArgs(model_path="dummy", mm_attention_backend=mm_attention_backend, tp_size=tp_size)
+    if hasattr(rc, "SpawnRanks"):  # 0.5.23: the groups are built from the published topology
+        rc.reset_context()
+        rc.publish(args, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank))
+        rc.get_parallel().override_permanently(world_group=ps._WORLD)
+        ps.initialize_model_parallel(backend=backend)
+    else:  # 0.5.20
+        rc.get_context().set_server_args(args)
+        ps.initialize_model_parallel(tp_size, 1)
+
+
 def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None) -> dict:
     """Stubs (only for what is missing), environment, server args, TP=1 groups, plugins. Call once
     per process, before building a tower. Returns what was done, for the report."""
@@ -41,22 +72,8 @@ def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None) -
 
     stubbed = cuda_only_stubs.install_missing()
     import sglang
-    import torch
-    from sglang.srt import runtime_context as rc
-    from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(model_path="dummy", mm_attention_backend=mm_attention_backend)
-    if hasattr(rc, "SpawnRanks"):  # 0.5.23: ranks come with the published args, as a scheduler's
-        rc.publish(args, role="scheduler",
-                   ranks=rc.SpawnRanks(world_rank=0, gpu_id=0 if torch.cuda.is_available() else None))
-    else:
-        rc.get_context().set_server_args(args)
-
-    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                    backend="nccl" if torch.cuda.is_available() else "gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-    ps.initialize_model_parallel()  # TP=1: the widths default to 1 (0.5.23 reads the published args)
+    init_sglang(mm_attention_backend)
 
     import sglang.srt.plugins as plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
