@@ -498,13 +498,25 @@ def run_rank(rank, port):
         grid = torch.tensor([[1, 28, 28]])
         x = torch.randn(784, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(99))
         eager_runs = state.eager_runs
-        with torch.no_grad():
+        # ... keeping SGLang's graph-mode rotary (the unfused one): the compiled one would be
+        # compiled by Inductor on the request path
+        rotary = {"compiled": 0, "unfused": 0}
+        def counted(name, fn):
+            def call(*a, **k):
+                rotary[name] += 1
+                return fn(*a, **k)
+            return call
+        with torch.no_grad(), \
+             mock.patch.object(vision, "apply_rotary_pos_emb", counted("compiled", vision.apply_rotary_pos_emb)), \
+             mock.patch.object(vision, "apply_rotary_pos_emb_native_eager",
+                               counted("unfused", vision.apply_rotary_pos_emb_native_eager)):
             vit.enable_cg = True
             got = vit(x, grid).clone()
             flag_restored = vit.enable_cg
+        with torch.no_grad():
             vit.enable_cg = False
             want = vit(x, grid)
-        out["big"] = {"runner_calls": len(runner_calls), "eager_runs": state.eager_runs - eager_runs,
+        out["big"] = {"runner_calls": len(runner_calls), "eager_runs": state.eager_runs - eager_runs, "rotary": rotary,
                       "max_err": float((got - want).abs().max()), "enable_cg_restored": flag_restored}
         out["captures_after"] = STATE["captures"] - startup
         out["report"] = state.report()
@@ -540,3 +552,4 @@ def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
         big = r["big"]
         assert big["runner_calls"] == 0 and big["eager_runs"] == 1 and big["enable_cg_restored"], big
         assert big["max_err"] == 0.0, big
+        assert big["rotary"] == {"compiled": 0, "unfused": 4}, big  # one per block, graph-mode rotary
