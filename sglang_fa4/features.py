@@ -48,6 +48,12 @@ FEATURES = (
         "0.5.21",
     ),
     Feature(
+        "vit_graph_outputs_owned",
+        "ViT CUDA-graph runners (generic, InternVL, budget replay) return outputs that own their memory: "
+        "a later replay never rewrites an embedding SGLang still holds (any attention backend)",
+        None,
+    ),
+    Feature(
         "fa4_checked_forward",
         "fa4 forward: clear errors for malformed seqlens, window_size and sinks passed to FA4, "
         "the cached-kernel launch path",

@@ -59,7 +59,8 @@ def fa4_forward(self, q, k, v, cu_seqlens, bsz, seq_len, softmax_scale=None, for
     )
 
 
-GENERIC_RUNNER = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner._create_graph"
+GENERIC_RUNNER_CLASS = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
+GENERIC_RUNNER = f"{GENERIC_RUNNER_CLASS}._create_graph"
 INTERNVL_RUNNER = "sglang.srt.multimodal.internvl_vit_cuda_graph_runner.InternViTCudaGraphRunner"
 
 
@@ -81,6 +82,21 @@ def internvl_runner_step(original, self, key):
         return original(self, key)
     with vit_graph_runners.runner_layout_as_fa3(self):
         return original(self, key)
+
+
+def generic_runner_replay_owned(original, self, graph_key, *args, **kwargs):
+    """AROUND ViTCudaGraphRunner.replay: the output owns its memory (a later replay of the same
+    graph must not rewrite what SGLang's embedding cache holds)."""
+    from sglang_fa4.vit_graph_outputs import owned
+
+    return owned(original(self, graph_key, *args, **kwargs), self.block_output.get(graph_key))
+
+
+def internvl_runner_run_owned(original, self, x):
+    """AROUND InternViTCudaGraphRunner.run: the output owns its memory (see above)."""
+    from sglang_fa4.vit_graph_outputs import owned
+
+    return owned(original(self, x), *self.out.values())
 
 
 MODEL_RUNNER_LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"

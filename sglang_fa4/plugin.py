@@ -45,6 +45,11 @@ def _register_vit_graph_runners(registry, hook_type) -> None:
     registry.register(f"{hooks.INTERNVL_RUNNER}._capture_graph", hooks.internvl_runner_step, hook_type.AROUND)
 
 
+def _register_vit_graph_outputs_owned(registry, hook_type) -> None:
+    registry.register(f"{hooks.GENERIC_RUNNER_CLASS}.replay", hooks.generic_runner_replay_owned, hook_type.AROUND)
+    registry.register(f"{hooks.INTERNVL_RUNNER}.run", hooks.internvl_runner_run_owned, hook_type.AROUND)
+
+
 def _register_startup_warmup(registry, hook_type) -> None:
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.after_load_model, hook_type.AFTER)
 
@@ -52,7 +57,7 @@ def _register_startup_warmup(registry, hook_type) -> None:
 def _register_vit_graph_budgets(registry, hook_type) -> None:
     from sglang_fa4 import vit_budgets
 
-    runner = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
+    runner = hooks.GENERIC_RUNNER_CLASS
     registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
     registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
     registry.register(hooks.QWEN2_5_VIT_FORWARD, vit_budgets.qwen2_5_forward_around, hook_type.AROUND)
@@ -71,6 +76,7 @@ REGISTRARS: dict[str, Callable] = {
     "fa4_list_seqlens": _register_fa4_forward,
     "fa4_checked_forward": _register_fa4_forward,
     "vit_graph_runners_fa4": _register_vit_graph_runners,
+    "vit_graph_outputs_owned": _register_vit_graph_outputs_owned,
     "fa4_startup_warmup": _register_startup_warmup,
     "vit_graph_budgets": _register_vit_graph_budgets,
     "vit_host_metadata": _register_vit_host_metadata,

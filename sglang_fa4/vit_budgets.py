@@ -21,7 +21,9 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
 * max_seqlen is fixed per budget and layout, baked into the graph at capture: ``B`` for full
   attention, the window's token count for Qwen2.5-VL's windowed blocks;
 * after replay the padded output rows (merger, and Qwen3-VL deepstack mergers, rows past
-  ``T / merge``) are zeroed and the real rows returned (through ``output_indices`` when given);
+  ``T / merge``) are zeroed and the real rows returned as a tensor of their own (through
+  ``output_indices`` when given, else a copy): the next replay rewrites the graph's output buffer,
+  and SGLang keeps what the tower returns (:mod:`sglang_fa4.vit_graph_outputs`);
 * above the largest budget, or for a layout that does not fit a budget's segment capacity, the
   tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
   through the original ``run``, which would capture and keep a new graph for that layout. For
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
 from sglang_fa4.environ import envs
+from sglang_fa4.vit_graph_outputs import owned
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -410,7 +413,7 @@ def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tab
     state.replays += 1
     if output_indices is not None:
         return out.index_select(0, output_indices)
-    return out[:rows]
+    return owned(out[:rows], out)  # the next replay rewrites `out`; the caller keeps what we return
 
 
 def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_embeddings=None,

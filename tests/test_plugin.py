@@ -52,14 +52,15 @@ def test_plan_0_5_20_hooks_everything():
     assert plan.supported
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
-        "fa4_startup_warmup", "vit_host_metadata",
+        "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_host_metadata",
     }
     assert plan.upstream == []
 
 
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
-    assert plan.hooked == ["fa4_checked_forward", "fa4_startup_warmup", "vit_host_metadata"]
+    assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
+                           "vit_host_metadata"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -84,17 +85,20 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.GENERIC_RUNNER, FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + "._warmup_once", FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + "._capture_graph", FakeHookType.AROUND),
+        (hooks.GENERIC_RUNNER_CLASS + ".replay", FakeHookType.AROUND),
+        (hooks.INTERNVL_RUNNER + ".run", FakeHookType.AROUND),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
         (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 7  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 7  # idempotent
+    assert len(fake_sglang.registered) == 9  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 9  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     use_version(monkeypatch, "0.5.23")
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [
+        hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
     ]
 
@@ -104,7 +108,9 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
     assert "fa4_startup_warmup" not in plugin.make_plan("0.5.23").hooked
     plugin.register()
-    assert [t for t, _, _ in fake_sglang.registered] == [hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD]
+    assert [t for t, _, _ in fake_sglang.registered] == [
+        hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
+        hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

@@ -196,6 +196,7 @@ hooked_create = vr.ViTCudaGraphRunner._create_graph
 def recording_create(self, graph_key, *a, **k):
     hooked_create(self, graph_key, *a, **k)
     graph = self.block_graphs[graph_key]
+    static = self.block_output[graph_key]  # the memory the capture wrote, rewritten by every replay
     def again():
         STATE["replaying"] = True
         try:
@@ -203,11 +204,15 @@ def recording_create(self, graph_key, *a, **k):
                 hooked_create(self, graph_key, *a, **k)
         finally:
             STATE["replaying"] = False
+        static.copy_(self.block_output[graph_key])  # like a real graph: same address, new values
+        self.block_output[graph_key] = static
         self.block_graphs[graph_key] = graph
     graph.again = again
 """
 
-RUNNER = FAKE_GRAPHS + r"""
+# A small Qwen2.5-VL-like (windows, full blocks, output permutation) and Qwen3-VL-like (deepstack
+# mergers) tower with the real fa4 backend, random image mixes, the unpadded eager reference.
+MODEL = FAKE_GRAPHS + r"""
 H, D = 2, 8
 C = H * D
 class Attn(nn.Module):
@@ -292,7 +297,9 @@ def call_run(runner, x, full, win, tables, qwen3, perm):
                           attention_layout_key=(tuple(full), None))
     return runner.run(x=x, position_embeddings=tables, cu_seqlens=cu, cu_window_seqlens=cw,
                       output_indices=perm, attention_layout_key=(tuple(full), tuple(win)))
+"""
 
+RUNNER = MODEL + r"""
 result = {}
 with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
      mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
