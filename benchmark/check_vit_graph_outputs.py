@@ -218,7 +218,9 @@ def main(argv=None) -> int:
 
     from sglang_towers import prepare_sglang
 
-    info = prepare_sglang("fa4", env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_JIT_MONITOR": "warn"})
+    # budgets registered (captured by hand per tower, after its exact-layout pass)
+    info = prepare_sglang("fa4", env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
+                                      "SGLANG_FA4_JIT_MONITOR": "warn"})
     result = {"command": "python3 " + " ".join([os.path.relpath(__file__, ROOT)] + list(argv or sys.argv[1:])),
               "gpu": torch.cuda.get_device_name(), **info, "towers": []}
     for i, tower in enumerate(args.towers):
