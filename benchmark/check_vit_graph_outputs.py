@@ -109,7 +109,8 @@ def check_qwen(model: str, args, seed: int) -> dict:
     del inputs
 
     # the startup budget graphs, random mixes up to 1.25x the largest budget (some run eagerly)
-    state = vit_budgets.capture_budgets(runner, **vit_budgets.infer_capture_dims(tower))
+    with torch.no_grad():
+        state = vit_budgets.capture_budgets(runner, **vit_budgets.infer_capture_dims(tower))
     rng = random.Random(seed + 1)
     inputs = [pixels(tower, random_mix(rng, model, max(state.budgets) * 5 // 4), seed=20_000 + i)
               for i in range(args.forwards)]
