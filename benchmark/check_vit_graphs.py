@@ -79,7 +79,7 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
     blocks run eagerly. Separates the cost of budget padding from the tower's input preparation."""
     import torch
 
-    from sglang_fa4 import vit_budgets
+    from sglang_fa4.integration import vit_budgets
     from sglang_fa4.bench.timing import event_time_ms
 
     recorded.clear()
@@ -113,7 +113,11 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
-    from sglang_fa4 import fa4_call, vit_budgets, warmup
+    from sglang_fa4.kernels import dispatch
+
+    from sglang_fa4.integration import vit_budgets
+
+    from sglang_fa4.startup import warmup
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     warmup.reset_state()  # each model stands for its own server process (JIT monitor state)
@@ -150,7 +154,7 @@ def check_model(model: str, args, seed: int) -> dict:
     res["budgets"] = state.report()
     res["reserved_delta_mib"] = round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1)
     graphs0 = len(runner.block_graphs)
-    compiles0 = fa4_call.compile_count()
+    compiles0 = dispatch.compile_count()
 
     # record what the graph path hands the runner, to run the same blocks eagerly on exactly those
     # inputs (vit_budgets.eager_run): isolates the budget graphs from the tower's own input
@@ -204,7 +208,7 @@ def check_model(model: str, args, seed: int) -> dict:
         mixes.append(row)
     res["mixes"] = mixes
     res["mix_failures"] = failures
-    res["fa4_compiles_after_startup"] = fa4_call.compile_count() - compiles0
+    res["fa4_compiles_after_startup"] = dispatch.compile_count() - compiles0
     res["jit_monitor_compiles_after_warmup"] = warmup.compiles_after_warmup()
     res["graphs_captured_after_startup"] = len(runner.block_graphs) - graphs0
     res["capture_guard_count"] = state.captures_after_startup

@@ -54,7 +54,6 @@ def load_plugin() -> dict:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_fa4 import plugin
-
     plugins.load_plugins()
     via = "entry point"
     if FORWARD not in HookRegistry._patched and plugin._registered_plan is None:

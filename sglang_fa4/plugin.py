@@ -11,7 +11,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from sglang_fa4 import features, hooks
+from sglang_fa4 import features
+
+from sglang_fa4.integration import hooks
 from sglang_fa4.environ import EnvValueError, envs
 from sglang_fa4.sglang_version import installed_sglang_version
 
@@ -55,8 +57,7 @@ def _register_startup_warmup(registry, hook_type) -> None:
 
 
 def _register_vit_graph_budgets(registry, hook_type) -> None:
-    from sglang_fa4 import vit_budgets
-
+    from sglang_fa4.integration import vit_budgets
     runner = hooks.GENERIC_RUNNER_CLASS
     registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
     registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
@@ -138,7 +139,7 @@ def register() -> Plan:
 
     # FA4 reads its persistent-cache variables once, when flash_attn.cute is imported: set them
     # now, before anything imports it (no FA4 import here).
-    from sglang_fa4.warmup import configure_fa4_disk_cache
+    from sglang_fa4.startup.warmup import configure_fa4_disk_cache
 
     cache_dir = configure_fa4_disk_cache()
     done = set()

@@ -6,8 +6,6 @@ import sys
 import pytest
 
 from sglang_fa4 import cli
-
-
 def run_cli(*args, env=None):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     full_env.update(env or {})

@@ -8,7 +8,9 @@ from enum import Enum
 
 import pytest
 
-from sglang_fa4 import features, hooks, plugin
+from sglang_fa4 import features, plugin
+
+from sglang_fa4.integration import hooks
 from sglang_fa4.environ import EnvValueError
 
 

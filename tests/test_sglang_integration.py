@@ -4,7 +4,7 @@ The plugin is loaded through SGLang's own loader (``sglang.srt.plugins.load_plug
 installed entry point). Stubbed, because it cannot run on a CPU, and only that:
 - the CUDA facts vision.py reads (``is_cuda``, ``get_device_capability``, the platform's is_blackwell,
   ``_is_cuda`` for VisionFlash4Attention's constructor);
-- the FA4 kernel call itself (``sglang_fa4.fa4_call.fa4_varlen_attention``, or SGLang's
+- the FA4 kernel call itself (``sglang_fa4.kernels.dispatch.fa4_varlen_attention``, or SGLang's
   ``flash_attn_func`` when the plugin is off) -> a recorder;
 - CUDA graph objects (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``, ``torch.cuda.synchronize``) and the
   runner's tensor-parallel capture context.
@@ -39,8 +39,8 @@ def fake_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
 def fake_flash_attn_func(q, k, v, cu_seqlens_q=None, max_seqlen_q=None, **kw):
     return record(cu_seqlens_q, max_seqlen_q, q)
 
-import sglang_fa4.fa4_call
-sglang_fa4.fa4_call.fa4_varlen_attention = fake_fa4
+import sglang_fa4.kernels.dispatch
+sglang_fa4.kernels.dispatch.fa4_varlen_attention = fake_fa4
 vision.flash_attn_func = fake_flash_attn_func  # only defined on CUDA builds; upstream's FA4 path calls it
 
 def fa4_backend():

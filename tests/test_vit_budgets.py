@@ -1,4 +1,4 @@
-"""ViT graphs over token budgets (sglang_fa4.vit_budgets): the pure layout logic, and the real
+"""ViT graphs over token budgets (sglang_fa4.integration.vit_budgets): the pure layout logic, and the real
 SGLang 0.5.20 / 0.5.23 ViTCudaGraphRunner driven on a CPU with the plugin loaded.
 
 In the runner tests CUDA graphs are faked so that replay is checkable: a fake graph's ``replay()``
@@ -10,7 +10,9 @@ uninitialised memory) and raises if a segment is longer than the max_seqlen it w
 
 import pytest
 
-from sglang_fa4 import plugin, vit_budgets as vb
+from sglang_fa4 import plugin
+
+from sglang_fa4.integration import vit_budgets as vb
 from sglang_harness import ROOT, run_with_sglang
 
 # ---------------------------------------------------------------------------------------------
@@ -156,15 +158,13 @@ import sglang.srt.plugins as plugins
 plugins.load_plugins()
 from sglang.srt.layers.attention import vision
 from sglang.srt.multimodal import vit_cuda_graph_runner as vr
-import sglang_fa4.fa4_call
-from sglang_fa4 import vit_budgets as vb
-
+import sglang_fa4.kernels.dispatch
+from sglang_fa4.integration import vit_budgets as vb
 log = io.StringIO()
 logging.getLogger("sglang_fa4").addHandler(logging.StreamHandler(log))
 torch.manual_seed(0); random.seed(0)
 STATE = {"capturing": False, "replaying": False, "captures": 0, "attn_calls": 0, "startup": False, "warming": set()}
-from sglang_fa4 import warmup
-
+from sglang_fa4.startup import warmup
 def ref_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
     # reference varlen attention: rows outside every segment stay NaN (uninitialised memory)
     STATE["attn_calls"] += 1
@@ -178,7 +178,7 @@ def ref_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
             s = torch.einsum("qhd,khd->hqk", q[a:b], k[a:b]) / q.shape[-1] ** 0.5
             out[a:b] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[a:b])
     return out
-sglang_fa4.fa4_call.fa4_varlen_attention = ref_fa4
+sglang_fa4.kernels.dispatch.fa4_varlen_attention = ref_fa4
 
 class FakeGraph:
     def __init__(self): self.again = None
@@ -427,12 +427,12 @@ def test_hooks_registered_only_when_enabled(sglang_version, enable):
         assert out["run"] == [["around", "run_around"]] and out["create_graph"] == [["around", "create_graph_around"]]
         assert ["around", "qwen2_5_forward_around"] in out["forward"]
         # budgets captured after the FA4 startup warmup hook
-        assert out["load_model"][-1] == "sglang_fa4.vit_budgets.after_load_model"
-        assert out["load_model"].index("sglang_fa4.hooks.after_load_model") < len(out["load_model"]) - 1
+        assert out["load_model"][-1] == "sglang_fa4.integration.vit_budgets.after_load_model"
+        assert out["load_model"].index("sglang_fa4.integration.hooks.after_load_model") < len(out["load_model"]) - 1
     else:
         assert out["run"] == [] and out["create_graph"] == []
         assert ["around", "qwen2_5_forward_around"] not in out["forward"]
-        assert "sglang_fa4.vit_budgets.after_load_model" not in out["load_model"]
+        assert "sglang_fa4.integration.vit_budgets.after_load_model" not in out["load_model"]
 
 
 # SGLang's real Qwen2.5-VL tower, tensor-parallel over 2 CPU processes (gloo): its linears are

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from sglang_fa4.vit_host_metadata import ViTGeometry, host_layout, to_device
+from sglang_fa4.integration.vit_host_metadata import ViTGeometry, host_layout, to_device
 from sglang_harness import ROOT, SUPPORTED_VERSIONS, is_installed, target_dir
 
 pytestmark = [

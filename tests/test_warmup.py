@@ -1,4 +1,4 @@
-"""Startup warmup (sglang_fa4/warmup.py) on CPU: which FA4 variants a vision model hits, that the
+"""Startup warmup (sglang_fa4/startup/warmup.py) on CPU: which FA4 variants a vision model hits, that the
 warmup resolves each exactly once through the kernel cache (fake FA4 backend), the JIT monitor,
 FA4's persistent-cache variables, the env opt-out, and the lazy-import guarantees (including a
 flash-attn-4-only install, where ``flash_attn`` holds nothing but ``cute``)."""
@@ -17,8 +17,12 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_fa4 import fa4_call, hooks, warmup
-from sglang_fa4.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, KernelCache, config_for
+from sglang_fa4.kernels import dispatch
+
+from sglang_fa4.integration import hooks
+
+from sglang_fa4.startup import warmup
+from sglang_fa4.kernels.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, KernelCache, config_for
 from test_fa4_kernel_cache import FakeBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,14 +222,14 @@ def test_config_for_is_the_kernel_cache_key():
 def fake_fa4(monkeypatch):
     """A KernelCache with a fake FA4 backend installed process-wide, fresh warmup state."""
     backend = FakeBackend(90)
-    previous = fa4_call.install_kernel_cache(KernelCache(backend))
+    previous = dispatch.install_kernel_cache(KernelCache(backend))
     warmup.reset_state()
     monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_JIT_MONITOR", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")
     yield backend
     warmup.reset_state()
-    fa4_call.install_kernel_cache(previous)
+    dispatch.install_kernel_cache(previous)
 
 
 def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
@@ -235,7 +239,7 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
         report = warmup.run_warmup(variants, "cpu")
     assert len(fake_fa4.compiles) == 4 and report.resolved == 4 and report.compiled == 4
     assert not report.failures and not report.mismatches
-    assert [c.config for c in fa4_call.compile_events()] == [v.config for v in variants]
+    assert [c.config for c in dispatch.compile_events()] == [v.config for v in variants]
     many = [c for c in fake_fa4.compiles if c.cu_seqlens.shape[0] - 1 > MANY_SEGMENTS]
     assert len(many) == 2  # the > 256-segment variants really got > 256 segments
     lines = [r.getMessage() for r in caplog.records if "warmup [" in r.getMessage()]
@@ -249,7 +253,7 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
 def test_warmup_failure_is_reported_not_raised(fake_fa4):
     variants = warmup.enumerate_variants(VLM(MiMoTower()), 120)  # FA4 has no sinks on sm_120
     fake_fa4._arch = 120
-    fa4_call.install_kernel_cache(KernelCache(fake_fa4))
+    dispatch.install_kernel_cache(KernelCache(fake_fa4))
     report = warmup.run_warmup(variants, "cpu")
     assert len(report.failures) == 2 and report.resolved == 2  # the two full variants still compiled
     assert all("FA4FeatureError" in msg for _, msg in report.failures)
@@ -261,10 +265,10 @@ def test_after_warmup_the_monitor_warns(fake_fa4, caplog):
     q = torch.randn(8, 16, 72, dtype=torch.bfloat16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        fa4_call.fa4_varlen_attention(q, q, q, cu, 8)  # a warmed variant: nothing
+        dispatch.fa4_varlen_attention(q, q, q, cu, 8)  # a warmed variant: nothing
         assert warmup.compiles_after_warmup() == 0
         q2 = torch.randn(8, 16, 128, dtype=torch.bfloat16)  # not warmed
-        fa4_call.fa4_varlen_attention(q2, q2, q2, cu, 8)
+        dispatch.fa4_varlen_attention(q2, q2, q2, cu, 8)
     assert warmup.compiles_after_warmup() == 1
     warned = [r.getMessage() for r in caplog.records if "after the startup warmup" in r.getMessage()]
     assert len(warned) == 1 and "head_dim=128" in warned[0]
@@ -279,7 +283,7 @@ def test_after_warmup_the_monitor_raises(fake_fa4, monkeypatch):
     warmup.arm_jit_monitor()
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(warmup.FA4CompileAfterWarmup, match="head_dim=64"):
-        fa4_call.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+        dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
 
 
 def test_monitor_off(fake_fa4, monkeypatch):
@@ -287,7 +291,7 @@ def test_monitor_off(fake_fa4, monkeypatch):
     warmup.run_warmup([], "cpu")
     assert warmup.arm_jit_monitor() is False
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
-    fa4_call.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+    dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
     assert warmup.compiles_after_warmup() == 0
 
 
@@ -386,10 +390,10 @@ HEAVY = "[m for m in sys.modules if m.split('.')[0] in ('cutlass', 'flash_attn',
 def test_importing_the_package_imports_no_fa4_or_cutlass():
     out = run_py(f"""
         import sys, json
-        import sglang_fa4, sglang_fa4.plugin, sglang_fa4.hooks, sglang_fa4.fa4_call, sglang_fa4.warmup
-        import sglang_fa4.fa4_kernel_cache, sglang_fa4.attention, sglang_fa4.vit_graph_runners
+        import sglang_fa4, sglang_fa4.plugin, sglang_fa4.integration.hooks, sglang_fa4.kernels.dispatch, sglang_fa4.startup.warmup
+        import sglang_fa4.kernels.fa4_kernel_cache, sglang_fa4.integration.fa4_forward, sglang_fa4.integration.vit_graph_runners
         from test_warmup import qwen25_vl
-        variants = sglang_fa4.warmup.enumerate_variants(qwen25_vl(), 100)
+        variants = sglang_fa4.startup.warmup.enumerate_variants(qwen25_vl(), 100)
         print(json.dumps({{"heavy": {HEAVY}, "n": len(variants)}}))
     """)
     assert out == {"heavy": [], "n": 6}
@@ -409,8 +413,9 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
     site = _fake_fa4_only(tmp_path)
     out = run_py(f"""
         import importlib.util, json, sys, logging
-        from sglang_fa4 import warmup, fa4_call
-        from sglang_fa4.fa4_kernel_cache import KernelCache
+        from sglang_fa4.startup import warmup
+        from sglang_fa4.kernels import dispatch
+        from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
         from test_fa4_kernel_cache import FakeBackend
         from test_warmup import qwen25_vl
         try:
@@ -422,7 +427,7 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
         available = warmup.fa4_available()
         # the plugin's startup path with this install: warms through the kernel cache (fake
         # backend), never imports flash_attn.cute itself
-        fa4_call.install_kernel_cache(KernelCache(FakeBackend(90)))
+        dispatch.install_kernel_cache(KernelCache(FakeBackend(90)))
         report = warmup.warm_model(qwen25_vl())
         print(json.dumps({{"spec": spec, "fa2": fa2, "available": available, "resolved": report.resolved,
                           "heavy": [m for m in {HEAVY} if m != "flash_attn"]}}))
@@ -437,7 +442,7 @@ def test_fa2_only_install_is_not_fa4(tmp_path):
     (pkg / "flash_attn_interface.py").write_text("")
     out = run_py(f"""
         import json, sys
-        from sglang_fa4 import warmup
+        from sglang_fa4.startup import warmup
         print(json.dumps({{"available": warmup.fa4_available(), "heavy": {HEAVY}}}))
     """, extra_path=tmp_path)
     assert out == {"available": False, "heavy": []}

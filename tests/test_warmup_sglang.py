@@ -13,8 +13,9 @@ CHECK = """
 import inspect, logging, os, pkgutil, sys, types, warnings
 warnings.simplefilter("ignore")
 os.environ["SGLANG_FA4_KERNEL_CACHE"] = "0"
-from sglang_fa4 import hooks, plugin, warmup
-
+from sglang_fa4 import plugin
+from sglang_fa4.integration import hooks
+from sglang_fa4.startup import warmup
 target = pkgutil.resolve_name(hooks.MODEL_RUNNER_LOAD_MODEL)
 from sglang.srt.model_executor.model_runner import ModelRunner
 original_id = id(ModelRunner.load_model)  # an id: HookRegistry rebinds module globals holding it

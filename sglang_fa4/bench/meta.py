@@ -43,8 +43,7 @@ def versions() -> dict:
     except ImportError:
         pass
     try:
-        from sglang_fa4 import fa4_call
-
+        from sglang_fa4.kernels import dispatch
         out["fa4_call"] = (
             "direct cached-kernel launch" if hasattr(fa4_call, "kernel_cache") else "public flash_attn_varlen_func"
         )

@@ -1,4 +1,4 @@
-"""The FA4-specific half of :mod:`sglang_fa4.fa4_kernel_cache`: run FA4's own forward once per
+"""The FA4-specific half of :mod:`sglang_fa4.kernels.fa4_kernel_cache`: run FA4's own forward once per
 configuration and record the compiled function and argument list it launched.
 
 Written against flash-attn-4 4.0.0b36 (``flash_attn/cute/interface.py``):
@@ -23,7 +23,7 @@ import functools
 import threading
 from typing import Any
 
-from sglang_fa4.fa4_kernel_cache import FA4LayoutError, FwdCall, Resolved
+from sglang_fa4.kernels.fa4_kernel_cache import FA4LayoutError, FwdCall, Resolved
 
 _SCHED_STATIC = ("tile_size", "q_stage", "cluster_shape_m", "qhead_per_kvhead", "pack_gqa")
 _swap_lock = threading.Lock()
@@ -64,7 +64,7 @@ class _RecordingCache:
 
 
 class FA4Backend:
-    """flash-attn-4 (flash_attn.cute) b36 behind the :class:`~sglang_fa4.fa4_kernel_cache.Backend` seam."""
+    """flash-attn-4 (flash_attn.cute) b36 behind the :class:`~sglang_fa4.kernels.fa4_kernel_cache.Backend` seam."""
 
     requires_cuda = True
 

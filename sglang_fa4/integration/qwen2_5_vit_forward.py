@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_fa4 import vit_host_metadata
-
-
+from sglang_fa4.integration import vit_host_metadata
 def _block_indexes(indexes) -> frozenset:
     if isinstance(indexes, torch.Tensor):
         indexes = indexes.tolist()

@@ -16,8 +16,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from sglang_fa4 import fa4_call
-
+from sglang_fa4.kernels import dispatch
 class SeqlensError(ValueError):
     """The sequence-length arguments handed to the fa4 ViT backend are malformed."""
 
@@ -155,7 +154,7 @@ def vision_fa4_forward(
         max_seqlen=kwargs.get("max_seqlen"),
         resolve_tensor=resolve_tensor,
     )
-    return fa4_call.fa4_varlen_attention(
+    return dispatch.fa4_varlen_attention(
         q,
         k,
         v,

@@ -1,12 +1,15 @@
 """The hook functions the plugin registers on SGLang: thin adapters from SGLang's call signatures to
-the logic in selection.py and attention.py. SGLang is imported only inside them."""
+the logic in selection.py and fa4_forward.py. SGLang is imported only inside them."""
 
 from __future__ import annotations
 
 import logging
 
-from sglang_fa4 import attention, selection, vit_graph_runners
+from sglang_fa4 import selection
 
+from sglang_fa4.integration import fa4_forward
+
+from sglang_fa4.integration import vit_graph_runners
 logger = logging.getLogger("sglang_fa4")
 
 VISION = "sglang.srt.layers.attention.vision"
@@ -45,7 +48,7 @@ def determine_attention_backend(original, self, passed_backend):
 
 def fa4_forward(self, q, k, v, cu_seqlens, bsz, seq_len, softmax_scale=None, forward_metadata=None, **kwargs):
     """REPLACE VisionFlash4Attention.forward."""
-    return attention.vision_fa4_forward(
+    return fa4_forward.vision_fa4_forward(
         q,
         k,
         v,
@@ -87,14 +90,14 @@ def internvl_runner_step(original, self, key):
 def generic_runner_replay_owned(original, self, graph_key, *args, **kwargs):
     """AROUND ViTCudaGraphRunner.replay: the output owns its memory (a later replay of the same
     graph must not rewrite what SGLang's embedding cache holds)."""
-    from sglang_fa4.vit_graph_outputs import owned
+    from sglang_fa4.integration.vit_graph_outputs import owned
 
     return owned(original(self, graph_key, *args, **kwargs), self.block_output.get(graph_key))
 
 
 def internvl_runner_run_owned(original, self, x):
     """AROUND InternViTCudaGraphRunner.run: the output owns its memory (see above)."""
-    from sglang_fa4.vit_graph_outputs import owned
+    from sglang_fa4.integration.vit_graph_outputs import owned
 
     return owned(original(self, x), *self.out.values())
 
@@ -106,8 +109,7 @@ def after_load_model(result, self, *args, **kwargs):
     """AFTER ModelRunner.load_model (every scheduler process, before CUDA-graph capture and
     serving): compile the loaded model's FA4 ViT kernel variants. Returns None: SGLang keeps
     load_model's own result."""
-    from sglang_fa4 import warmup
-
+    from sglang_fa4.startup import warmup
     warmup.warm_model(getattr(self, "model", None))
     return None
 
@@ -121,6 +123,5 @@ def qwen2_5_vit_forward(original, self, x, grid_thw):
     CUDA/CPU (NPU wants host cu_seqlens) stay upstream's."""
     if self.enable_cg or self.device.type not in ("cuda", "cpu"):
         return original(self, x, grid_thw)
-    from sglang_fa4 import qwen2_5_vit_forward as vit_forward
-
+    from sglang_fa4.integration import qwen2_5_vit_forward as vit_forward
     return vit_forward.eager_forward(self, x, grid_thw, _vision().VisionAttentionMetadata)

@@ -23,7 +23,7 @@ The first call of a configuration goes through FA4's own ``_flash_attn_fwd`` (so
 disk caches stay valid) while a backend records the compiled function and the argument list FA4
 hands it; later calls rebuild that list from a template and call the function directly on the
 current torch stream. Everything FA4-specific sits behind the backend seam
-(:mod:`sglang_fa4.fa4_backend`); this module imports neither flash_attn nor cutlass.
+(:mod:`sglang_fa4.kernels.fa4_b36`); this module imports neither flash_attn nor cutlass.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class Resolved:
 
 
 class Backend(Protocol):
-    """The FA4-specific half. :class:`sglang_fa4.fa4_backend.FA4Backend` is the real one."""
+    """The FA4-specific half. :class:`sglang_fa4.kernels.fa4_b36.FA4Backend` is the real one."""
 
     #: check that tensors are on CUDA (fakes in CPU tests say False)
     requires_cuda: bool

@@ -4,7 +4,7 @@ FA4 JIT-compiles each kernel configuration the first time it sees it (2-4 s on a
 without a warmup the first user image after a restart, and the first image of each new shape
 class, waits seconds. A sweep over image sizes is mostly wasted work: max_seqlen reaches the
 compiled kernel only through a few thresholds (none at all on SM80/SM90/SM120, where
-:mod:`sglang_fa4.fa4_kernel_cache` already folds it into one class), while what does matter
+:mod:`sglang_fa4.kernels.fa4_kernel_cache` already folds it into one class), while what does matter
 (head dim, dtype, heads ratio, window/sink kinds, more than 256 segments) is read here from the
 model itself:
 
@@ -23,9 +23,9 @@ model itself:
   batch of images, and the images/frames of one batch, are not bounded by anything in the model,
   so that class is included unless the caller passes ``max_segments <= 256``.
 
-Each variant's configuration comes from :func:`sglang_fa4.fa4_kernel_cache.config_for`, the key
+Each variant's configuration comes from :func:`sglang_fa4.kernels.fa4_kernel_cache.config_for`, the key
 logic of the kernel cache itself, and variants that map to the same configuration are compiled
-once. :func:`run_warmup` calls :func:`sglang_fa4.fa4_call.fa4_varlen_attention` eagerly on small
+once. :func:`run_warmup` calls :func:`sglang_fa4.kernels.dispatch.fa4_varlen_attention` eagerly on small
 random inputs of each variant, logs one line per variant with its time, and returns a report.
 
 With FA4's persistent cache (``SGLANG_FA4_KERNEL_CACHE``, applied by
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from sglang_fa4.environ import envs
-from sglang_fa4.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, config_for
+from sglang_fa4.kernels.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, config_for
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -439,13 +439,12 @@ def _cumsum(values: Iterable[int]) -> list[int]:
 
 def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     """Resolve (compile, or load from FA4's caches) every variant through FA4's kernel cache
-    (:func:`sglang_fa4.fa4_call.kernel_cache`), eagerly: call it before any CUDA-graph
+    (:func:`sglang_fa4.kernels.dispatch.kernel_cache`), eagerly: call it before any CUDA-graph
     capture. Logs one line per variant with its time."""
     global _warming, _finished
     import torch
 
-    from sglang_fa4 import fa4_call
-
+    from sglang_fa4.kernels import dispatch
     report = WarmupReport()
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -457,14 +456,14 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     try:
         n = len(variants)
         for i, variant in enumerate(variants, 1):
-            before = fa4_call.compile_count()
+            before = dispatch.compile_count()
             t0 = time.perf_counter()
             try:
                 q, k, v, cu, sinks = _inputs(variant, device)
                 with torch.no_grad():
                     # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
                     # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
-                    fa4_call.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
+                    dispatch.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
                 if cuda:
                     torch.cuda.synchronize(device)
             except Exception as exc:  # noqa: BLE001 - one bad variant must not stop the server
@@ -476,7 +475,7 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
                                i, n, variant.describe(), seconds, type(exc).__name__, exc)
                 continue
             seconds = time.perf_counter() - t0
-            events = fa4_call.compile_events()[before:]
+            events = dispatch.compile_events()[before:]
             report.variants.append(variant)
             report.seconds.append(seconds)
             report.resolved += len(events)
@@ -515,10 +514,9 @@ def warm_model(model, *, arch: Optional[int] = None) -> Optional[WarmupReport]:
                        "(flash-attn-4) is not installed; nothing warmed")
         return None
     configure_fa4_disk_cache()
-    from sglang_fa4 import fa4_call
-
+    from sglang_fa4.kernels import dispatch
     if arch is None:
-        arch = fa4_call.kernel_cache().arch
+        arch = dispatch.kernel_cache().arch
     variants = enumerate_variants(model, arch)
     report = run_warmup(variants, module_device(modules[0][1]))
     arm_jit_monitor()
@@ -570,9 +568,8 @@ def arm_jit_monitor() -> bool:
     global _monitor
     if envs.SGLANG_FA4_JIT_MONITOR.get() == "off":
         return False
-    from sglang_fa4 import fa4_call
-
-    cache = fa4_call.kernel_cache()
+    from sglang_fa4.kernels import dispatch
+    cache = dispatch.kernel_cache()
     with _state_lock:
         if _monitor is not None and _monitor[0] is cache:
             return True

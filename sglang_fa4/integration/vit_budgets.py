@@ -23,7 +23,7 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
 * after replay the padded output rows (merger, and Qwen3-VL deepstack mergers, rows past
   ``T / merge``) are zeroed and the real rows returned as a tensor of their own (through
   ``output_indices`` when given, else a copy): the next replay rewrites the graph's output buffer,
-  and SGLang keeps what the tower returns (:mod:`sglang_fa4.vit_graph_outputs`);
+  and SGLang keeps what the tower returns (:mod:`sglang_fa4.integration.vit_graph_outputs`);
 * above the largest budget, or for a layout that does not fit a budget's segment capacity, the
   tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
   through the original ``run``, which would capture and keep a new graph for that layout. For
@@ -32,7 +32,7 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   graph-path input preparation).
 
 A guard counts graph captures after :func:`capture_budgets` sealed the runner and, like the FA4
-compile monitor of :mod:`sglang_fa4.warmup`, warns or raises per ``SGLANG_FA4_JIT_MONITOR``; FA4
+compile monitor of :mod:`sglang_fa4.startup.warmup`, warns or raises per ``SGLANG_FA4_JIT_MONITOR``; FA4
 compiles after startup are that monitor's job (budget capture is counted as warmup there).
 
 The pure part (budgets, :func:`pick_budget`, :func:`pad_layout`, memory estimate) imports nothing.
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
 from sglang_fa4.environ import envs
-from sglang_fa4.vit_graph_outputs import owned
+from sglang_fa4.integration.vit_graph_outputs import owned
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -254,9 +254,9 @@ def window_tokens_of(vit) -> Optional[int]:
 @contextmanager
 def _expected_fa4_compiles() -> Iterator[None]:
     """FA4 compiles while budgets are captured are startup work: count them as warmup for the
-    JIT monitor of sglang_fa4.warmup."""
+    JIT monitor of sglang_fa4.startup.warmup."""
     try:
-        from sglang_fa4 import warmup
+        from sglang_fa4.startup import warmup
     except ImportError:  # pragma: no cover - warmup is part of the package
         yield
         return
@@ -448,7 +448,7 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
     """From host data (grid_thw): a batch no budget graph holds (more tokens than the largest
     budget, or more images than the full-attention layout's slots)."""
-    from sglang_fa4.vit_host_metadata import grid_rows
+    from sglang_fa4.integration.vit_host_metadata import grid_rows
 
     rows = grid_rows(grid_thw)
     tokens = sum(t * h * w for t, h, w in rows)
