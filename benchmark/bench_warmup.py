@@ -2,7 +2,7 @@
 
 For the attention configurations of two ViT towers -- Qwen2.5-VL (head_dim 80, 64-token windows +
 full blocks) and Qwen3-VL (head_dim 72, full attention), 16 heads, bf16 -- stand-in models with
-the attributes of SGLang's VisionAttention go through ``warmup.enumerate_variants`` and
+the attributes of SGLang's VisionAttention go through ``sglang_fa4.startup.variants.enumerate_variants`` and
 ``warmup.run_warmup``, each phase in its own process:
 
   cold   a fresh, empty FA4 cache dir: every variant is compiled (FA4 writes it to disk);
@@ -125,8 +125,10 @@ def child(args) -> dict:
 
     result: dict = {"phase": args.child}
     t0 = time.perf_counter()
-    from sglang_fa4.startup import warmup
-    cache_dir = warmup.configure_fa4_disk_cache()  # before flash_attn.cute is imported
+    from sglang_fa4.startup import fa4_env, warmup
+    from sglang_fa4.startup.variants import enumerate_variants
+
+    cache_dir = fa4_env.configure_fa4_disk_cache()  # before flash_attn.cute is imported
     import flash_attn.cute  # noqa: F401
 
     from sglang_fa4.kernels import dispatch
@@ -137,7 +139,7 @@ def child(args) -> dict:
     models = towers()
     variants = []
     for name, model in models.items():
-        for v in warmup.enumerate_variants(model, arch):
+        for v in enumerate_variants(model, arch):
             variants.append((name, v))
     report = warmup.run_warmup([v for _, v in variants], torch.device(DEVICE))
     result["warmup"] = {
@@ -152,20 +154,22 @@ def child(args) -> dict:
         ],
     }
     if args.child == "warm":
-        result["trace"] = trace(args, warmup, fa4_call)
+        result["trace"] = trace(args)
     return result
 
 
-def trace(args, warmup, fa4_call) -> dict:
+def trace(args) -> dict:
     import torch
 
     from flash_attn.cute import flash_attn_varlen_func
 
-    warmup.arm_jit_monitor()
+    from sglang_fa4.kernels import dispatch, short_segments
+    from sglang_fa4.startup import jit_monitor
+
+    jit_monitor.arm_jit_monitor()
     dev = torch.device(DEVICE)
     start_count = dispatch.compile_count()
-    start_after = warmup.compiles_after_warmup()
-    from sglang_fa4.kernels import short_segments
+    start_after = jit_monitor.compiles_after_warmup()
     calls = many = routed_calls = 0
     checks = []
     rows = []
@@ -208,7 +212,7 @@ def trace(args, warmup, fa4_call) -> dict:
         "calls_routed_to_fa2": routed_calls,
         "seconds": time.perf_counter() - t0,
         "resolved_after_warmup": dispatch.compile_count() - start_count,
-        "monitor_compiles_after_warmup": warmup.compiles_after_warmup() - start_after,
+        "monitor_compiles_after_warmup": jit_monitor.compiles_after_warmup() - start_after,
         "bitwise_checks": len(checks),
         "bitwise_all_equal": all(c["bitwise_equal"] for c in checks),
         "checks": checks,

@@ -1,4 +1,4 @@
-"""GPU check of the ViT token-budget layouts (sglang_fa4/integration/vit_budgets.py) at the attention level.
+"""GPU check of the ViT token-budget layouts (sglang_fa4/integration/vit_budget_layouts.py) at the attention level.
 
 For random Qwen2.5-VL image mixes (16 heads, d=80, bf16) and each budget that holds them, the
 fixed-shape budget layouts -- real segments, padding rows as <=64-token segments, then empty
@@ -46,26 +46,26 @@ def cumsum(lens):
 def main(argv=None) -> int:
     import torch
 
-    from sglang_fa4.kernels import dispatch
-
-    from sglang_fa4.integration import vit_budgets
     from sglang_fa4.bench.timing import GraphedCalls
+    from sglang_fa4.environ import envs
+    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
+    from sglang_fa4.kernels import dispatch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--mixes", type=int, default=24)
     ap.add_argument("--budgets", default="1024,2048,4096,8192,16384")
     args = ap.parse_args(argv)
-    budgets = vit_budgets.parse_budgets(args.budgets)
+    budgets = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.parse(args.budgets)
     dev = torch.device("cuda")
     rng = random.Random(0)
 
     # static buffers + graphs per (budget, kind), captured once, like the runner does at startup
     static = {}
     for b in budgets:
-        cap = vit_budgets.segment_capacity(b, WINDOW * WINDOW)
+        cap = budget_layouts.segment_capacity(b, WINDOW * WINDOW)
         for kind, max_len in (("full", b), ("windowed", WINDOW * WINDOW)):
-            layout = vit_budgets.capture_layout(b, cap, max_len)
+            layout = budget_layouts.capture_layout(b, cap, max_len)
             q, k, v = (torch.randn(b, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cu = torch.tensor(layout, dtype=torch.int32, device=dev)
             out = torch.empty_like(q)
@@ -86,13 +86,13 @@ def main(argv=None) -> int:
         full = [0] + [gh * gw for gh, gw in grids]  # Qwen2.5-VL's full cu_seqlens starts with an empty segment
         win = [n for gh, gw in grids for n in windows(gh, gw)]
         tokens = sum(full)
-        budget = vit_budgets.pick_budget(tokens, budgets)
+        budget = budget_layouts.pick_budget(tokens, budgets)
         if budget is None:
             rows.append({"images": imgs, "tokens": tokens, "budget": None, "eager": True})
             continue
         for kind, lens in (("full", full), ("windowed", win)):
             s = static[budget, kind]
-            padded = vit_budgets.pad_layout(cumsum(lens), budget, s["cap"], s["max_len"])
+            padded = budget_layouts.pad_layout(cumsum(lens), budget, s["cap"], s["max_len"])
             q, k, v = (torch.randn(tokens, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cu = torch.tensor(cumsum(lens), dtype=torch.int32, device=dev)
             exact = dispatch.fa4_varlen_attention(q, k, v, cu, max(lens))

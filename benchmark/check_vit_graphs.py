@@ -80,6 +80,7 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
     import torch
 
     from sglang_fa4.integration import vit_budgets
+    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
     from sglang_fa4.bench.timing import event_time_ms
 
     recorded.clear()
@@ -113,14 +114,13 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
-    from sglang_fa4.kernels import dispatch
-
     from sglang_fa4.integration import vit_budgets
-
-    from sglang_fa4.startup import warmup
+    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
+    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.startup import jit_monitor, warmup
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
-    warmup.reset_state()  # each model stands for its own server process (JIT monitor state)
+    jit_monitor.reset_state()  # each model stands for its own server process (JIT monitor state)
     set_graph_mode(None, True)  # Qwen2.5-VL builds its runner only when the flag is on at __init__
     tower = build_tower(model, seed=seed)
     holder = torch.nn.Module()
@@ -192,7 +192,7 @@ def check_model(model: str, args, seed: int) -> dict:
             continue
         tokens = sum(t * h * w for t, h, w in grids)
         row = {"grids": [list(g) for g in grids], "tokens": tokens,
-               "budget": vit_budgets.pick_budget(tokens, state.budgets),
+               "budget": budget_layouts.pick_budget(tokens, state.budgets),
                "path": "replay" if state.replays > replays0 else ("eager" if state.eager_runs > eager0 else "?"),
                "shape_equal": list(out_g.shape) == list(out_e.shape),
                "finite": bool(torch.isfinite(out_g).all()),
@@ -209,7 +209,7 @@ def check_model(model: str, args, seed: int) -> dict:
     res["mixes"] = mixes
     res["mix_failures"] = failures
     res["fa4_compiles_after_startup"] = dispatch.compile_count() - compiles0
-    res["jit_monitor_compiles_after_warmup"] = warmup.compiles_after_warmup()
+    res["jit_monitor_compiles_after_warmup"] = jit_monitor.compiles_after_warmup()
     res["graphs_captured_after_startup"] = len(runner.block_graphs) - graphs0
     res["capture_guard_count"] = state.captures_after_startup
 
@@ -230,7 +230,7 @@ def check_model(model: str, args, seed: int) -> dict:
         tokens = sum(t * hh * ww for t, hh, ww in grids)
         e, g = statistics.median(times["eager"]), statistics.median(times["graph"])
         latency.append({"image": name, "grid_thw": list(grids[0]), "tokens": tokens,
-                        "budget": vit_budgets.pick_budget(tokens, state.budgets),
+                        "budget": budget_layouts.pick_budget(tokens, state.budgets),
                         "eager_ms": round(e, 3), "graph_ms": round(g, 3), "eager_over_graph": round(e / g, 3),
                         "rounds": n, "eager_all_ms": [round(v, 3) for v in times["eager"]],
                         "graph_all_ms": [round(v, 3) for v in times["graph"]],

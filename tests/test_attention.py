@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from sglang_fa4.integration import fa4_forward
-
+from sglang_fa4.integration import vision_fa4
+from sglang_fa4.kernels.fa4_config import window_bounds
 from sglang_fa4.kernels import dispatch
-from sglang_fa4.integration.fa4_forward import SeqlensError, resolve_seqlens, vision_fa4_forward
+from sglang_fa4.integration.vision_fa4 import SeqlensError, resolve_seqlens, vision_fa4_forward
 
 H, D = 4, 16
 
@@ -145,7 +145,7 @@ def test_token_count_disagreeing_with_cu_seqlens(fake):
 
 
 def test_fa4_window():
-    assert fa4_forward.fa4_window(None) == (None, None)
-    assert fa4_forward.fa4_window((-1, -1)) == (None, None)
-    assert fa4_forward.fa4_window((64, 0)) == (64, 0)
-    assert fa4_forward.fa4_window((-1, 32)) == (None, 32)
+    assert window_bounds(None) == (None, None)
+    assert window_bounds((-1, -1)) == (None, None)
+    assert window_bounds((64, 0)) == (64, 0)
+    assert window_bounds((-1, 32)) == (None, 32)

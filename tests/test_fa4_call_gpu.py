@@ -4,6 +4,8 @@ or flash_attn.cute (CI is CPU-only). The full sweep and timings: benchmark/check
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ def fa4():
     from flash_attn.cute import flash_attn_varlen_func
 
     from sglang_fa4.kernels import dispatch
+
     def public(q, k, v, cu, ms, window=(None, None), sinks=None):
         r = flash_attn_varlen_func(
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=ms, max_seqlen_k=ms,
@@ -28,14 +31,11 @@ def fa4():
         )
         return r[0] if isinstance(r, tuple) else r
 
-    return fa4_call, public
+    return dispatch, public
 
 
 def cu_from(lens):
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
-    return torch.tensor(c, dtype=torch.int32, device="cuda")
+    return torch.tensor(list(accumulate(lens, initial=0)), dtype=torch.int32, device="cuda")
 
 
 def rand(total, d, packed=False):
@@ -46,7 +46,7 @@ def rand(total, d, packed=False):
 
 @pytest.mark.parametrize("d", [64, 80])
 def test_bitwise_and_one_compile_per_configuration(fa4, d):
-    fa4_call, public = fa4
+    dispatch, public = fa4
     start = dispatch.compile_count()
     for lens, packed in (([1024], False), ([196, 784, 400, 64], True), ([100, 50, 64], False)):
         q, k, v = rand(sum(lens), d, packed)
@@ -60,16 +60,28 @@ def test_bitwise_and_one_compile_per_configuration(fa4, d):
 
 
 def test_many_segments(fa4):
-    fa4_call, public = fa4
-    lens = [int(x) for x in torch.randint(1, 40, (300,))]
+    """> 256 segments: its own configuration (FA4's scheduler aids), resolved by THIS call (a
+    fresh kernel cache, so no earlier test's configuration can satisfy the check), then launched
+    directly, bitwise FA4's public API both times."""
+    dispatch, public = fa4
+    from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS, FA4Backend
+    from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+
+    lens = [int(x) for x in torch.randint(1, 40, (MANY_SEGMENTS + 44,))]
     q, k, v = rand(sum(lens), 80)
     cu = cu_from(lens)
-    assert torch.equal(dispatch.fa4_varlen_attention(q, k, v, cu, max(lens)), public(q, k, v, cu, max(lens)))
-    assert dispatch.configs_seen()[-1].many_segments or any(c.many_segments for c in dispatch.configs_seen())
+    previous = dispatch.install_kernel_cache(KernelCache(FA4Backend()))
+    try:
+        for _ in range(2):  # resolve, then the direct launch with the recomputed scheduler aids
+            assert torch.equal(dispatch.fa4_varlen_attention(q, k, v, cu, max(lens)), public(q, k, v, cu, max(lens)))
+        (config,) = dispatch.configs_seen()
+        assert config.many_segments and config.head_dim == 80
+    finally:
+        dispatch.install_kernel_cache(previous)
 
 
 def test_window_and_sinks(fa4):
-    fa4_call, public = fa4
+    dispatch, public = fa4
     lens = [196, 784, 400, 64]
     q, k, v = rand(sum(lens), 64)
     cu = cu_from(lens)
@@ -88,7 +100,7 @@ def test_window_and_sinks(fa4):
 
 
 def test_cuda_graph_capture_and_replay(fa4):
-    fa4_call, public = fa4
+    dispatch, public = fa4
     lens = [196, 784, 400, 64]
     q, k, v = rand(sum(lens), 80)
     cu = cu_from(lens)

@@ -11,18 +11,9 @@ import pytest
 import torch
 
 from sglang_fa4.kernels import dispatch
-from sglang_fa4.kernels.fa4_kernel_cache import (
-    LAYOUT_SM90,
-    LAYOUT_SM100,
-    FA4FeatureError,
-    FA4InputError,
-    FA4LayoutError,
-    KernelCache,
-    Resolved,
-    layout_for_arch,
-    normalize_window,
-    seqlen_class,
-)
+from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, LAYOUT_SM100, FA4LayoutError, Resolved, layout_for_arch
+from sglang_fa4.kernels.fa4_config import FA4FeatureError, FA4InputError, normalize_window, seqlen_class
+from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 
 STATIC = object()  # stands in for FA4's AuxData(None, None)
 

@@ -55,6 +55,7 @@ from sglang.srt.layers.attention import vision
 from sglang.srt.models import qwen2_5_vl
 from sglang.srt.models.utils import RotaryPosMixin, permute_inv
 from sglang_fa4.integration import vit_host_metadata as hm
+
 Q = qwen2_5_vl.Qwen2_5_VisionTransformer
 # before the plugin wraps it; in a dict, since applying a hook rebinds module globals that hold
 # the original (HookRegistry's _propagate_patch)

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from sglang_fa4.kernels import short_segments
+
+
 class FakeQ:
     def __init__(self, d=80, cuda=True):
         self.shape = (100, 16, d)

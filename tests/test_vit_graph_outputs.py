@@ -65,7 +65,7 @@ with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(to
         model = nn.Module(); model.visual = vit
         class ModelRunner: pass
         mr = ModelRunner(); mr.model = model
-        vb.after_load_model(None, mr)
+        vb.capture_budgets_after_load_model(None, mr)
         result[name + "_budgets"] = hold_pass(runner, qwen3, [image_mix(qwen3) for _ in range(24)], 24)
         result[name + "_budgets"]["replays"] = vb.budget_state(runner).replays
 emit(result)

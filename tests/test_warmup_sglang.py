@@ -16,6 +16,7 @@ os.environ["SGLANG_FA4_KERNEL_CACHE"] = "0"
 from sglang_fa4 import plugin
 from sglang_fa4.integration import hooks
 from sglang_fa4.startup import warmup
+
 target = pkgutil.resolve_name(hooks.MODEL_RUNNER_LOAD_MODEL)
 from sglang.srt.model_executor.model_runner import ModelRunner
 original_id = id(ModelRunner.load_model)  # an id: HookRegistry rebinds module globals holding it
@@ -38,7 +39,7 @@ mod.ModelRunner = StandIn
 sys.modules["standin_runner"] = mod
 seen = []
 warmup.warm_model = lambda model, **kw: seen.append(model)
-HookRegistry.register("standin_runner.ModelRunner.load_model", hooks.after_load_model, HookType.AFTER)
+HookRegistry.register("standin_runner.ModelRunner.load_model", hooks.warm_fa4_after_load_model, HookType.AFTER)
 HookRegistry.apply_hooks()
 result = StandIn().load_model()
 

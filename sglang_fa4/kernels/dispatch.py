@@ -30,14 +30,9 @@ import threading
 from typing import Callable, Optional
 
 from sglang_fa4.kernels import short_segments
-from sglang_fa4.kernels.fa4_kernel_cache import (
-    CompileEvent,
-    FA4Config,
-    FA4FeatureError,
-    FA4InputError,
-    FA4LayoutError,
-    KernelCache,
-)
+from sglang_fa4.kernels.fa4_b36 import FA4LayoutError
+from sglang_fa4.kernels.fa4_config import CompileEvent, FA4Config, FA4FeatureError, FA4InputError
+from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 
 __all__ = [
     "fa4_varlen_attention",

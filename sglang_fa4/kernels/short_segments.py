@@ -21,7 +21,7 @@ from typing import Optional
 
 from sglang_fa4.kernels import short_window_kernel
 from sglang_fa4.environ import envs
-from sglang_fa4.kernels.fa4_kernel_cache import normalize_window
+from sglang_fa4.kernels.fa4_config import normalize_window
 
 # compute capabilities (major*10+minor) where the route was measured faster than FA4 and triton_attn
 ROUTED_ARCHS = (90,)
