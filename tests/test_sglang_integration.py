@@ -134,6 +134,8 @@ for name, arg in (("list", [cu, 6]), ("tensor", cu.to(torch.int64)), ("triton_li
         result[name] = {"ok": list(o.shape), "call": RECORDS[-1]}
     except Exception as exc:
         result[name] = {"error": type(exc).__name__ + ": " + str(exc)}
+VENDORED_FA4 = ("sglang.kernels.ops.attention.flash_attn", "sglang.kernels.ops.attention.flash_attention_v4")
+result["vendored_fa4"] = sorted(m for m in sys.modules if m.startswith(VENDORED_FA4))
 emit(result)
 """
 
@@ -147,6 +149,8 @@ def test_fa4_forward_list_and_tensor_forms(sglang_version, graph_env):
         assert call["cu"] == [0, 4, 10] and call["cu_dtype"] == "torch.int32" and call["cu_device"] == "cpu"
         assert call["max_seqlen"] == 6 and call["max_type"] == "int"
     assert "SeqlensError" in out["triton_list"]["error"] and "triton_attn runner layout" in out["triton_list"]["error"]
+    # one FA4 for the ViT: the hooked forward never imports SGLang's vendored copy (README)
+    assert out["vendored_fa4"] == []
 
 
 def test_fa4_forward_without_plugin(sglang_version):
