@@ -12,7 +12,7 @@ float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_12
 The output is bitwise what ``flash_attn.cute.flash_attn_varlen_func`` returns, but each
 configuration's compiled kernel is resolved once (through FA4's own forward, so its caches stay
 valid) and then launched directly on the current torch stream: a few microseconds of host time,
-CUDA-graph capturable. See :mod:`sglang_fa4.kernels.fa4_kernel_cache` for what a configuration is.
+CUDA-graph capturable. See :mod:`sglang_fa4.kernels.fa4_config` for what a configuration is.
 Inputs that require grad (with grad mode on) take FA4's public autograd path instead.
 Layouts of short segments only (ViT windows) are routed to faster kernels where measured: see
 :mod:`sglang_fa4.kernels.short_segments`.
