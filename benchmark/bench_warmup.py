@@ -1,14 +1,14 @@
-"""GPU benchmark of the startup warmup (sglang_fa4/warmup.py) and FA4's persistent kernel cache.
+"""GPU benchmark of the startup warmup (sglang_fa4/startup/warmup.py) and FA4's persistent kernel cache.
 
 For the attention configurations of two ViT towers -- Qwen2.5-VL (head_dim 80, 64-token windows +
 full blocks) and Qwen3-VL (head_dim 72, full attention), 16 heads, bf16 -- stand-in models with
-the attributes of SGLang's VisionAttention go through ``warmup.enumerate_variants`` and
+the attributes of SGLang's VisionAttention go through ``sglang_fa4.startup.variants.enumerate_variants`` and
 ``warmup.run_warmup``, each phase in its own process:
 
   cold   a fresh, empty FA4 cache dir: every variant is compiled (FA4 writes it to disk);
   warm   a second process on the same dir: every variant is loaded from disk, nothing compiles;
          then a trace of N random image sizes (Qwen2.5-VL windowed + full layouts and Qwen3-VL
-         full, 1-3 images per batch, 56 px to 2240 px) through ``fa4_call.fa4_varlen_attention``
+         full, 1-3 images per batch, 56 px to 2240 px) through ``dispatch.fa4_varlen_attention``
          counting configurations resolved after the warmup (must be 0), and a bitwise check
          that the one-kernel-per-class launches equal FA4's public API called with each call's
          exact max_seqlen (the max_seqlen normalisation changes no output).
@@ -125,21 +125,21 @@ def child(args) -> dict:
 
     result: dict = {"phase": args.child}
     t0 = time.perf_counter()
-    from sglang_fa4 import warmup
+    from sglang_fa4.startup import fa4_env, warmup
+    from sglang_fa4.startup.variants import enumerate_variants
 
-    cache_dir = warmup.configure_fa4_disk_cache()  # before flash_attn.cute is imported
+    cache_dir = fa4_env.configure_fa4_disk_cache()  # before flash_attn.cute is imported
     import flash_attn.cute  # noqa: F401
 
-    from sglang_fa4 import fa4_call
-
+    from sglang_fa4.kernels import dispatch
     result["cache_dir"] = cache_dir
     result["import_fa4_s"] = time.perf_counter() - t0
-    arch = fa4_call.kernel_cache().arch
+    arch = dispatch.kernel_cache().arch
     result["arch"] = arch
     models = towers()
     variants = []
     for name, model in models.items():
-        for v in warmup.enumerate_variants(model, arch):
+        for v in enumerate_variants(model, arch):
             variants.append((name, v))
     report = warmup.run_warmup([v for _, v in variants], torch.device(DEVICE))
     result["warmup"] = {
@@ -154,21 +154,22 @@ def child(args) -> dict:
         ],
     }
     if args.child == "warm":
-        result["trace"] = trace(args, warmup, fa4_call)
+        result["trace"] = trace(args)
     return result
 
 
-def trace(args, warmup, fa4_call) -> dict:
+def trace(args) -> dict:
     import torch
 
     from flash_attn.cute import flash_attn_varlen_func
 
-    warmup.arm_jit_monitor()
-    dev = torch.device(DEVICE)
-    start_count = fa4_call.compile_count()
-    start_after = warmup.compiles_after_warmup()
-    from sglang_fa4 import short_segments
+    from sglang_fa4.kernels import dispatch, short_segments
+    from sglang_fa4.startup import jit_monitor
 
+    jit_monitor.arm_jit_monitor()
+    dev = torch.device(DEVICE)
+    start_count = dispatch.compile_count()
+    start_after = jit_monitor.compiles_after_warmup()
     calls = many = routed_calls = 0
     checks = []
     rows = []
@@ -187,11 +188,11 @@ def trace(args, warmup, fa4_call) -> dict:
             q, k, v = (torch.randn(total, HEADS, d, dtype=torch.bfloat16, device=dev) for _ in range(3))
             cu = _cu(lens, dev)
             max_len = max(lens)
-            out = fa4_call.fa4_varlen_attention(q, k, v, cu, max_len)
+            out = dispatch.fa4_varlen_attention(q, k, v, cu, max_len)
             calls += 1
             many += len(lens) > 256
-            # short-window layouts run on FA2 on SM90 (sglang_fa4.short_segments), not on FA4
-            routed = short_segments.should_route(fa4_call.kernel_cache().arch, q, max_len, (None, None), None)
+            # short-window layouts run on FA2 on SM90 (sglang_fa4.kernels.short_segments), not on FA4
+            routed = short_segments.should_route(dispatch.kernel_cache().arch, q, max_len, (None, None), None)
             routed_calls += routed
             # the normalisation proof: FA4's own public call, with this call's exact max_seqlen
             if b % 4 == 0 and not routed:
@@ -210,8 +211,8 @@ def trace(args, warmup, fa4_call) -> dict:
         "calls_over_256_segments": many,
         "calls_routed_to_fa2": routed_calls,
         "seconds": time.perf_counter() - t0,
-        "resolved_after_warmup": fa4_call.compile_count() - start_count,
-        "monitor_compiles_after_warmup": warmup.compiles_after_warmup() - start_after,
+        "resolved_after_warmup": dispatch.compile_count() - start_count,
+        "monitor_compiles_after_warmup": jit_monitor.compiles_after_warmup() - start_after,
         "bitwise_checks": len(checks),
         "bitwise_all_equal": all(c["bitwise_equal"] for c in checks),
         "checks": checks,

@@ -1,4 +1,4 @@
-"""GPU check of sglang_fa4.fa4_call's direct-launch path against FA4's public API.
+"""GPU check of sglang_fa4.kernels.dispatch's direct-launch path against FA4's public API.
 
 On one GPU, in one process:
   1. bitwise: fa4_varlen_attention == flash_attn_varlen_func for head_dim 64/72/80/128 over
@@ -146,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
     out_path = Path(args.json)
 
-    from sglang_fa4 import fa4_call
+    from sglang_fa4.kernels import dispatch
     import flash_attn
 
     torch.manual_seed(0)
@@ -165,7 +165,7 @@ def main() -> int:
     bf16 = torch.bfloat16
     ok_all = True
     events_log = []
-    fa4_call.add_compile_listener(lambda e: events_log.append(e))
+    dispatch.add_compile_listener(lambda e: events_log.append(e))
 
     # ---- 1. bitwise ------------------------------------------------------------------------
     layouts = {
@@ -195,9 +195,9 @@ def main() -> int:
             q, k, v = rand_qkv(total, H, d, bf16, packed)
             cu = cu_from(lens)
             out = torch.full((total, H, d), float("nan"), dtype=bf16, device=DEV)
-            before = fa4_call.compile_count()
-            ours = fa4_call.fa4_varlen_attention(q, k, v, cu, loose or ms, out=out)
-            ours_alloc = fa4_call.fa4_varlen_attention(q, k, v, cu, ms)
+            before = dispatch.compile_count()
+            ours = dispatch.fa4_varlen_attention(q, k, v, cu, loose or ms, out=out)
+            ours_alloc = dispatch.fa4_varlen_attention(q, k, v, cu, ms)
             ref = public(q, k, v, cu, ms)
             torch.cuda.synchronize()
             row = {
@@ -205,7 +205,7 @@ def main() -> int:
                 "packed_qkv": packed, "max_seqlen_passed": loose or ms,
                 "all_written": bool(not torch.isnan(ours).any()),
                 "bitwise": bool(torch.equal(ours, ref) and torch.equal(ours_alloc, ref)),
-                "new_configs": fa4_call.compile_count() - before,
+                "new_configs": dispatch.compile_count() - before,
             }
             ok_all &= row["all_written"] and row["bitwise"]
             rows.append(row)
@@ -223,9 +223,9 @@ def main() -> int:
         cu = cu_from(lens)
         sinks = None if sink_dtype is None else (torch.randn(H, device=DEV) * 2 + 3).to(sink_dtype)
         scale = 1.0 / math.sqrt(d)
-        before = fa4_call.compile_count()
+        before = dispatch.compile_count()
         out = torch.full((total, H, d), float("nan"), dtype=bf16, device=DEV)
-        ours = fa4_call.fa4_varlen_attention(q, k, v, cu, ms, window_size=window, sinks=sinks, out=out)
+        ours = dispatch.fa4_varlen_attention(q, k, v, cu, ms, window_size=window, sinks=sinks, out=out)
         fa4_window = tuple(None if (w is not None and w < 0) else w for w in window)
         pub = public(q, k, v, cu, ms, window=fa4_window, sinks=sinks)
         ref = reference(q, k, v, lens, scale, fa4_window, sinks)
@@ -238,7 +238,7 @@ def main() -> int:
             "rel_err_vs_fp32": rel_err(ours, ref),
             "rel_err_public_vs_fp32": rel_err(pub, ref),
             "sinks_matter_rel_diff": rel_err(ref, nosink) if nosink is not None else None,
-            "new_configs": fa4_call.compile_count() - before,
+            "new_configs": dispatch.compile_count() - before,
         }
         ok_all &= row["bitwise_vs_public"] and row["all_written"] and row["rel_err_vs_fp32"] < 2e-2
         ws.append(row)
@@ -256,9 +256,9 @@ def main() -> int:
         cu = cu_from(lens)
         out = torch.empty_like(q)
         with torch.inference_mode():
-            fa4_call.fa4_varlen_attention(q, k, v, cu, 256, out=out)
+            dispatch.fa4_varlen_attention(q, k, v, cu, 256, out=out)
             launcher = next(
-                l for l in fa4_call.kernel_cache()._launchers.values()
+                l for l in dispatch.kernel_cache()._launchers.values()
                 if l.config.head_dim == 80 and not l.config.many_segments
                 and not l.config.window_left and l.config.sink_dtype is None
             )
@@ -270,24 +270,24 @@ def main() -> int:
             if lay.max_seqlen is not None:
                 raw[lay.max_seqlen] = 256
             fn = launcher.fn
-            before = fa4_call.compile_count()
+            before = dispatch.compile_count()
             timing = {
                 "shape": {"total": 256, "heads": H, "head_dim": d, "segments": 1},
                 "fa4_public": host_us(lambda: public(q, k, v, cu, 256), 1000),
                 "ours_out_given": host_us(
-                    lambda: fa4_call.fa4_varlen_attention(q, k, v, cu, 256, out=out), 4000),
-                "ours_alloc": host_us(lambda: fa4_call.fa4_varlen_attention(q, k, v, cu, 256), 4000),
+                    lambda: dispatch.fa4_varlen_attention(q, k, v, cu, 256, out=out), 4000),
+                "ours_alloc": host_us(lambda: dispatch.fa4_varlen_attention(q, k, v, cu, 256), 4000),
                 "ours_window_sinks": None,
                 "compiled_fn_direct": host_us(lambda: fn(*raw), 4000),
             }
             sinks = torch.randn(H, device=DEV)
             q64, k64, v64 = rand_qkv(256, H, 64, bf16)
             timing["ours_window_sinks"] = host_us(
-                lambda: fa4_call.fa4_varlen_attention(q64, k64, v64, cu, 256, window_size=(64, 64),
+                lambda: dispatch.fa4_varlen_attention(q64, k64, v64, cu, 256, window_size=(64, 64),
                                                       sinks=sinks), 4000)
             timing["fa4_public_window_sinks"] = host_us(
                 lambda: public(q64, k64, v64, cu, 256, window=(64, 64), sinks=sinks), 1000)
-            timing["new_configs_during_timing"] = fa4_call.compile_count() - before
+            timing["new_configs_during_timing"] = dispatch.compile_count() - before
         RESULT["host_overhead"] = timing
         ok_all &= timing["ours_out_given"]["median_us"] <= 15.0
 
@@ -309,13 +309,13 @@ def main() -> int:
         sinks = torch.randn(H, device=DEV)
         out1 = torch.empty_like(q)
         out6 = torch.empty_like(q6)
-        before = fa4_call.compile_count()
+        before = dispatch.compile_count()
 
         def body():
-            fa4_call.fa4_varlen_attention(q, k, v, cu, ms, out=out1)
-            o2 = fa4_call.fa4_varlen_attention(out1, k, v, cu, ms)  # chained, allocated in pool
-            om = fa4_call.fa4_varlen_attention(qm, km, vm, cum, max(lens_many))  # > 256 segments
-            fa4_call.fa4_varlen_attention(q6, k6, v6, cu, ms, window_size=(64, 64), sinks=sinks, out=out6)
+            dispatch.fa4_varlen_attention(q, k, v, cu, ms, out=out1)
+            o2 = dispatch.fa4_varlen_attention(out1, k, v, cu, ms)  # chained, allocated in pool
+            om = dispatch.fa4_varlen_attention(qm, km, vm, cum, max(lens_many))  # > 256 segments
+            dispatch.fa4_varlen_attention(q6, k6, v6, cu, ms, window_size=(64, 64), sinks=sinks, out=out6)
             return o2, om
 
         s = torch.cuda.Stream()
@@ -342,7 +342,7 @@ def main() -> int:
             eq.append([torch.equal(out1, e1), torch.equal(o2, e2), torch.equal(om, em), torch.equal(out6, e6)])
         g_res["replays_bitwise_equal"] = eq
         g_res["ok"] = all(all(r) for r in eq)
-        g_res["new_configs"] = fa4_call.compile_count() - before
+        g_res["new_configs"] = dispatch.compile_count() - before
         # replay cost
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -367,8 +367,8 @@ def main() -> int:
     ok_all &= not skipped
 
     # ---- 5. compile events -------------------------------------------------------------------
-    RESULT["compile_count"] = fa4_call.compile_count()
-    RESULT["compile_events"] = [e.as_dict() for e in fa4_call.compile_events()]
+    RESULT["compile_count"] = dispatch.compile_count()
+    RESULT["compile_events"] = [e.as_dict() for e in dispatch.compile_events()]
     RESULT["listener_saw"] = len(events_log)
     RESULT["ok"] = bool(ok_all and not RESULT.get("errors"))
     save(out_path)

@@ -1,9 +1,9 @@
-"""GPU check of the ViT token-budget layouts (sglang_fa4/vit_budgets.py) at the attention level.
+"""GPU check of the ViT token-budget layouts (sglang_fa4/integration/vit_budget_layouts.py) at the attention level.
 
 For random Qwen2.5-VL image mixes (16 heads, d=80, bf16) and each budget that holds them, the
 fixed-shape budget layouts -- real segments, padding rows as <=64-token segments, then empty
 segments up to the budget's capacity; max_seqlen = budget (full blocks) or 64 (windowed blocks) --
-go through the production call (sglang_fa4.fa4_call: FA4, or FA2 for the short windows) captured in
+go through the production call (sglang_fa4.kernels.dispatch: FA4, or FA2 for the short windows) captured in
 a CUDA graph, with the budget's static buffers refilled per mix. Checked per mix:
   - the real rows equal the unpadded, exact-layout eager call (max abs diff, rel. error);
   - every padded row is finite (nothing NaN that a later zeroing could miss);
@@ -46,36 +46,38 @@ def cumsum(lens):
 def main(argv=None) -> int:
     import torch
 
-    from sglang_fa4 import fa4_call, vit_budgets
     from sglang_fa4.bench.timing import GraphedCalls
+    from sglang_fa4.environ import envs
+    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
+    from sglang_fa4.kernels import dispatch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--mixes", type=int, default=24)
     ap.add_argument("--budgets", default="1024,2048,4096,8192,16384")
     args = ap.parse_args(argv)
-    budgets = vit_budgets.parse_budgets(args.budgets)
+    budgets = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.parse(args.budgets)
     dev = torch.device("cuda")
     rng = random.Random(0)
 
     # static buffers + graphs per (budget, kind), captured once, like the runner does at startup
     static = {}
     for b in budgets:
-        cap = vit_budgets.segment_capacity(b, WINDOW * WINDOW)
+        cap = budget_layouts.segment_capacity(b, WINDOW * WINDOW)
         for kind, max_len in (("full", b), ("windowed", WINDOW * WINDOW)):
-            layout = vit_budgets.capture_layout(b, cap, max_len)
+            layout = budget_layouts.capture_layout(b, cap, max_len)
             q, k, v = (torch.randn(b, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cu = torch.tensor(layout, dtype=torch.int32, device=dev)
             out = torch.empty_like(q)
-            call = (lambda q=q, k=k, v=v, cu=cu, m=max_len, out=out: fa4_call.fa4_varlen_attention(q, k, v, cu, m, out=out))
+            call = (lambda q=q, k=k, v=v, cu=cu, m=max_len, out=out: dispatch.fa4_varlen_attention(q, k, v, cu, m, out=out))
             static[b, kind] = dict(q=q, k=k, v=v, cu=cu, out=out, max_len=max_len, cap=cap,
                                    graph=GraphedCalls([call], 1, warmup=2))
     # the exact-layout reference calls below use FA4's <=256-segment variant: compile it now, so
     # that any compile counted after this point is the budget path's
     qw = torch.randn(300, HEADS, D, device=dev, dtype=torch.bfloat16)
-    fa4_call.fa4_varlen_attention(qw, qw, qw, torch.tensor([0, 100, 300], dtype=torch.int32, device=dev), 200)
+    dispatch.fa4_varlen_attention(qw, qw, qw, torch.tensor([0, 100, 300], dtype=torch.int32, device=dev), 200)
     torch.cuda.synchronize()
-    compiles_sealed = fa4_call.compile_count()
+    compiles_sealed = dispatch.compile_count()
 
     rows = []
     for i in range(args.mixes):
@@ -84,16 +86,16 @@ def main(argv=None) -> int:
         full = [0] + [gh * gw for gh, gw in grids]  # Qwen2.5-VL's full cu_seqlens starts with an empty segment
         win = [n for gh, gw in grids for n in windows(gh, gw)]
         tokens = sum(full)
-        budget = vit_budgets.pick_budget(tokens, budgets)
+        budget = budget_layouts.pick_budget(tokens, budgets)
         if budget is None:
             rows.append({"images": imgs, "tokens": tokens, "budget": None, "eager": True})
             continue
         for kind, lens in (("full", full), ("windowed", win)):
             s = static[budget, kind]
-            padded = vit_budgets.pad_layout(cumsum(lens), budget, s["cap"], s["max_len"])
+            padded = budget_layouts.pad_layout(cumsum(lens), budget, s["cap"], s["max_len"])
             q, k, v = (torch.randn(tokens, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cu = torch.tensor(cumsum(lens), dtype=torch.int32, device=dev)
-            exact = fa4_call.fa4_varlen_attention(q, k, v, cu, max(lens))
+            exact = dispatch.fa4_varlen_attention(q, k, v, cu, max(lens))
             for name, src in (("q", q), ("k", k), ("v", v)):
                 s[name][:tokens].copy_(src)
                 s[name][tokens:].zero_()  # the runner zeroes the padding rows of its inputs
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
             diff = (real - exact.float()).abs().max().item()
             rel = ((real - exact.float()).norm() / exact.float().norm()).item()
             pad_finite = bool(torch.isfinite(s["out"][tokens:]).all().item())
-            exact_graph = GraphedCalls([lambda q=q, k=k, v=v, cu=cu, m=max(lens): fa4_call.fa4_varlen_attention(q, k, v, cu, m)], 1)
+            exact_graph = GraphedCalls([lambda q=q, k=k, v=v, cu=cu, m=max(lens): dispatch.fa4_varlen_attention(q, k, v, cu, m)], 1)
             t_budget = statistics.median(s["graph"].ms_per_call(10) for _ in range(5)) * 1000
             t_exact = statistics.median(exact_graph.ms_per_call(10) for _ in range(5)) * 1000
             exact_graph.release()
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
         "max_abs_diff": max(r["max_abs_diff"] for r in checked),
         "max_rel_err": max(r["rel_err"] for r in checked),
         "all_pad_rows_finite": all(r["pad_rows_finite"] for r in checked),
-        "fa4_compiles_after_capture": fa4_call.compile_count() - compiles_sealed,
+        "fa4_compiles_after_capture": dispatch.compile_count() - compiles_sealed,
         "median_overhead": {kind: statistics.median(r["overhead"] for r in checked if r["layout"] == kind)
                             for kind in ("full", "windowed")},
     }

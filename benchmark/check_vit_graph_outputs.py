@@ -78,7 +78,8 @@ def check_qwen(model: str, args, seed: int) -> dict:
     import torch
 
     from check_vit_graphs import random_mix
-    from sglang_fa4 import vit_budgets, warmup
+    from sglang_fa4.integration import vit_budgets
+    from sglang_fa4.startup import warmup
     from sglang_fa4.bench.layouts import PICTURES
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 

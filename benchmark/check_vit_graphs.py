@@ -79,7 +79,8 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
     blocks run eagerly. Separates the cost of budget padding from the tower's input preparation."""
     import torch
 
-    from sglang_fa4 import vit_budgets
+    from sglang_fa4.integration import vit_budgets
+    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
     from sglang_fa4.bench.timing import event_time_ms
 
     recorded.clear()
@@ -113,10 +114,13 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
-    from sglang_fa4 import fa4_call, vit_budgets, warmup
+    from sglang_fa4.integration import vit_budgets
+    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
+    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.startup import jit_monitor, warmup
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
-    warmup.reset_state()  # each model stands for its own server process (JIT monitor state)
+    jit_monitor.reset_state()  # each model stands for its own server process (JIT monitor state)
     set_graph_mode(None, True)  # Qwen2.5-VL builds its runner only when the flag is on at __init__
     tower = build_tower(model, seed=seed)
     holder = torch.nn.Module()
@@ -150,7 +154,7 @@ def check_model(model: str, args, seed: int) -> dict:
     res["budgets"] = state.report()
     res["reserved_delta_mib"] = round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1)
     graphs0 = len(runner.block_graphs)
-    compiles0 = fa4_call.compile_count()
+    compiles0 = dispatch.compile_count()
 
     # record what the graph path hands the runner, to run the same blocks eagerly on exactly those
     # inputs (vit_budgets.eager_run): isolates the budget graphs from the tower's own input
@@ -188,7 +192,7 @@ def check_model(model: str, args, seed: int) -> dict:
             continue
         tokens = sum(t * h * w for t, h, w in grids)
         row = {"grids": [list(g) for g in grids], "tokens": tokens,
-               "budget": vit_budgets.pick_budget(tokens, state.budgets),
+               "budget": budget_layouts.pick_budget(tokens, state.budgets),
                "path": "replay" if state.replays > replays0 else ("eager" if state.eager_runs > eager0 else "?"),
                "shape_equal": list(out_g.shape) == list(out_e.shape),
                "finite": bool(torch.isfinite(out_g).all()),
@@ -204,8 +208,8 @@ def check_model(model: str, args, seed: int) -> dict:
         mixes.append(row)
     res["mixes"] = mixes
     res["mix_failures"] = failures
-    res["fa4_compiles_after_startup"] = fa4_call.compile_count() - compiles0
-    res["jit_monitor_compiles_after_warmup"] = warmup.compiles_after_warmup()
+    res["fa4_compiles_after_startup"] = dispatch.compile_count() - compiles0
+    res["jit_monitor_compiles_after_warmup"] = jit_monitor.compiles_after_warmup()
     res["graphs_captured_after_startup"] = len(runner.block_graphs) - graphs0
     res["capture_guard_count"] = state.captures_after_startup
 
@@ -226,7 +230,7 @@ def check_model(model: str, args, seed: int) -> dict:
         tokens = sum(t * hh * ww for t, hh, ww in grids)
         e, g = statistics.median(times["eager"]), statistics.median(times["graph"])
         latency.append({"image": name, "grid_thw": list(grids[0]), "tokens": tokens,
-                        "budget": vit_budgets.pick_budget(tokens, state.budgets),
+                        "budget": budget_layouts.pick_budget(tokens, state.budgets),
                         "eager_ms": round(e, 3), "graph_ms": round(g, 3), "eager_over_graph": round(e / g, 3),
                         "rounds": n, "eager_all_ms": [round(v, 3) for v in times["eager"]],
                         "graph_all_ms": [round(v, 3) for v in times["graph"]],

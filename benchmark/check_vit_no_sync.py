@@ -54,7 +54,6 @@ def load_plugin() -> dict:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_fa4 import plugin
-
     plugins.load_plugins()
     via = "entry point"
     if FORWARD not in HookRegistry._patched and plugin._registered_plan is None:
@@ -227,7 +226,7 @@ def main(argv=None) -> int:
             result[name].update(time_forward(fn, args.iters, args.device))
             save()
 
-    agree = result["bitwise_equal"] or diff <= 1e-2
+    agree = result["bitwise_equal"]  # README: bitwise equal to upstream's forward
     if on_gpu:
         result["ok"] = bool(result["upstream"]["raised"] and not result["hooked"]["raised"] and agree)
     else:

@@ -22,7 +22,12 @@ def _default_text(var) -> str:
 def env_table() -> str:
     rows = ["| variable | type | default | owner | meaning |", "|---|---|---|---|---|"]
     for var in envs:
-        kind = var.type if var.type != "choice" else "choice: " + ", ".join(c or '""' for c in var.choices)
+        if var.type == "choice":
+            kind = "choice: " + ", ".join(c or '""' for c in var.choices)
+        elif var.type in ("int", "int_list") and (var.minimum is not None or var.multiple_of is not None):
+            kind = f"{var.type}: {var.accepted()}"
+        else:
+            kind = var.type
         rows.append(f"| `{var.name}` | {kind} | {_default_text(var)} | {var.owner} | {var.meaning} |")
     return "\n".join(rows)
 

@@ -1,6 +1,6 @@
 """``sglang-fa4 doctor``: what this machine has and what the plugin would do on it.
 
-Works without SGLang, FA4 or a GPU; imports none of SGLang, flash_attn or CUTLASS.
+Works without SGLang, FA4, torch or a GPU; imports none of them (the GPU comes from the CUDA driver).
 """
 
 from __future__ import annotations
@@ -37,16 +37,44 @@ def plugin_status() -> dict[str, Any]:
 def gpu_status(capability_arg: Optional[str]) -> dict[str, Any]:
     if capability_arg is not None:
         return {"name": None, "capability": list(selection.parse_capability(capability_arg)), "source": "--capability"}
-    try:
-        import torch
-    except ImportError:
-        return {"name": None, "capability": None, "source": "torch not installed"}
-    if not torch.cuda.is_available():
+    return cuda_driver_gpu()
+
+
+# CUdevice_attribute: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+_CC_MAJOR, _CC_MINOR = 75, 76
+
+
+def cuda_driver_gpu() -> dict[str, Any]:
+    """GPU 0 as the CUDA driver (libcuda) reports it: name and compute capability. No torch: doctor
+    must answer on a machine where torch (or numpy) is missing or broken."""
+    import ctypes
+
+    lib = None
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        return {"name": None, "capability": None, "source": "no CUDA driver (libcuda) found"}
+    count, device = ctypes.c_int(0), ctypes.c_int(0)
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    raw_name = ctypes.create_string_buffer(256)
+    if (
+        lib.cuInit(0) != 0
+        or lib.cuDeviceGetCount(ctypes.byref(count)) != 0
+        or count.value < 1
+        or lib.cuDeviceGet(ctypes.byref(device), 0) != 0
+    ):
         return {"name": None, "capability": None, "source": "no CUDA GPU visible"}
+    lib.cuDeviceGetName(raw_name, len(raw_name), device)
+    lib.cuDeviceGetAttribute(ctypes.byref(major), _CC_MAJOR, device)
+    lib.cuDeviceGetAttribute(ctypes.byref(minor), _CC_MINOR, device)
     return {
-        "name": torch.cuda.get_device_name(0),
-        "capability": list(torch.cuda.get_device_capability(0)),
-        "source": "torch.cuda",
+        "name": raw_name.value.decode(errors="replace") or None,
+        "capability": [major.value, minor.value],
+        "source": "CUDA driver",
     }
 
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
-TYPES = ("bool", "int", "str", "choice")
+TYPES = ("bool", "int", "int_list", "str", "choice")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -48,6 +48,33 @@ class EnvVar:
     meaning: str
     owner: str
     choices: tuple[str, ...] = ()
+    minimum: int | None = None  # int / int_list: smallest accepted value
+    multiple_of: int | None = None  # int / int_list: every value a multiple of this
+
+    def accepted(self) -> str:
+        """What the variable accepts, in words (error messages and the README table)."""
+        if self.type == "bool":
+            return "/".join(sorted(_TRUE | _FALSE))
+        if self.type == "choice":
+            return ", ".join(repr(c) for c in self.choices)
+        bounds = []
+        if self.minimum is not None:
+            bounds.append(f">= {self.minimum}")
+        if self.multiple_of is not None:
+            bounds.append(f"a multiple of {self.multiple_of}")
+        bounded = " and ".join(bounds)
+        if self.type == "int":
+            return f"an integer {bounded}" if bounds else "an integer"
+        if self.type == "int_list":
+            return f"a comma list of integers, each {bounded}" if bounds else "a comma list of integers"
+        return "any string"
+
+    def _check_int(self, raw: str, value: int) -> int:
+        if (self.minimum is not None and value < self.minimum) or (
+            self.multiple_of is not None and value % self.multiple_of
+        ):
+            raise EnvValueError(f"{self.name}={raw!r}: {value} is out of range; accepted: {self.accepted()}")
+        return value
 
     def parse(self, raw: str) -> Any:
         """Turn the raw string into the declared type, or raise naming the variable."""
@@ -57,13 +84,28 @@ class EnvVar:
                 return True
             if low in _FALSE:
                 return False
-            accepted = "/".join(sorted(_TRUE | _FALSE))
-            raise EnvValueError(f"{self.name}={raw!r} is not a boolean; accepted values: {accepted}")
+            raise EnvValueError(f"{self.name}={raw!r} is not a boolean; accepted values: {self.accepted()}")
         if self.type == "int":
             try:
-                return int(raw.strip())
+                value = int(raw.strip())
             except ValueError:
-                raise EnvValueError(f"{self.name}={raw!r} is not an integer") from None
+                raise EnvValueError(f"{self.name}={raw!r} is not an integer; accepted: {self.accepted()}") from None
+            return self._check_int(raw, value)
+        if self.type == "int_list":
+            values = set()
+            for part in raw.split(","):
+                if not part.strip():
+                    continue
+                try:
+                    value = int(part.strip())
+                except ValueError:
+                    raise EnvValueError(
+                        f"{self.name}={raw!r}: {part.strip()!r} is not an integer; accepted: {self.accepted()}"
+                    ) from None
+                values.add(self._check_int(raw, value))
+            if not values:
+                raise EnvValueError(f"{self.name}={raw!r} is empty; accepted: {self.accepted()}")
+            return tuple(sorted(values))
         if self.type == "choice":
             if raw not in self.choices:
                 shown = ", ".join(repr(c) for c in self.choices)
@@ -73,9 +115,6 @@ class EnvVar:
 
     def is_set(self) -> bool:
         return self.name in os.environ
-
-    def raw(self) -> str | None:
-        return os.environ.get(self.name)
 
     def get(self) -> Any:
         raw = os.environ.get(self.name)
@@ -87,6 +126,8 @@ class EnvVar:
     def format(self, value: Any) -> str:
         if self.type == "bool":
             return "1" if value else "0"
+        if self.type == "int_list":
+            return ",".join(str(v) for v in (value.split(",") if isinstance(value, str) else value))
         return str(value)
 
     @contextmanager
@@ -119,7 +160,13 @@ def _build_var(name: str, entry: Mapping[str, Any]) -> EnvVar:
     choices = tuple(str(c) for c in entry.get("choices", ()))
     if typ == "choice" and not choices:
         raise EnvSpecError(f"{name}: type choice needs choices")
-    var = EnvVar(name, typ, entry["default"], str(entry["meaning"]), str(entry["owner"]), choices)
+    bounds = {key: entry[field] for key, field in (("minimum", "min"), ("multiple_of", "multiple_of")) if field in entry}
+    if bounds and typ not in ("int", "int_list"):
+        raise EnvSpecError(f"{name}: min / multiple_of apply to int and int_list only")
+    default = entry["default"]
+    if typ == "int_list" and isinstance(default, (list, tuple)):
+        default = tuple(sorted(set(default)))
+    var = EnvVar(name, typ, default, str(entry["meaning"]), str(entry["owner"]), choices, **bounds)
     # the default must itself be a valid value of the declared type
     parsed = var.parse(var.format(var.default))
     if parsed != var.default:

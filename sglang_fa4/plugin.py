@@ -1,17 +1,19 @@
 """The SGLang general plugin (entry point ``sglang.srt.plugins`` -> ``sglang_fa4``).
 
-SGLang calls ``register()`` once in every server process; it detects the installed SGLang version and
-registers, through SGLang's HookRegistry, the hooks for the features that version lacks
-(features.py). Unknown versions get one warning and no hooks.
+SGLang calls ``register()`` once in every server process; it checks the environment (a malformed
+value fails here, naming the variable), detects the installed SGLang version and registers, through
+SGLang's HookRegistry, the hooks for the features that version lacks (features.py; the registrars
+are in integration/registration.py). Unknown versions get one warning and no hooks. Importing this
+module (doctor does) imports neither torch nor SGLang.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
-from sglang_fa4 import features, hooks
+from sglang_fa4 import features
 from sglang_fa4.environ import EnvValueError, envs
 from sglang_fa4.sglang_version import installed_sglang_version
 
@@ -29,58 +31,6 @@ class Plan:
     hooked: list[str] = field(default_factory=list)  # feature names we add
     upstream: list[str] = field(default_factory=list)  # feature names SGLang already has
     message: str = ""
-
-
-def _register_backend_selection(registry, hook_type) -> None:
-    registry.register(hooks.DETERMINE_BACKEND, hooks.determine_attention_backend, hook_type.AROUND)
-
-
-def _register_fa4_forward(registry, hook_type) -> None:
-    registry.register(hooks.FA4_FORWARD, hooks.fa4_forward, hook_type.REPLACE)
-
-
-def _register_vit_graph_runners(registry, hook_type) -> None:
-    registry.register(hooks.GENERIC_RUNNER, hooks.generic_runner_create_graph, hook_type.AROUND)
-    registry.register(f"{hooks.INTERNVL_RUNNER}._warmup_once", hooks.internvl_runner_step, hook_type.AROUND)
-    registry.register(f"{hooks.INTERNVL_RUNNER}._capture_graph", hooks.internvl_runner_step, hook_type.AROUND)
-
-
-def _register_vit_graph_outputs_owned(registry, hook_type) -> None:
-    registry.register(f"{hooks.GENERIC_RUNNER_CLASS}.replay", hooks.generic_runner_replay_owned, hook_type.AROUND)
-    registry.register(f"{hooks.INTERNVL_RUNNER}.run", hooks.internvl_runner_run_owned, hook_type.AROUND)
-
-
-def _register_startup_warmup(registry, hook_type) -> None:
-    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.after_load_model, hook_type.AFTER)
-
-
-def _register_vit_graph_budgets(registry, hook_type) -> None:
-    from sglang_fa4 import vit_budgets
-
-    runner = hooks.GENERIC_RUNNER_CLASS
-    registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
-    registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
-    registry.register(hooks.QWEN2_5_VIT_FORWARD, vit_budgets.qwen2_5_forward_around, hook_type.AROUND)
-    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.after_load_model, hook_type.AFTER)
-
-
-def _register_vit_host_metadata(registry, hook_type) -> None:
-    # AROUND, not REPLACE: the CUDA-graph path and non-CUDA devices call the original
-    registry.register(hooks.QWEN2_5_VIT_FORWARD, hooks.qwen2_5_vit_forward, hook_type.AROUND)
-
-
-# feature -> what registers it. Features sharing a registrar are hooked once.
-REGISTRARS: dict[str, Callable] = {
-    "backend_default_table": _register_backend_selection,
-    "backend_default_env_override": _register_backend_selection,
-    "fa4_list_seqlens": _register_fa4_forward,
-    "fa4_checked_forward": _register_fa4_forward,
-    "vit_graph_runners_fa4": _register_vit_graph_runners,
-    "vit_graph_outputs_owned": _register_vit_graph_outputs_owned,
-    "fa4_startup_warmup": _register_startup_warmup,
-    "vit_graph_budgets": _register_vit_graph_budgets,
-    "vit_host_metadata": _register_vit_host_metadata,
-}
 
 
 def _feature_needed(feature: features.Feature) -> bool:
@@ -136,10 +86,11 @@ def register() -> Plan:
         return plan
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_fa4.integration.registration import REGISTRARS
+    from sglang_fa4.startup.fa4_env import configure_fa4_disk_cache
+
     # FA4 reads its persistent-cache variables once, when flash_attn.cute is imported: set them
     # now, before anything imports it (no FA4 import here).
-    from sglang_fa4.warmup import configure_fa4_disk_cache
-
     cache_dir = configure_fa4_disk_cache()
     done = set()
     for name in plan.hooked:

@@ -12,6 +12,9 @@ from typing import Mapping, Optional
 
 from sglang_fa4.environ import EnvRegistry, envs
 
+#: SGLang's name of the FlashAttention-4 ViT backend (``--mm-attention-backend fa4``)
+FA4 = "fa4"
+
 # SGLang's is_blackwell: CUDA majors 10, 11 and 12 (with CUDA >= 12.8).
 BLACKWELL_MAJORS = (10, 11, 12)
 

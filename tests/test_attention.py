@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from sglang_fa4 import attention, fa4_call
-from sglang_fa4.attention import SeqlensError, resolve_seqlens, vision_fa4_forward
+from sglang_fa4.integration import vision_fa4
+from sglang_fa4.kernels.fa4_config import window_bounds
+from sglang_fa4.kernels import dispatch
+from sglang_fa4.integration.vision_fa4 import SeqlensError, resolve_seqlens, vision_fa4_forward
 
 H, D = 4, 16
 
@@ -22,7 +24,7 @@ class RecordingFA4:
 @pytest.fixture
 def fake(monkeypatch):
     rec = RecordingFA4()
-    monkeypatch.setattr(fa4_call, "fa4_varlen_attention", rec)
+    monkeypatch.setattr(dispatch, "fa4_varlen_attention", rec)
     return rec
 
 
@@ -143,7 +145,7 @@ def test_token_count_disagreeing_with_cu_seqlens(fake):
 
 
 def test_fa4_window():
-    assert attention.fa4_window(None) == (None, None)
-    assert attention.fa4_window((-1, -1)) == (None, None)
-    assert attention.fa4_window((64, 0)) == (64, 0)
-    assert attention.fa4_window((-1, 32)) == (None, 32)
+    assert window_bounds(None) == (None, None)
+    assert window_bounds((-1, -1)) == (None, None)
+    assert window_bounds((64, 0)) == (64, 0)
+    assert window_bounds((-1, 32)) == (None, 32)

@@ -95,7 +95,7 @@ def test_qwen_window_layouts(name, count):
 
 def test_window_partition_matches_transformers():
     torch = pytest.importorskip("torch")
-    vu = pytest.importorskip("transformers.vision_utils")
+    from transformers import vision_utils as vu  # a pinned test dependency (tests/requirements-sglang.txt)
     grids = [QWEN25_VL.grid_thw(*p) for p in PICTURES.values()] + [(1, 10, 6), (3, 18, 34), (1, 2, 2), (2, 64, 8)]
     for g in grids:
         _, cu = vu.get_vision_window_index(torch.tensor([g]), 2, 112, 14)
@@ -224,7 +224,7 @@ def test_vit_markdown_and_plots(tmp_path):
     assert report.validate(res, "vit") == []
     report.write_vit_markdown(res, tmp_path / "v.md")
     assert "1.40 (5/5)" in (tmp_path / "v.md").read_text()
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401 - a pinned test dependency
     report.plot_vit(res, tmp_path / "v.png")
     report.plot_kernels(_kernels_result(), tmp_path / "k.png")
     for png in ("v.png", "k.png"):
@@ -333,7 +333,7 @@ def test_sdpa_varlen_matches_loop():
 
 def test_transformers_routing_on_cpu():
     torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers.vision_utils")
+    import transformers.vision_utils  # noqa: F401 - a pinned test dependency
     from sglang_fa4.bench import hf_attention, vit
 
     tiny = {

@@ -4,6 +4,8 @@ or flash_attn.cute (CI is CPU-only). The full sweep and timings: benchmark/check
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ def fa4():
     pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4")
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4 import fa4_call
+    from sglang_fa4.kernels import dispatch
 
     def public(q, k, v, cu, ms, window=(None, None), sinks=None):
         r = flash_attn_varlen_func(
@@ -29,14 +31,11 @@ def fa4():
         )
         return r[0] if isinstance(r, tuple) else r
 
-    return fa4_call, public
+    return dispatch, public
 
 
 def cu_from(lens):
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
-    return torch.tensor(c, dtype=torch.int32, device="cuda")
+    return torch.tensor(list(accumulate(lens, initial=0)), dtype=torch.int32, device="cuda")
 
 
 def rand(total, d, packed=False):
@@ -47,63 +46,75 @@ def rand(total, d, packed=False):
 
 @pytest.mark.parametrize("d", [64, 80])
 def test_bitwise_and_one_compile_per_configuration(fa4, d):
-    fa4_call, public = fa4
-    start = fa4_call.compile_count()
+    dispatch, public = fa4
+    start = dispatch.compile_count()
     for lens, packed in (([1024], False), ([196, 784, 400, 64], True), ([100, 50, 64], False)):
         q, k, v = rand(sum(lens), d, packed)
         cu = cu_from(lens)
         out = torch.full((sum(lens), H, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-        ours = fa4_call.fa4_varlen_attention(q, k, v, cu, max(lens), out=out)
+        ours = dispatch.fa4_varlen_attention(q, k, v, cu, max(lens), out=out)
         assert ours is out and not torch.isnan(out).any()
         assert torch.equal(ours, public(q, k, v, cu, max(lens)))
     # another max_seqlen / layout of the same configuration compiled nothing new
-    assert fa4_call.compile_count() - start <= 1
+    assert dispatch.compile_count() - start <= 1
 
 
 def test_many_segments(fa4):
-    fa4_call, public = fa4
-    lens = [int(x) for x in torch.randint(1, 40, (300,))]
+    """> 256 segments: its own configuration (FA4's scheduler aids), resolved by THIS call (a
+    fresh kernel cache, so no earlier test's configuration can satisfy the check), then launched
+    directly, bitwise FA4's public API both times."""
+    dispatch, public = fa4
+    from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS, FA4Backend
+    from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+
+    lens = [int(x) for x in torch.randint(1, 40, (MANY_SEGMENTS + 44,))]
     q, k, v = rand(sum(lens), 80)
     cu = cu_from(lens)
-    assert torch.equal(fa4_call.fa4_varlen_attention(q, k, v, cu, max(lens)), public(q, k, v, cu, max(lens)))
-    assert fa4_call.configs_seen()[-1].many_segments or any(c.many_segments for c in fa4_call.configs_seen())
+    previous = dispatch.install_kernel_cache(KernelCache(FA4Backend()))
+    try:
+        for _ in range(2):  # resolve, then the direct launch with the recomputed scheduler aids
+            assert torch.equal(dispatch.fa4_varlen_attention(q, k, v, cu, max(lens)), public(q, k, v, cu, max(lens)))
+        (config,) = dispatch.configs_seen()
+        assert config.many_segments and config.head_dim == 80
+    finally:
+        dispatch.install_kernel_cache(previous)
 
 
 def test_window_and_sinks(fa4):
-    fa4_call, public = fa4
+    dispatch, public = fa4
     lens = [196, 784, 400, 64]
     q, k, v = rand(sum(lens), 64)
     cu = cu_from(lens)
     sinks = torch.randn(H, device="cuda") * 2 + 3
-    ours = fa4_call.fa4_varlen_attention(q, k, v, cu, 784, window_size=(64, 64), sinks=sinks)
+    ours = dispatch.fa4_varlen_attention(q, k, v, cu, 784, window_size=(64, 64), sinks=sinks)
     assert torch.equal(ours, public(q, k, v, cu, 784, window=(64, 64), sinks=sinks))
     assert not torch.equal(ours, public(q, k, v, cu, 784))  # window + sinks were not dropped
-    n = fa4_call.compile_count()
-    ours2 = fa4_call.fa4_varlen_attention(q, k, v, cu, 784, window_size=(32, 16), sinks=sinks)
-    assert fa4_call.compile_count() == n  # window sizes are runtime values
+    n = dispatch.compile_count()
+    ours2 = dispatch.fa4_varlen_attention(q, k, v, cu, 784, window_size=(32, 16), sinks=sinks)
+    assert dispatch.compile_count() == n  # window sizes are runtime values
     assert torch.equal(ours2, public(q, k, v, cu, 784, window=(32, 16), sinks=sinks))
     # SGLang's (-1, -1) means no window
     assert torch.equal(
-        fa4_call.fa4_varlen_attention(q, k, v, cu, 784, window_size=(-1, -1)), public(q, k, v, cu, 784)
+        dispatch.fa4_varlen_attention(q, k, v, cu, 784, window_size=(-1, -1)), public(q, k, v, cu, 784)
     )
 
 
 def test_cuda_graph_capture_and_replay(fa4):
-    fa4_call, public = fa4
+    dispatch, public = fa4
     lens = [196, 784, 400, 64]
     q, k, v = rand(sum(lens), 80)
     cu = cu_from(lens)
     out = torch.empty_like(q)
     with torch.inference_mode():
-        fa4_call.fa4_varlen_attention(q, k, v, cu, 784, out=out)  # resolve outside the capture
-        n = fa4_call.compile_count()
+        dispatch.fa4_varlen_attention(q, k, v, cu, 784, out=out)  # resolve outside the capture
+        n = dispatch.compile_count()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fa4_call.fa4_varlen_attention(q, k, v, cu, 784, out=out)
+            dispatch.fa4_varlen_attention(q, k, v, cu, 784, out=out)
     for t in (q, k, v):
         t.copy_(torch.randn_like(t))
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, public(q, k, v, cu, 784))
-    assert fa4_call.compile_count() == n
+    assert dispatch.compile_count() == n

@@ -10,19 +10,10 @@ import sys
 import pytest
 import torch
 
-from sglang_fa4 import fa4_call
-from sglang_fa4.fa4_kernel_cache import (
-    LAYOUT_SM90,
-    LAYOUT_SM100,
-    FA4FeatureError,
-    FA4InputError,
-    FA4LayoutError,
-    KernelCache,
-    Resolved,
-    layout_for_arch,
-    normalize_window,
-    seqlen_class,
-)
+from sglang_fa4.kernels import dispatch
+from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, LAYOUT_SM100, FA4LayoutError, Resolved, layout_for_arch
+from sglang_fa4.kernels.fa4_config import FA4FeatureError, FA4InputError, normalize_window, seqlen_class
+from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 
 STATIC = object()  # stands in for FA4's AuxData(None, None)
 
@@ -383,21 +374,21 @@ def test_fa4_assertions_become_input_errors():
 
 def test_listeners_and_module_api():
     fake = FakeBackend(90)
-    previous = fa4_call.install_kernel_cache(KernelCache(fake))
+    previous = dispatch.install_kernel_cache(KernelCache(fake))
     try:
         seen = []
-        remove = fa4_call.add_compile_listener(seen.append)
+        remove = dispatch.add_compile_listener(seen.append)
         q, k, v = qkv()
-        fa4_call.fa4_varlen_attention(q, k, v, cu(64), 64, window_size=(8, 8))
-        fa4_call.fa4_varlen_attention(q, k, v, cu(32, 32), 32, window_size=(16, 4))
+        dispatch.fa4_varlen_attention(q, k, v, cu(64), 64, window_size=(8, 8))
+        dispatch.fa4_varlen_attention(q, k, v, cu(32, 32), 32, window_size=(16, 4))
         remove()
-        fa4_call.fa4_varlen_attention(q, k, v, cu(64), 64)
-        assert fa4_call.compile_count() == 2 and len(seen) == 1
-        assert seen[0] == fa4_call.compile_events()[0]
-        assert [c.window_left for c in fa4_call.configs_seen()] == [True, False]
+        dispatch.fa4_varlen_attention(q, k, v, cu(64), 64)
+        assert dispatch.compile_count() == 2 and len(seen) == 1
+        assert seen[0] == dispatch.compile_events()[0]
+        assert [c.window_left for c in dispatch.configs_seen()] == [True, False]
         assert seen[0].as_dict()["config"]["head_dim"] == 64
     finally:
-        fa4_call.install_kernel_cache(previous)
+        dispatch.install_kernel_cache(previous)
 
 
 def test_sm100_hd256_runs_fa4_every_call_without_caching():
@@ -411,7 +402,7 @@ def test_sm100_hd256_runs_fa4_every_call_without_caching():
 
 def test_importing_does_not_import_cutlass_or_flash_attn():
     code = (
-        "import sys, sglang_fa4.fa4_call, sglang_fa4.fa4_kernel_cache, sglang_fa4.fa4_backend;"
+        "import sys, sglang_fa4.kernels.dispatch, sglang_fa4.kernels.fa4_kernel_cache, sglang_fa4.kernels.fa4_b36;"
         "bad = [m for m in ('cutlass', 'flash_attn', 'tvm_ffi') if m in sys.modules];"
         "assert not bad, bad"
     )
@@ -473,17 +464,16 @@ _flash_attn_fwd.compile_cache = JITCache()
 def fake_interface(monkeypatch):
     import types
 
-    from sglang_fa4 import fa4_backend
-
+    from sglang_fa4.kernels import fa4_b36
     mod = types.ModuleType("fake_fa4_interface")
     mod.__dict__.update(torch=torch, ARCH=90, KERNEL_CALLS=[], AUX=STATIC)
     exec(_FAKE_INTERFACE, mod.__dict__)
-    monkeypatch.setattr(fa4_backend, "_interface", lambda: mod)
+    monkeypatch.setattr(fa4_b36, "_interface", lambda: mod)
     return mod
 
 
 def test_fa4_backend_records_kernel_and_restores_fa4(fake_interface):
-    from sglang_fa4.fa4_backend import FA4Backend
+    from sglang_fa4.kernels.fa4_b36 import FA4Backend
 
     mod = fake_interface
     cache_obj, cumsum = mod._flash_attn_fwd.compile_cache, mod._compute_tile_cumsum

@@ -8,7 +8,8 @@ from enum import Enum
 
 import pytest
 
-from sglang_fa4 import features, hooks, plugin
+from sglang_fa4 import features, plugin
+from sglang_fa4.integration import hooks, registration
 from sglang_fa4.environ import EnvValueError
 
 
@@ -147,8 +148,26 @@ def test_register_refuses_a_bad_environment(fake_sglang, monkeypatch):
     assert fake_sglang.registered == []
 
 
+@pytest.mark.parametrize("name,value,accepted", [
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1024,2000,x", "a comma list of integers, each >= 4 and a multiple of 4"),
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1023", "a comma list of integers, each >= 4 and a multiple of 4"),
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "", "a comma list of integers, each >= 4 and a multiple of 4"),
+    ("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "0", "an integer >= 1"),
+    ("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "many", "an integer >= 1"),
+])
+def test_register_refuses_malformed_budgets(fake_sglang, monkeypatch, name, value, accepted):
+    """A malformed budget setting fails registration, naming the variable and what it accepts,
+    whether or not the budgets are enabled (never a warning with half the graphs captured)."""
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(EnvValueError, match=f"{name}=.*accepted: {accepted}"):
+        plugin.register()
+    assert fake_sglang.registered == []
+
+
 def test_every_feature_has_a_registrar():
-    assert set(plugin.REGISTRARS) == {f.name for f in features.FEATURES}
+    assert set(registration.REGISTRARS) == {f.name for f in features.FEATURES}
 
 
 def test_upstream_has():

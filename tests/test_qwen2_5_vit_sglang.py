@@ -54,7 +54,7 @@ init_sglang("sdpa")
 from sglang.srt.layers.attention import vision
 from sglang.srt.models import qwen2_5_vl
 from sglang.srt.models.utils import RotaryPosMixin, permute_inv
-from sglang_fa4 import vit_host_metadata as hm
+from sglang_fa4.integration import vit_host_metadata as hm
 
 Q = qwen2_5_vl.Qwen2_5_VisionTransformer
 # before the plugin wraps it; in a dict, since applying a hook rebinds module globals that hold

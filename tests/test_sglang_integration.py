@@ -4,7 +4,7 @@ The plugin is loaded through SGLang's own loader (``sglang.srt.plugins.load_plug
 installed entry point). Stubbed, because it cannot run on a CPU, and only that:
 - the CUDA facts vision.py reads (``is_cuda``, ``get_device_capability``, the platform's is_blackwell,
   ``_is_cuda`` for VisionFlash4Attention's constructor);
-- the FA4 kernel call itself (``sglang_fa4.fa4_call.fa4_varlen_attention``, or SGLang's
+- the FA4 kernel call itself (``sglang_fa4.kernels.dispatch.fa4_varlen_attention``, or SGLang's
   ``flash_attn_func`` when the plugin is off) -> a recorder;
 - CUDA graph objects (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``, ``torch.cuda.synchronize``) and the
   runner's tensor-parallel capture context.
@@ -39,8 +39,8 @@ def fake_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
 def fake_flash_attn_func(q, k, v, cu_seqlens_q=None, max_seqlen_q=None, **kw):
     return record(cu_seqlens_q, max_seqlen_q, q)
 
-import sglang_fa4.fa4_call
-sglang_fa4.fa4_call.fa4_varlen_attention = fake_fa4
+import sglang_fa4.kernels.dispatch
+sglang_fa4.kernels.dispatch.fa4_varlen_attention = fake_fa4
 vision.flash_attn_func = fake_flash_attn_func  # only defined on CUDA builds; upstream's FA4 path calls it
 
 def fa4_backend():
@@ -134,6 +134,8 @@ for name, arg in (("list", [cu, 6]), ("tensor", cu.to(torch.int64)), ("triton_li
         result[name] = {"ok": list(o.shape), "call": RECORDS[-1]}
     except Exception as exc:
         result[name] = {"error": type(exc).__name__ + ": " + str(exc)}
+VENDORED_FA4 = ("sglang.kernels.ops.attention.flash_attn", "sglang.kernels.ops.attention.flash_attention_v4")
+result["vendored_fa4"] = sorted(m for m in sys.modules if m.startswith(VENDORED_FA4))
 emit(result)
 """
 
@@ -147,6 +149,8 @@ def test_fa4_forward_list_and_tensor_forms(sglang_version, graph_env):
         assert call["cu"] == [0, 4, 10] and call["cu_dtype"] == "torch.int32" and call["cu_device"] == "cpu"
         assert call["max_seqlen"] == 6 and call["max_type"] == "int"
     assert "SeqlensError" in out["triton_list"]["error"] and "triton_attn runner layout" in out["triton_list"]["error"]
+    # one FA4 for the ViT: the hooked forward never imports SGLang's vendored copy (README)
+    assert out["vendored_fa4"] == []
 
 
 def test_fa4_forward_without_plugin(sglang_version):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_fa4 import short_segments
+from sglang_fa4.kernels import short_segments
 
 
 class FakeQ:
@@ -58,8 +58,7 @@ def test_threshold_from_env(monkeypatch):
 
 def test_cpu_tensors_never_reach_the_fa2_op(monkeypatch):
     """fa4_call on CPU inputs goes to the kernel cache, never to the CUDA-only FA2 op."""
-    from sglang_fa4 import fa4_call
-
+    from sglang_fa4.kernels import dispatch
     seen = []
 
     class Cache:
@@ -69,10 +68,10 @@ def test_cpu_tensors_never_reach_the_fa2_op(monkeypatch):
             seen.append(q.shape)
             return q
 
-    monkeypatch.setattr(fa4_call, "_cache", Cache())
+    monkeypatch.setattr(dispatch, "_cache", Cache())
     monkeypatch.setattr(short_segments, "fa2_varlen_attention", lambda *a, **k: pytest.fail("routed a CPU call"))
     q = torch.randn(8, 2, 16)
-    fa4_call.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+    dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
     assert seen == [q.shape]
 
 
@@ -110,7 +109,7 @@ def test_short_attention_picks_the_kernel(monkeypatch):
 
 INTERPRETED = """
 import json, torch
-from sglang_fa4.short_window_kernel import short_window_attention
+from sglang_fa4.kernels.short_window_kernel import short_window_attention
 torch.manual_seed(0)
 out_json = {}
 for d, heads, kv_heads in ((64, 2, 2), (80, 4, 2), (128, 2, 1)):
@@ -153,7 +152,7 @@ def test_short_window_kernel_in_the_triton_interpreter():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_short_window_kernel_on_gpu():
-    from sglang_fa4.short_window_kernel import short_window_attention
+    from sglang_fa4.kernels.short_window_kernel import short_window_attention
 
     torch.manual_seed(0)
     seqlens = [64] * 40 + [4, 16, 0, 36]

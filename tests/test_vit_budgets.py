@@ -1,4 +1,4 @@
-"""ViT graphs over token budgets (sglang_fa4.vit_budgets): the pure layout logic, and the real
+"""ViT graphs over token budgets (sglang_fa4.integration.vit_budgets): the pure layout logic, and the real
 SGLang 0.5.20 / 0.5.23 ViTCudaGraphRunner driven on a CPU with the plugin loaded.
 
 In the runner tests CUDA graphs are faked so that replay is checkable: a fake graph's ``replay()``
@@ -8,9 +8,14 @@ reference varlen attention that fills only rows inside segments (others stay NaN
 uninitialised memory) and raises if a segment is longer than the max_seqlen it was given.
 """
 
+from itertools import accumulate
+
 import pytest
 
-from sglang_fa4 import plugin, vit_budgets as vb
+from sglang_fa4 import plugin
+from sglang_fa4.environ import EnvValueError, envs
+from sglang_fa4.integration import vit_budgets as vb
+from sglang_fa4.integration import vit_budget_layouts as budget_layouts
 from sglang_harness import ROOT, run_with_sglang
 
 # ---------------------------------------------------------------------------------------------
@@ -19,30 +24,31 @@ from sglang_harness import ROOT, run_with_sglang
 
 
 def test_parse_budgets_and_env(monkeypatch):
-    assert vb.parse_budgets(" 2048,1024,1024 ,") == (1024, 2048)
+    var = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS
+    assert var.parse(" 2048,1024,1024 ,") == (1024, 2048)
     for bad in ("", "abc", "1023", "0", "-4"):
-        with pytest.raises(ValueError):
-            vb.parse_budgets(bad)
+        with pytest.raises(EnvValueError, match="SGLANG_FA4_VIT_GRAPH_BUDGETS=.*accepted: a comma list of integers, each >= 4 and a multiple of 4"):
+            var.parse(bad)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", raising=False)
-    assert vb.budgets_from_env() == (1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192)
+    assert budget_layouts.budgets_from_env() == (1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192)
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", "64,256")
-    assert vb.budgets_from_env() == (64, 256)
+    assert budget_layouts.budgets_from_env() == (64, 256)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
     assert vb.enabled() is False
 
 
 def test_pick_budget():
     budgets = (1024, 256, 4096)
-    assert vb.pick_budget(1, budgets) == 256
-    assert vb.pick_budget(256, budgets) == 256
-    assert vb.pick_budget(257, budgets) == 1024
-    assert vb.pick_budget(4096, budgets) == 4096
-    assert vb.pick_budget(4097, budgets) is None
+    assert budget_layouts.pick_budget(1, budgets) == 256
+    assert budget_layouts.pick_budget(256, budgets) == 256
+    assert budget_layouts.pick_budget(257, budgets) == 1024
+    assert budget_layouts.pick_budget(4096, budgets) == 4096
+    assert budget_layouts.pick_budget(4097, budgets) is None
 
 
 def test_pad_layout_fixed_shape_and_pad_segments():
-    cap = vb.segment_capacity(256)
-    out = vb.pad_layout([0, 0, 100, 140], 256, cap, max_seqlen=256)
+    cap = budget_layouts.segment_capacity(256)
+    out = budget_layouts.pad_layout([0, 0, 100, 140], 256, cap, max_seqlen=256)
     assert len(out) == cap + 1
     assert out[:4] == [0, 0, 100, 140]
     # the 116 padding rows: segments of <= 64, then empty segments at the budget
@@ -51,7 +57,7 @@ def test_pad_layout_fixed_shape_and_pad_segments():
     lens = [b - a for a, b in zip(out, out[1:])]
     assert sum(lens) == 256 and max(lens) <= 256
     # windowed: pad segments no longer than the window
-    w = vb.pad_layout([0, 16, 20, 24], 64, vb.segment_capacity(64), max_seqlen=16)
+    w = budget_layouts.pad_layout([0, 16, 20, 24], 64, budget_layouts.segment_capacity(64), max_seqlen=16)
     assert max(b - a for a, b in zip(w, w[1:])) <= 16 and w[-1] == 64 and w[3:6] == [24, 40, 56]
 
 
@@ -62,24 +68,24 @@ def test_pad_layout_fixed_shape_and_pad_segments():
     ([1, 8], 64, 64),
 ])
 def test_pad_layout_rejects(cu, budget, max_seqlen):
-    with pytest.raises(vb.LayoutDoesNotFit):
-        vb.pad_layout(cu, budget, vb.segment_capacity(budget), max_seqlen)
+    with pytest.raises(budget_layouts.LayoutDoesNotFit):
+        budget_layouts.pad_layout(cu, budget, budget_layouts.segment_capacity(budget), max_seqlen)
 
 
 def test_pad_layout_capacity():
     # segments of CAPACITY_TOKENS_PER_SEGMENT tokens fill any budget, with Qwen2.5's empty lead
-    step = vb.CAPACITY_TOKENS_PER_SEGMENT
+    step = budget_layouts.CAPACITY_TOKENS_PER_SEGMENT
     for budget in (64, 256, 1024):
         for tokens in range(0, budget + 1, step):
             cu = [0, 0] + list(range(step, tokens + 1, step))
-            out = vb.pad_layout(cu, budget, vb.segment_capacity(budget), max_seqlen=16)
-            assert len(out) == vb.segment_capacity(budget) + 1
+            out = budget_layouts.pad_layout(cu, budget, budget_layouts.segment_capacity(budget), max_seqlen=16)
+            assert len(out) == budget_layouts.segment_capacity(budget) + 1
     # more, smaller segments than the capacity: does not fit (that batch runs eagerly)
-    with pytest.raises(vb.LayoutDoesNotFit):
-        vb.pad_layout([0] + list(range(4, 257, 4)), 256, vb.segment_capacity(256), 64)
+    with pytest.raises(budget_layouts.LayoutDoesNotFit):
+        budget_layouts.pad_layout([0] + list(range(4, 257, 4)), 256, budget_layouts.segment_capacity(256), 64)
     # with windows, a slot per quarter window (never under MIN_SEGMENT_TOKENS)
-    assert vb.segment_capacity(1024, 64) == 1024 // 16 + vb.SPARE_SEGMENTS
-    assert vb.segment_capacity(1024, 8) == 1024 // vb.MIN_SEGMENT_TOKENS + vb.SPARE_SEGMENTS
+    assert budget_layouts.segment_capacity(1024, 64) == 1024 // 16 + budget_layouts.SPARE_SEGMENTS
+    assert budget_layouts.segment_capacity(1024, 8) == 1024 // budget_layouts.MIN_SEGMENT_TOKENS + budget_layouts.SPARE_SEGMENTS
 
 
 def test_capacity_fits_real_qwen_window_layouts():
@@ -89,48 +95,58 @@ def test_capacity_fits_real_qwen_window_layouts():
         seqlens = QWEN25_VL.window_seqlens([QWEN25_VL.grid_thw(width, height, frames)])
         tokens = sum(seqlens)
         budget = 1 << (tokens - 1).bit_length()
-        cu = [0]
-        for n in seqlens:
-            cu.append(cu[-1] + n)
-        vb.pad_layout(cu, budget, vb.segment_capacity(budget, 64), max_seqlen=64)  # fits: no exception
+        cu = list(accumulate(seqlens, initial=0))
+        cap = budget_layouts.segment_capacity(budget, 64)
+        out = budget_layouts.pad_layout(cu, budget, cap, max_seqlen=64)
+        # the real windows unchanged, then padding of <= 64-token segments covering every row up to
+        # the budget, then empty segments: the fixed length, with slots to spare
+        assert len(out) == cap + 1 and out[: len(cu)] == cu, name
+        pads = [b - a for a, b in zip(out[len(cu) - 1:], out[len(cu):])]
+        assert out[-1] == budget and all(0 <= p <= 64 for p in pads), name
+        assert sum(pads) == budget - tokens, name
+        assert len(seqlens) + -(-(budget - tokens) // 64) <= cap, name
 
 
 def test_full_layout_capacity_and_padding(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", raising=False)
-    cap = vb.full_capacity()
-    assert cap == 64 + vb.FULL_PAD_CHUNKS + vb.SPARE_SEGMENTS
+    cap = budget_layouts.full_capacity()
+    assert cap == 64 + budget_layouts.FULL_PAD_CHUNKS + budget_layouts.SPARE_SEGMENTS
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "3")
-    assert vb.full_capacity() == 3 + vb.FULL_PAD_CHUNKS + vb.SPARE_SEGMENTS
-    with pytest.raises(ValueError, match="SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS"):
-        vb.full_capacity(0)
+    assert budget_layouts.full_capacity() == 3 + budget_layouts.FULL_PAD_CHUNKS + budget_layouts.SPARE_SEGMENTS
+    with pytest.raises(ValueError, match="max_segments must be >= 1"):
+        budget_layouts.full_capacity(0)
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "0")
+    with pytest.raises(EnvValueError, match="SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS='0'.*accepted: an integer >= 1"):
+        budget_layouts.full_capacity()
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "3")
     # Qwen2.5-VL's full layout (empty lead) of 3 images in a 16384 budget: the 5620 padding rows go
     # in at most FULL_PAD_CHUNKS segments, then empty ones; fixed length
     cu = [0, 0, 1024, 4000, 10764]
-    out = vb.pad_layout(cu, 16384, cap, max_seqlen=16384, pad_segment=vb.full_pad_segment(16384, 10764))
+    out = budget_layouts.pad_layout(cu, 16384, cap, max_seqlen=16384, pad_segment=budget_layouts.full_pad_segment(16384, 10764))
     assert len(out) == cap + 1 and out[:5] == cu and out[-1] == 16384
     pads = [b - a for a, b in zip(out[4:], out[5:]) if b > a]
-    assert sum(pads) == 16384 - 10764 and len(pads) <= vb.FULL_PAD_CHUNKS
-    assert vb.full_pad_segment(1024, 1024) == 1 and vb.full_pad_segment(1024, 1021) == 1
+    assert sum(pads) == 16384 - 10764 and len(pads) <= budget_layouts.FULL_PAD_CHUNKS
+    assert budget_layouts.full_pad_segment(1024, 1024) == 1 and budget_layouts.full_pad_segment(1024, 1021) == 1
     # more images than the capacity: does not fit (eager)
     many = list(range(0, 4 * (cap + 1), 4))
-    with pytest.raises(vb.LayoutDoesNotFit):
-        vb.pad_layout(many, 16384, cap, 16384, vb.full_pad_segment(16384, many[-1]))
+    with pytest.raises(budget_layouts.LayoutDoesNotFit):
+        budget_layouts.pad_layout(many, 16384, cap, 16384, budget_layouts.full_pad_segment(16384, many[-1]))
 
 
 def test_capture_layout_max_seqlen():
-    cu = vb.capture_layout(1024, vb.segment_capacity(1024), 64)
+    cu = budget_layouts.capture_layout(1024, budget_layouts.segment_capacity(1024), 64)
     assert max(b - a for a, b in zip(cu, cu[1:])) == 64 and cu[-1] == 1024
-    cu = vb.capture_layout(1024, vb.segment_capacity(1024), 1024)
+    cu = budget_layouts.capture_layout(1024, budget_layouts.segment_capacity(1024), 1024)
     assert cu[:2] == [0, 1024]
     assert max(b - a for a, b in zip(cu, cu[1:])) == 1024
 
 
 def test_estimate_graph_bytes_formula():
     dims = dict(hidden=1280, heads=16, head_dim=80, intermediate=3420, out_dim=3584, rope_dim=80)
-    one = vb.estimate_graph_bytes(1024, **dims)
+    one = budget_layouts.estimate_graph_bytes(1024, **dims)
     per_token = 1280 + 1280 + 160 + 3 * 1280 + 1280 + 2 * 3420 + 2 * 1280
-    assert one == 1024 * 2 * per_token + 256 * 3584 * 2 + 8 * (vb.segment_capacity(1024) + 1)
-    assert vb.estimate_graph_bytes(2048, **dims) > 2 * one - 10_000  # linear in the budget
+    assert one == 1024 * 2 * per_token + 256 * 3584 * 2 + 8 * (budget_layouts.segment_capacity(1024) + 1)
+    assert budget_layouts.estimate_graph_bytes(2048, **dims) > 2 * one - 10_000  # linear in the budget
 
 
 def test_plugin_plan_gates_on_env(monkeypatch):
@@ -156,19 +172,21 @@ import sglang.srt.plugins as plugins
 plugins.load_plugins()
 from sglang.srt.layers.attention import vision
 from sglang.srt.multimodal import vit_cuda_graph_runner as vr
-import sglang_fa4.fa4_call
-from sglang_fa4 import vit_budgets as vb
+import sglang_fa4.kernels.dispatch
+from sglang_fa4.integration import vit_budgets as vb
+from sglang_fa4.integration import vit_budget_layouts as budget_layouts
 
 log = io.StringIO()
 logging.getLogger("sglang_fa4").addHandler(logging.StreamHandler(log))
 torch.manual_seed(0); random.seed(0)
 STATE = {"capturing": False, "replaying": False, "captures": 0, "attn_calls": 0, "startup": False, "warming": set()}
-from sglang_fa4 import warmup
+from sglang_fa4.startup import jit_monitor
+
 
 def ref_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
     # reference varlen attention: rows outside every segment stay NaN (uninitialised memory)
     STATE["attn_calls"] += 1
-    STATE["warming"].add((STATE["startup"], warmup._warming))
+    STATE["warming"].add((STATE["startup"], jit_monitor._expected))
     cu = [int(c) for c in cu_seqlens.tolist()]
     out = torch.full_like(q, float("nan"))
     for a, b in zip(cu, cu[1:]):
@@ -178,7 +196,7 @@ def ref_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
             s = torch.einsum("qhd,khd->hqk", q[a:b], k[a:b]) / q.shape[-1] ** 0.5
             out[a:b] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[a:b])
     return out
-sglang_fa4.fa4_call.fa4_varlen_attention = ref_fa4
+sglang_fa4.kernels.dispatch.fa4_varlen_attention = ref_fa4
 
 class FakeGraph:
     def __init__(self): self.again = None
@@ -315,7 +333,7 @@ with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(to
         mr = ModelRunner(); mr.model = model
         # the startup path: the AFTER ModelRunner.load_model hook finds the runner, reads its dims
         STATE["startup"] = True
-        assert vb.after_load_model(None, mr) is None
+        assert vb.capture_budgets_after_load_model(None, mr) is None
         STATE["startup"] = False
         state = vb.budget_state(runner)
         startup_captures = STATE["captures"]
@@ -327,7 +345,7 @@ with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(to
             perm = None if qwen3 else torch.randperm(total // 4)
             got = call_run(runner, x, full, win, tables, qwen3, perm)
             want = reference(vit, x, full, win, tables, qwen3, perm)
-            budget = vb.pick_budget(total, state.budgets)
+            budget = budget_layouts.pick_budget(total, state.budgets)
             static = runner.block_output[state.keys[budget]] if budget else None
             cases.append({
                 "tokens": total, "budget": budget,
@@ -390,9 +408,9 @@ def test_budget_graphs_on_real_runner(sglang_version):
         assert rep["replays"] == len(r["cases"]) and rep["captures_after_startup"] == 0
         assert rep["budgets"] == [32, 64, 128]
         # the full-attention layout is sized apart from the windowed one (few, fixed slots)
-        assert rep["segment_capacity_full"] == {str(b): vb.full_capacity() for b in (32, 64, 128)}, rep
+        assert rep["segment_capacity_full"] == {str(b): budget_layouts.full_capacity() for b in (32, 64, 128)}, rep
         if name == "qwen25":
-            assert rep["segment_capacity_window"] == {str(b): vb.segment_capacity(b, 16) for b in (32, 64, 128)}
+            assert rep["segment_capacity_window"] == {str(b): budget_layouts.segment_capacity(b, 16) for b in (32, 64, 128)}
         else:
             assert rep["segment_capacity_window"] is None
     assert out["qwen25"]["misfit_err"] < 1e-4
@@ -427,12 +445,12 @@ def test_hooks_registered_only_when_enabled(sglang_version, enable):
         assert out["run"] == [["around", "run_around"]] and out["create_graph"] == [["around", "create_graph_around"]]
         assert ["around", "qwen2_5_forward_around"] in out["forward"]
         # budgets captured after the FA4 startup warmup hook
-        assert out["load_model"][-1] == "sglang_fa4.vit_budgets.after_load_model"
-        assert out["load_model"].index("sglang_fa4.hooks.after_load_model") < len(out["load_model"]) - 1
+        assert out["load_model"][-1] == "sglang_fa4.integration.vit_budgets.capture_budgets_after_load_model"
+        assert out["load_model"].index("sglang_fa4.integration.hooks.warm_fa4_after_load_model") < len(out["load_model"]) - 1
     else:
         assert out["run"] == [] and out["create_graph"] == []
         assert ["around", "qwen2_5_forward_around"] not in out["forward"]
-        assert "sglang_fa4.vit_budgets.after_load_model" not in out["load_model"]
+        assert "sglang_fa4.integration.vit_budgets.capture_budgets_after_load_model" not in out["load_model"]
 
 
 # SGLang's real Qwen2.5-VL tower, tensor-parallel over 2 CPU processes (gloo): its linears are
@@ -480,7 +498,7 @@ def run_rank(rank, port):
     with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
          mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
          mock.patch.object(vr.ViTCudaGraphRunner, "_create_graph", recording_create):
-        vb.after_load_model(None, mr)  # the startup path, on every rank
+        vb.capture_budgets_after_load_model(None, mr)  # the startup path, on every rank
         state = vb.budget_state(runner)
         startup = STATE["captures"]
         random.seed(5)  # the same image mixes on both ranks (TP: every rank sees every token)

@@ -1,4 +1,4 @@
-"""ViT CUDA-graph outputs own their memory (sglang_fa4.vit_graph_outputs): hold what one call
+"""ViT CUDA-graph outputs own their memory (sglang_fa4.integration.vit_graph_outputs): hold what one call
 returned, run other images through the same graph, and the held output is unchanged.
 
 SGLang's embedding cache keeps what the tower returns and reads it again later (a cache hit, the
@@ -11,7 +11,7 @@ that a replay rewrites the captured output tensor in place, as a real graph does
 
 import pytest
 
-from sglang_fa4.vit_graph_outputs import owned, shares_storage
+from sglang_fa4.integration.vit_graph_outputs import owned, shares_storage
 from sglang_harness import run_with_sglang
 from test_vit_budgets import MODEL
 
@@ -65,7 +65,7 @@ with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(to
         model = nn.Module(); model.visual = vit
         class ModelRunner: pass
         mr = ModelRunner(); mr.model = model
-        vb.after_load_model(None, mr)
+        vb.capture_budgets_after_load_model(None, mr)
         result[name + "_budgets"] = hold_pass(runner, qwen3, [image_mix(qwen3) for _ in range(24)], 24)
         result[name + "_budgets"]["replays"] = vb.budget_state(runner).replays
 emit(result)

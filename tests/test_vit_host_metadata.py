@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_fa4 import hooks
+from sglang_fa4.integration import hooks
 from sglang_fa4.bench.layouts import QWEN25_VL
-from sglang_fa4.vit_host_metadata import HostLayout, ViTGeometry, host_layout, to_device
+from sglang_fa4.integration.vit_host_metadata import HostLayout, ViTGeometry, host_layout, to_device
 
 QWEN = ViTGeometry(spatial_merge_size=2, window_size=112, patch_size=14)
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from sglang_fa4.vit_host_metadata import ViTGeometry, host_layout, to_device
+from sglang_fa4.integration.vit_host_metadata import ViTGeometry, host_layout, to_device
 from sglang_harness import ROOT, SUPPORTED_VERSIONS, is_installed, target_dir
 
 pytestmark = [
@@ -67,5 +67,5 @@ def test_hooked_tower_forward_makes_no_sync(which, tmp_path):
     assert res["plugin"]["forward_hooked"]
     assert res["upstream"]["raised"], "upstream's forward made no sync: the check proves nothing"
     assert not res["hooked"]["raised"], res["hooked"]
-    assert res["bitwise_equal"] or res["max_abs_diff"] <= 1e-2, res["max_abs_diff"]
+    assert res["bitwise_equal"], res["max_abs_diff"]  # README: outputs bitwise equal to upstream's
     assert proc.returncode == 0, proc.stdout + proc.stderr

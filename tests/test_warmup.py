@@ -1,4 +1,4 @@
-"""Startup warmup (sglang_fa4/warmup.py) on CPU: which FA4 variants a vision model hits, that the
+"""Startup warmup (sglang_fa4/startup/warmup.py) on CPU: which FA4 variants a vision model hits, that the
 warmup resolves each exactly once through the kernel cache (fake FA4 backend), the JIT monitor,
 FA4's persistent-cache variables, the env opt-out, and the lazy-import guarantees (including a
 flash-attn-4-only install, where ``flash_attn`` holds nothing but ``cute``)."""
@@ -17,8 +17,13 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_fa4 import fa4_call, hooks, warmup
-from sglang_fa4.fa4_kernel_cache import MANY_SEGMENTS, FA4Config, KernelCache, config_for
+from sglang_fa4.integration import hooks
+from sglang_fa4.kernels import dispatch, fa4_b36
+from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
+from sglang_fa4.kernels.fa4_config import FA4Config, config_for
+from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+from sglang_fa4.startup import fa4_env, jit_monitor, warmup
+from sglang_fa4.startup.variants import enumerate_variants
 from test_fa4_kernel_cache import FakeBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +120,7 @@ def cfg(arch, d, seqlen="any", many=False, dtype="bfloat16", qpk=1, window=(Fals
 
 
 def test_qwen25_vl_sm90_windowed_and_full_collapse_to_segment_classes():
-    variants = warmup.enumerate_variants(qwen25_vl(), 90)
+    variants = enumerate_variants(qwen25_vl(), 90)
     # on SM90 max_seqlen is not part of the kernel: windows and full images share a kernel, and
     # only more-than-256 segments (many windows) adds one
     assert configs(variants) == {cfg(90, 80), cfg(90, 80, many=True)}
@@ -125,7 +130,7 @@ def test_qwen25_vl_sm90_windowed_and_full_collapse_to_segment_classes():
 
 
 def test_qwen25_vl_sm100_seqlen_classes_per_layout():
-    variants = warmup.enumerate_variants(qwen25_vl(), 100)
+    variants = enumerate_variants(qwen25_vl(), 100)
     by_layout = {}
     for v in variants:
         by_layout.setdefault(v.layout, set()).add((v.config.seqlen_class, v.config.many_segments))
@@ -140,27 +145,27 @@ def test_qwen25_vl_sm100_seqlen_classes_per_layout():
 
 def test_qwen25_vl_window_tokens_from_tower():
     # a tower with 256-token windows reaches q_stage2-static in its windowed blocks too
-    variants = warmup.enumerate_variants(qwen25_vl(window_size=224), 100)
+    variants = enumerate_variants(qwen25_vl(window_size=224), 100)
     windowed = {v.config.seqlen_class for v in variants if v.layout == "windowed"}
     assert windowed == {"q_stage1-static", "q_stage2-static"}
 
 
 def test_qwen3_vl_d72_full_only():
-    variants = warmup.enumerate_variants(qwen3_vl(), 90)
+    variants = enumerate_variants(qwen3_vl(), 90)
     assert configs(variants) == {cfg(90, 72), cfg(90, 72, many=True)}
     assert {v.layout for v in variants} == {"full"}
 
 
 def test_internvl_d64_fixed_resolution():
-    assert configs(warmup.enumerate_variants(internvl(), 90)) == {cfg(90, 64), cfg(90, 64, many=True)}
+    assert configs(enumerate_variants(internvl(), 90)) == {cfg(90, 64), cfg(90, 64, many=True)}
     # 1025 tokens per tile: on SM100 only the > 256 class, not all three
-    assert configs(warmup.enumerate_variants(internvl(), 100)) == {
+    assert configs(enumerate_variants(internvl(), 100)) == {
         cfg(100, 64, "q_stage2"), cfg(100, 64, "q_stage2", many=True)
     }
 
 
 def test_mimo_sliding_window_with_sinks():
-    variants = warmup.enumerate_variants(VLM(MiMoTower()), 90)
+    variants = enumerate_variants(VLM(MiMoTower()), 90)
     assert configs(variants) == {
         cfg(90, 64, window=(True, True), sink="bfloat16"),
         cfg(90, 64, window=(True, True), sink="bfloat16", many=True),
@@ -171,14 +176,14 @@ def test_mimo_sliding_window_with_sinks():
 
 
 def test_non_fa4_model_has_no_variants():
-    assert warmup.enumerate_variants(VLM(InternViT(backend="triton_attn")), 90) == []
-    assert warmup.enumerate_variants(nn.Linear(2, 2), 90) == []
-    assert warmup.enumerate_variants(None, 90) == []
+    assert enumerate_variants(VLM(InternViT(backend="triton_attn")), 90) == []
+    assert enumerate_variants(nn.Linear(2, 2), 90) == []
+    assert enumerate_variants(None, 90) == []
 
 
 def test_dtype_gqa_and_segment_bound():
     model = VLM(QwenTower(64, heads=16, kv_heads=4, dtype=torch.float16))
-    assert configs(warmup.enumerate_variants(model, 90, max_segments=MANY_SEGMENTS)) == {
+    assert configs(enumerate_variants(model, 90, max_segments=MANY_SEGMENTS)) == {
         cfg(90, 64, dtype="float16", qpk=4)
     }
 
@@ -218,24 +223,24 @@ def test_config_for_is_the_kernel_cache_key():
 def fake_fa4(monkeypatch):
     """A KernelCache with a fake FA4 backend installed process-wide, fresh warmup state."""
     backend = FakeBackend(90)
-    previous = fa4_call.install_kernel_cache(KernelCache(backend))
-    warmup.reset_state()
+    previous = dispatch.install_kernel_cache(KernelCache(backend))
+    jit_monitor.reset_state()
     monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_JIT_MONITOR", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")
     yield backend
-    warmup.reset_state()
-    fa4_call.install_kernel_cache(previous)
+    jit_monitor.reset_state()
+    dispatch.install_kernel_cache(previous)
 
 
 def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
-    variants = warmup.enumerate_variants(qwen25_vl(), 90) + warmup.enumerate_variants(qwen3_vl(), 90)
+    variants = enumerate_variants(qwen25_vl(), 90) + enumerate_variants(qwen3_vl(), 90)
     assert len(variants) == 4
     with caplog.at_level(logging.INFO, logger="sglang_fa4"):
         report = warmup.run_warmup(variants, "cpu")
     assert len(fake_fa4.compiles) == 4 and report.resolved == 4 and report.compiled == 4
     assert not report.failures and not report.mismatches
-    assert [c.config for c in fa4_call.compile_events()] == [v.config for v in variants]
+    assert [c.config for c in dispatch.compile_events()] == [v.config for v in variants]
     many = [c for c in fake_fa4.compiles if c.cu_seqlens.shape[0] - 1 > MANY_SEGMENTS]
     assert len(many) == 2  # the > 256-segment variants really got > 256 segments
     lines = [r.getMessage() for r in caplog.records if "warmup [" in r.getMessage()]
@@ -247,71 +252,71 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
 
 
 def test_warmup_failure_is_reported_not_raised(fake_fa4):
-    variants = warmup.enumerate_variants(VLM(MiMoTower()), 120)  # FA4 has no sinks on sm_120
+    variants = enumerate_variants(VLM(MiMoTower()), 120)  # FA4 has no sinks on sm_120
     fake_fa4._arch = 120
-    fa4_call.install_kernel_cache(KernelCache(fake_fa4))
+    dispatch.install_kernel_cache(KernelCache(fake_fa4))
     report = warmup.run_warmup(variants, "cpu")
     assert len(report.failures) == 2 and report.resolved == 2  # the two full variants still compiled
     assert all("FA4FeatureError" in msg for _, msg in report.failures)
 
 
 def test_after_warmup_the_monitor_warns(fake_fa4, caplog):
-    warmup.run_warmup(warmup.enumerate_variants(qwen3_vl(), 90), "cpu")
-    assert warmup.arm_jit_monitor() and warmup.arm_jit_monitor()  # idempotent
+    warmup.run_warmup(enumerate_variants(qwen3_vl(), 90), "cpu")
+    assert jit_monitor.arm_jit_monitor() and jit_monitor.arm_jit_monitor()  # idempotent
     q = torch.randn(8, 16, 72, dtype=torch.bfloat16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        fa4_call.fa4_varlen_attention(q, q, q, cu, 8)  # a warmed variant: nothing
-        assert warmup.compiles_after_warmup() == 0
+        dispatch.fa4_varlen_attention(q, q, q, cu, 8)  # a warmed variant: nothing
+        assert jit_monitor.compiles_after_warmup() == 0
         q2 = torch.randn(8, 16, 128, dtype=torch.bfloat16)  # not warmed
-        fa4_call.fa4_varlen_attention(q2, q2, q2, cu, 8)
-    assert warmup.compiles_after_warmup() == 1
+        dispatch.fa4_varlen_attention(q2, q2, q2, cu, 8)
+    assert jit_monitor.compiles_after_warmup() == 1
     warned = [r.getMessage() for r in caplog.records if "after the startup warmup" in r.getMessage()]
     assert len(warned) == 1 and "head_dim=128" in warned[0]
     # a later warmup's own compiles are expected, not flagged
-    warmup.run_warmup(warmup.enumerate_variants(internvl(), 90), "cpu")
-    assert warmup.compiles_after_warmup() == 1
+    warmup.run_warmup(enumerate_variants(internvl(), 90), "cpu")
+    assert jit_monitor.compiles_after_warmup() == 1
 
 
 def test_after_warmup_the_monitor_raises(fake_fa4, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
     warmup.run_warmup([], "cpu")
-    warmup.arm_jit_monitor()
+    jit_monitor.arm_jit_monitor()
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
-    with pytest.raises(warmup.FA4CompileAfterWarmup, match="head_dim=64"):
-        fa4_call.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+    with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="head_dim=64"):
+        dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
 
 
 def test_monitor_off(fake_fa4, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "off")
     warmup.run_warmup([], "cpu")
-    assert warmup.arm_jit_monitor() is False
+    assert jit_monitor.arm_jit_monitor() is False
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
-    fa4_call.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
-    assert warmup.compiles_after_warmup() == 0
+    dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+    assert jit_monitor.compiles_after_warmup() == 0
 
 
 def test_load_model_hook_warms_and_arms(fake_fa4, monkeypatch):
-    monkeypatch.setattr(warmup, "fa4_available", lambda: True)
+    monkeypatch.setattr(fa4_b36, "fa4_available", lambda: True)
 
     class Runner:
         model = qwen25_vl()
 
     sentinel = object()
-    assert hooks.after_load_model(sentinel, Runner()) is None  # AFTER hook: keep load_model's result
+    assert hooks.warm_fa4_after_load_model(sentinel, Runner()) is None  # AFTER hook: keep load_model's result
     assert len(fake_fa4.compiles) == 2  # arch from the kernel cache (the fake says sm_90)
-    assert warmup.warmup_finished() and warmup._monitor is not None
+    assert jit_monitor.warmup_finished() and jit_monitor._monitor is not None
 
 
 def test_env_opt_out(fake_fa4, monkeypatch):
-    monkeypatch.setattr(warmup, "fa4_available", lambda: True)
+    monkeypatch.setattr(fa4_b36, "fa4_available", lambda: True)
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
     assert warmup.warm_model(qwen25_vl()) is None
-    assert fake_fa4.compiles == [] and not warmup.warmup_finished()
+    assert fake_fa4.compiles == [] and not jit_monitor.warmup_finished()
 
 
 def test_no_fa4_installed_skips_with_a_warning(fake_fa4, monkeypatch, caplog):
-    monkeypatch.setattr(warmup, "fa4_available", lambda: False)
+    monkeypatch.setattr(fa4_b36, "fa4_available", lambda: False)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
         assert warmup.warm_model(qwen25_vl()) is None
     assert fake_fa4.compiles == [] and "not installed" in caplog.text
@@ -335,7 +340,7 @@ def clean_cache_env(monkeypatch, tmp_path):
 
 
 def test_disk_cache_on_by_default(clean_cache_env):
-    assert warmup.configure_fa4_disk_cache() == str(clean_cache_env / ".cache/sglang-fa4/kernels")
+    assert fa4_env.configure_fa4_disk_cache() == str(clean_cache_env / ".cache/sglang-fa4/kernels")
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"  # FA4 compares with "1"
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(clean_cache_env / ".cache/sglang-fa4/kernels")
 
@@ -343,18 +348,18 @@ def test_disk_cache_on_by_default(clean_cache_env):
 def test_disk_cache_dir_and_user_choices(clean_cache_env, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE_DIR", str(clean_cache_env / "k"))
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "true")  # FA4 alone: off
-    assert warmup.configure_fa4_disk_cache() == str(clean_cache_env / "k")
+    assert fa4_env.configure_fa4_disk_cache() == str(clean_cache_env / "k")
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "/elsewhere")  # the user's dir wins
-    assert warmup.configure_fa4_disk_cache() == "/elsewhere"
+    assert fa4_env.configure_fa4_disk_cache() == "/elsewhere"
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")  # the user's "off" wins
-    assert warmup.configure_fa4_disk_cache() is None
+    assert fa4_env.configure_fa4_disk_cache() is None
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"
 
 
 def test_disk_cache_opt_out(clean_cache_env, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")
-    assert warmup.configure_fa4_disk_cache() is None
+    assert fa4_env.configure_fa4_disk_cache() is None
     assert not any(name in os.environ for name in FA4_VARS)
 
 
@@ -363,7 +368,7 @@ def test_disk_cache_too_late_warns(clean_cache_env, monkeypatch, caplog):
 
     monkeypatch.setitem(sys.modules, "flash_attn.cute.cache_utils", types.SimpleNamespace(CUTE_DSL_CACHE_ENABLED=False))
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        assert warmup.configure_fa4_disk_cache() is None
+        assert fa4_env.configure_fa4_disk_cache() is None
     assert "imported before" in caplog.text
     assert "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED" not in os.environ
 
@@ -386,10 +391,11 @@ HEAVY = "[m for m in sys.modules if m.split('.')[0] in ('cutlass', 'flash_attn',
 def test_importing_the_package_imports_no_fa4_or_cutlass():
     out = run_py(f"""
         import sys, json
-        import sglang_fa4, sglang_fa4.plugin, sglang_fa4.hooks, sglang_fa4.fa4_call, sglang_fa4.warmup
-        import sglang_fa4.fa4_kernel_cache, sglang_fa4.attention, sglang_fa4.vit_graph_runners
+        import sglang_fa4, sglang_fa4.plugin, sglang_fa4.integration.hooks, sglang_fa4.kernels.dispatch, sglang_fa4.startup.warmup
+        import sglang_fa4.startup.variants
+        import sglang_fa4.kernels.fa4_kernel_cache, sglang_fa4.integration.vision_fa4, sglang_fa4.integration.vit_graph_runners
         from test_warmup import qwen25_vl
-        variants = sglang_fa4.warmup.enumerate_variants(qwen25_vl(), 100)
+        variants = sglang_fa4.startup.variants.enumerate_variants(qwen25_vl(), 100)
         print(json.dumps({{"heavy": {HEAVY}, "n": len(variants)}}))
     """)
     assert out == {"heavy": [], "n": 6}
@@ -409,8 +415,9 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
     site = _fake_fa4_only(tmp_path)
     out = run_py(f"""
         import importlib.util, json, sys, logging
-        from sglang_fa4 import warmup, fa4_call
-        from sglang_fa4.fa4_kernel_cache import KernelCache
+        from sglang_fa4.startup import warmup
+        from sglang_fa4.kernels import dispatch, fa4_b36
+        from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
         from test_fa4_kernel_cache import FakeBackend
         from test_warmup import qwen25_vl
         try:
@@ -419,10 +426,10 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
         except ImportError:
             fa2 = False
         spec = importlib.util.find_spec("flash_attn") is not None
-        available = warmup.fa4_available()
+        available = fa4_b36.fa4_available()
         # the plugin's startup path with this install: warms through the kernel cache (fake
         # backend), never imports flash_attn.cute itself
-        fa4_call.install_kernel_cache(KernelCache(FakeBackend(90)))
+        dispatch.install_kernel_cache(KernelCache(FakeBackend(90)))
         report = warmup.warm_model(qwen25_vl())
         print(json.dumps({{"spec": spec, "fa2": fa2, "available": available, "resolved": report.resolved,
                           "heavy": [m for m in {HEAVY} if m != "flash_attn"]}}))
@@ -437,7 +444,7 @@ def test_fa2_only_install_is_not_fa4(tmp_path):
     (pkg / "flash_attn_interface.py").write_text("")
     out = run_py(f"""
         import json, sys
-        from sglang_fa4 import warmup
-        print(json.dumps({{"available": warmup.fa4_available(), "heavy": {HEAVY}}}))
+        from sglang_fa4.kernels import fa4_b36
+        print(json.dumps({{"available": fa4_b36.fa4_available(), "heavy": {HEAVY}}}))
     """, extra_path=tmp_path)
     assert out == {"available": False, "heavy": []}

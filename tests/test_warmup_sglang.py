@@ -13,7 +13,9 @@ CHECK = """
 import inspect, logging, os, pkgutil, sys, types, warnings
 warnings.simplefilter("ignore")
 os.environ["SGLANG_FA4_KERNEL_CACHE"] = "0"
-from sglang_fa4 import hooks, plugin, warmup
+from sglang_fa4 import plugin
+from sglang_fa4.integration import hooks
+from sglang_fa4.startup import warmup
 
 target = pkgutil.resolve_name(hooks.MODEL_RUNNER_LOAD_MODEL)
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -37,7 +39,7 @@ mod.ModelRunner = StandIn
 sys.modules["standin_runner"] = mod
 seen = []
 warmup.warm_model = lambda model, **kw: seen.append(model)
-HookRegistry.register("standin_runner.ModelRunner.load_model", hooks.after_load_model, HookType.AFTER)
+HookRegistry.register("standin_runner.ModelRunner.load_model", hooks.warm_fa4_after_load_model, HookType.AFTER)
 HookRegistry.apply_hooks()
 result = StandIn().load_model()
 

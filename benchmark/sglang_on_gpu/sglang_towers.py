@@ -80,7 +80,6 @@ def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None) -
 
     plugins.load_plugins()
     from sglang_fa4 import plugin
-
     plan = plugin._registered_plan
     return {
         "sglang_version": sglang.__version__,

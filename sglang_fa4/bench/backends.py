@@ -6,7 +6,7 @@ backends that write in place; a fresh tensor for `fa4_public`). Everything a bac
 besides q/k/v (cu_seqlens, seq_lens, index tensors) is prepared once here, as a serving stack
 would, so a call makes no host sync and can be graph-captured.
 
-- fa4:         sglang_fa4.fa4_call.fa4_varlen_attention (our production path), out=
+- fa4:         sglang_fa4.kernels.dispatch.fa4_varlen_attention (our production path), out=
 - fa4_public:  flash_attn.cute.flash_attn_varlen_func (the public API, allocates its output)
 - triton_attn: SGLang's context_attention_fwd (the Triton ViT kernel), called as SGLang's
                VisionTritonAttention does: full cu_seqlens as b_start_loc, seq_lens, max_seqlen
@@ -64,7 +64,7 @@ def triton_context_attention_fwd():
 
 def make_runner(name: str, p: Problem) -> Callable[[], Any]:
     if name == "fa4":
-        from sglang_fa4.fa4_call import fa4_varlen_attention
+        from sglang_fa4.kernels.dispatch import fa4_varlen_attention
 
         q, k, v, out, cu, ms = p.q, p.k, p.v, p.out, p.cu_seqlens, p.max_seqlen
         return lambda: fa4_varlen_attention(q, k, v, cu, ms, out=out)

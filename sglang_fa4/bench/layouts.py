@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import accumulate
 from dataclasses import dataclass, field
 
 # Qwen2.5-VL-7B-Instruct's preprocessor limits (min_pixels / max_pixels on the hub) and Qwen3-VL's
@@ -69,12 +70,10 @@ class Layout:
 
 
 def cu_from_seqlens(seqlens) -> list[int]:
-    cu = [0]
-    for n in seqlens:
-        if n < 0:
-            raise ValueError(f"negative segment length {n}")
-        cu.append(cu[-1] + int(n))
-    return cu
+    lengths = [int(n) for n in seqlens]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"negative segment length {min(lengths)}")
+    return list(accumulate(lengths, initial=0))
 
 
 def seqlens_from_cu(cu) -> list[int]:

@@ -4,7 +4,7 @@ FA4's SM90 kernel gives every segment its own 128/192-row tile and CTA, so on 64
 time is per-tile pipeline latency: on the H200, 700 x 64-token windows at d=80 take ~800 us in FA4,
 ~550 us in SGLang's triton_attn, ~260 us in torch's bundled FA2 varlen forward
 (``aten._flash_attention_forward``) and ~140 us in our one-tile-per-segment Triton kernel
-(:mod:`sglang_fa4.short_window_kernel`), against an HBM floor of ~108 us
+(:mod:`sglang_fa4.kernels.short_window_kernel`), against an HBM floor of ~108 us
 (benchmark/results/h200/short_windows*.json). So, on SM90, a layout whose longest segment is short:
 - head_dim 64/80/128 (measured 1.0-1.35x the HBM floor): the Triton kernel;
 - other head dims (d=72: the Triton kernel pads to 128 and loses to FA2): FA2.
@@ -19,9 +19,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional
 
-from sglang_fa4 import short_window_kernel
+from sglang_fa4.kernels import short_window_kernel
 from sglang_fa4.environ import envs
-from sglang_fa4.fa4_kernel_cache import normalize_window
+from sglang_fa4.kernels.fa4_config import normalize_window
 
 # compute capabilities (major*10+minor) where the route was measured faster than FA4 and triton_attn
 ROUTED_ARCHS = (90,)

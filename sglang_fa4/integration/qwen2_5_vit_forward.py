@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_fa4 import vit_host_metadata
-
-
-def _block_indexes(indexes) -> frozenset:
-    if isinstance(indexes, torch.Tensor):
-        indexes = indexes.tolist()
-    return frozenset(int(i) for i in indexes)
+from sglang_fa4.integration import vit_host_metadata
+from sglang_fa4.startup.towers import full_attention_blocks
 
 
 def eager_forward(vit, x: torch.Tensor, grid_thw, metadata_cls) -> torch.Tensor:
@@ -43,7 +38,7 @@ def eager_forward(vit, x: torch.Tensor, grid_thw, metadata_cls) -> torch.Tensor:
     window = metadata_cls(
         cu_seqlens=layout.cu_window, seq_lens=layout.seq_lens_window, max_seqlen=layout.max_window
     )
-    full_blocks = _block_indexes(vit.fullatt_block_indexes)
+    full_blocks = full_attention_blocks(vit)
 
     x = x.unsqueeze(1)
     for i, block in enumerate(vit.blocks):

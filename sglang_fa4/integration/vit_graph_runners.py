@@ -13,7 +13,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-FA4 = "fa4"
 # the runners' name for the backend whose layout fa4 shares
 FA4_LAYOUT_TWIN = "fa3"
 

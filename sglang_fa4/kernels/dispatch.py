@@ -12,10 +12,10 @@ float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_12
 The output is bitwise what ``flash_attn.cute.flash_attn_varlen_func`` returns, but each
 configuration's compiled kernel is resolved once (through FA4's own forward, so its caches stay
 valid) and then launched directly on the current torch stream: a few microseconds of host time,
-CUDA-graph capturable. See :mod:`sglang_fa4.fa4_kernel_cache` for what a configuration is.
+CUDA-graph capturable. See :mod:`sglang_fa4.kernels.fa4_config` for what a configuration is.
 Inputs that require grad (with grad mode on) take FA4's public autograd path instead.
 Layouts of short segments only (ViT windows) are routed to faster kernels where measured: see
-:mod:`sglang_fa4.short_segments`.
+:mod:`sglang_fa4.kernels.short_segments`.
 
 ``compile_count()``, ``compile_events()``, ``configs_seen()`` and ``add_compile_listener()``
 report the configurations resolved in this process (for warmup and "no compiles after warmup"
@@ -29,15 +29,10 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from sglang_fa4 import short_segments
-from sglang_fa4.fa4_kernel_cache import (
-    CompileEvent,
-    FA4Config,
-    FA4FeatureError,
-    FA4InputError,
-    FA4LayoutError,
-    KernelCache,
-)
+from sglang_fa4.kernels import short_segments
+from sglang_fa4.kernels.fa4_b36 import FA4LayoutError
+from sglang_fa4.kernels.fa4_config import CompileEvent, FA4Config, FA4FeatureError, FA4InputError
+from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 
 __all__ = [
     "fa4_varlen_attention",
@@ -64,7 +59,7 @@ def kernel_cache() -> KernelCache:
     if _cache is None:
         with _cache_lock:
             if _cache is None:
-                from sglang_fa4.fa4_backend import FA4Backend
+                from sglang_fa4.kernels.fa4_b36 import FA4Backend
 
                 _cache = KernelCache(FA4Backend())
     return _cache

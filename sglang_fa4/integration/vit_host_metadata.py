@@ -13,8 +13,9 @@ besides several pageable (blocking) host->device copies. Everything it needs fol
 - ``max_full`` / ``max_window``: Python ints;
 - ``pos_ids``: the (row, col) rotary position of every patch, already in window order.
 
-``to_device`` packs the integer tensors into one pinned int32 buffer, copies it with
-``non_blocking=True`` and splits it into views: a forward then costs one H2D copy and no sync.
+``to_device`` packs the integer tensors into one int32 buffer, copies it through pinned memory
+with ``non_blocking=True`` (:func:`pinned_copy`, also the ViT budgets' layout upload) and splits
+it into views: a forward then costs one H2D copy and no sync.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from typing import Iterable, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -118,10 +119,6 @@ def _frame_plan(h: int, w: int, merge: int, window_cells: int):
     return order, cells_per_window, pos[order].reshape(-1, 2)
 
 
-def _cumulative(sizes: Iterable[int], leading: Sequence[int]) -> list[int]:
-    return list(leading) + list(accumulate(sizes))
-
-
 def host_layout(grid_thw: GridLike, geometry: ViTGeometry) -> HostLayout:
     """All of the forward's index and length data for `grid_thw`, on the host."""
     merge, unit, wc = geometry.spatial_merge_size, geometry.merge_unit, geometry.window_cells
@@ -146,8 +143,8 @@ def host_layout(grid_thw: GridLike, geometry: ViTGeometry) -> HostLayout:
     reverse_index = torch.empty_like(window_index)
     reverse_index[window_index.long()] = torch.arange(window_index.numel(), dtype=torch.int32)
     # SGLang's full layout starts with two zeros (an empty first segment); keep it bit for bit
-    cu_full = torch.tensor(_cumulative(full_sizes, (0, 0)), dtype=torch.int32)
-    cu_window = torch.tensor(_cumulative(window_sizes, (0,)), dtype=torch.int32)
+    cu_full = torch.tensor([0, *accumulate(full_sizes, initial=0)], dtype=torch.int32)
+    cu_window = torch.tensor(list(accumulate(window_sizes, initial=0)), dtype=torch.int32)
     return HostLayout(
         window_index=window_index,
         reverse_index=reverse_index,
@@ -163,18 +160,25 @@ def host_layout(grid_thw: GridLike, geometry: ViTGeometry) -> HostLayout:
     )
 
 
+def pinned_copy(src: torch.Tensor, device=None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A host tensor onto ``device`` (or into ``out``, e.g. a captured graph's static tensor)
+    without blocking the host: staged in pinned memory for a CUDA target (a pageable copy would
+    wait for all queued GPU work; the caching host allocator keeps the pinned block alive until
+    the copy is done)."""
+    target = out.device if out is not None else torch.device(device)
+    if target.type == "cuda" and not src.is_pinned():
+        src = src.pin_memory()
+    if out is None:
+        return src.to(target, non_blocking=True)
+    return out.copy_(src, non_blocking=True)
+
+
 def to_device(layout: HostLayout, device: Union[str, torch.device]) -> DeviceLayout:
-    """One int32 buffer, pinned and copied non-blocking to a CUDA device (the caching host
-    allocator keeps the pinned block alive until the copy is done); on the CPU, views of it."""
-    device = torch.device(device)
+    """One int32 buffer with every section, moved by :func:`pinned_copy`: a forward costs one
+    H2D copy and no sync; on the CPU, views of it."""
     sections = layout.sections()
     sizes = [s.numel() for s in sections]
-    if device.type == "cuda":
-        staging = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=True)
-        torch.cat([s.reshape(-1) for s in sections], out=staging)
-        packed = staging.to(device, non_blocking=True)
-    else:
-        packed = torch.cat([s.reshape(-1) for s in sections]).to(device)
+    packed = pinned_copy(torch.cat([s.reshape(-1) for s in sections]), device)
     views = [view.view(s.shape) for view, s in zip(packed.split(sizes), sections)]
     return DeviceLayout(*views, max_full=layout.max_full, max_window=layout.max_window,
                         max_grid=layout.max_grid, tokens=layout.tokens)

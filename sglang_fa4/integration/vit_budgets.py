@@ -7,23 +7,14 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
 
 * an image batch of ``T`` tokens runs in the smallest budget ``B >= T``: ``x`` and the rotary
   tables are copied into the budget's static buffers, rows ``T..B`` zeroed;
-* every cu_seqlens tensor of a budget has a FIXED length (a fixed address and shape): the real
-  boundaries, then the padding rows ``T..B`` as padding segments (every row is written by the
-  kernels, pad rows attend only to pad rows, so no garbage and no NaN reach a real row), then empty
-  segments ``[B, B, ...]``. The two layouts are sized apart: the full-attention one holds
-  ``SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS`` images/frames and splits the padding into at most
-  ``FULL_PAD_CHUNKS`` segments, because FA4's SM90 varlen scheduler launches about one extra tile
-  per segment and every tile scans the segment list (flash_attn.cute's SingleTileVarlenScheduler;
-  on the H200 the budget graph is within 1.03x of SGLang's exact-layout graph at equal tokens,
-  benchmark/results/h200/vit_graphs.md); the windowed one
-  (Qwen2.5-VL, short-window kernel: a program per segment, empty ones exit at once) holds a slot
-  per quarter window and pads with segments of at most ``PAD_SEGMENT_TOKENS``;
+* every cu_seqlens tensor of a budget has a FIXED length (a fixed address and shape), the real
+  boundaries then padding segments then empty ones (:mod:`sglang_fa4.integration.vit_budget_layouts`);
 * max_seqlen is fixed per budget and layout, baked into the graph at capture: ``B`` for full
   attention, the window's token count for Qwen2.5-VL's windowed blocks;
 * after replay the padded output rows (merger, and Qwen3-VL deepstack mergers, rows past
   ``T / merge``) are zeroed and the real rows returned as a tensor of their own (through
   ``output_indices`` when given, else a copy): the next replay rewrites the graph's output buffer,
-  and SGLang keeps what the tower returns (:mod:`sglang_fa4.vit_graph_outputs`);
+  and SGLang keeps what the tower returns (:mod:`sglang_fa4.integration.vit_graph_outputs`);
 * above the largest budget, or for a layout that does not fit a budget's segment capacity, the
   tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
   through the original ``run``, which would capture and keep a new graph for that layout. For
@@ -32,175 +23,46 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   graph-path input preparation).
 
 A guard counts graph captures after :func:`capture_budgets` sealed the runner and, like the FA4
-compile monitor of :mod:`sglang_fa4.warmup`, warns or raises per ``SGLANG_FA4_JIT_MONITOR``; FA4
-compiles after startup are that monitor's job (budget capture is counted as warmup there).
-
-The pure part (budgets, :func:`pick_budget`, :func:`pad_layout`, memory estimate) imports nothing.
+compile monitor of :mod:`sglang_fa4.startup.jit_monitor`, warns or raises per
+``SGLANG_FA4_JIT_MONITOR``; FA4 compiles after startup are that monitor's job (budget capture is
+counted as startup there).
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from sglang_fa4.environ import envs
-from sglang_fa4.vit_graph_outputs import owned
+from sglang_fa4.integration.vit_budget_layouts import (
+    LayoutDoesNotFit,
+    budgets_from_env,
+    capture_layout,
+    full_capacity,
+    full_pad_segment,
+    pad_layout,
+    pick_budget,
+    segment_capacity,
+)
+from sglang_fa4.integration.vit_graph_outputs import owned
+from sglang_fa4.integration.vit_host_metadata import grid_rows, pinned_copy
+from sglang_fa4.selection import FA4
+from sglang_fa4.startup import jit_monitor, towers
 
 logger = logging.getLogger("sglang_fa4")
 
-FA4 = "fa4"
 #: the graph-key tag of budget graphs in the runner's dicts
 BUDGET_TAG = "sglang_fa4_budget"
-#: windowed layouts: padding rows are split into segments of at most this many tokens (<= any window)
-PAD_SEGMENT_TOKENS = 64
-#: full-attention layouts: padding rows are split into at most this many segments (a chunk of P
-#: rows costs P^2 attention work; each segment costs every tile a scan step)
-FULL_PAD_CHUNKS = 4
-#: smallest non-empty real segment (Qwen: a 2x2 spatial-merge unit); sizes the segment capacity
-MIN_SEGMENT_TOKENS = 4
-#: tokens per segment slot the fixed segment capacity is sized for without windows (images); with
-#: windows, a quarter of the window (Qwen2.5-VL: 16 of 64; edge windows are smaller)
-CAPACITY_TOKENS_PER_SEGMENT = 16
-#: empty segments a real layout may carry (Qwen2.5-VL's full cu_seqlens starts [0, 0, ...])
-SPARE_SEGMENTS = 2
 STATE_ATTR = "_sglang_fa4_budgets"
-
-
-class LayoutDoesNotFit(ValueError):
-    """A layout cannot run in a budget (too many tokens or segments, or a segment longer than the
-    budget's fixed max_seqlen): the batch runs eagerly."""
 
 
 class GraphCaptureAfterStartup(RuntimeError):
     """SGLANG_FA4_JIT_MONITOR=raise: a ViT graph was captured after the startup budgets."""
 
 
-# --------------------------------------------------------------------------------------------
-# Pure part
-# --------------------------------------------------------------------------------------------
-
-
-def parse_budgets(text: str) -> tuple[int, ...]:
-    """``"1024,2048"`` -> (1024, 2048): sorted, unique; each a positive multiple of
-    MIN_SEGMENT_TOKENS (the merger groups 4 rows)."""
-    out = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            value = int(part)
-        except ValueError:
-            raise ValueError(f"SGLANG_FA4_VIT_GRAPH_BUDGETS: {part!r} is not an integer") from None
-        if value <= 0 or value % MIN_SEGMENT_TOKENS:
-            raise ValueError(
-                f"SGLANG_FA4_VIT_GRAPH_BUDGETS: {value} is not a positive multiple of {MIN_SEGMENT_TOKENS}"
-            )
-        out.add(value)
-    if not out:
-        raise ValueError("SGLANG_FA4_VIT_GRAPH_BUDGETS is empty")
-    return tuple(sorted(out))
-
-
-def budgets_from_env() -> tuple[int, ...]:
-    return parse_budgets(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.get())
-
-
 def enabled() -> bool:
     return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
-
-
-def pick_budget(tokens: int, budgets: Sequence[int]) -> Optional[int]:
-    """The smallest budget holding ``tokens``; None above the largest (run eagerly)."""
-    for budget in sorted(budgets):
-        if tokens <= budget:
-            return budget
-    return None
-
-
-def segment_capacity(budget: int, window_tokens: Optional[int] = None) -> int:
-    """Segments every windowed cu_seqlens tensor of ``budget`` holds (fixed: one shape, one address;
-    full-attention layouts use :func:`full_capacity`): one per
-    ``window/4`` tokens (CAPACITY_TOKENS_PER_SEGMENT without windows; never under
-    MIN_SEGMENT_TOKENS), plus SPARE_SEGMENTS empty ones. Sized for real layouts, not the worst case:
-    every unused slot is an empty segment the kernels still schedule (measured on the H200 with a
-    slot per 4 tokens: 2.8-3.6x the exact-layout attention time), and a layout of more, smaller
-    segments runs eagerly instead."""
-    per_slot = CAPACITY_TOKENS_PER_SEGMENT if window_tokens is None else window_tokens // 4
-    return budget // max(MIN_SEGMENT_TOKENS, per_slot) + SPARE_SEGMENTS
-
-
-def full_capacity(max_segments: Optional[int] = None) -> int:
-    """Segments every full-attention cu_seqlens tensor holds: ``max_segments`` real ones
-    (SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS), FULL_PAD_CHUNKS padding, SPARE_SEGMENTS empty."""
-    if max_segments is None:
-        max_segments = envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
-    if max_segments < 1:
-        raise ValueError(f"SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS must be >= 1, got {max_segments}")
-    return max_segments + FULL_PAD_CHUNKS + SPARE_SEGMENTS
-
-
-def full_pad_segment(budget: int, tokens: int) -> int:
-    """Padding segment length of a full-attention layout: the rows ``tokens..budget`` in at most
-    FULL_PAD_CHUNKS segments."""
-    return max(1, -(-(budget - tokens) // FULL_PAD_CHUNKS))
-
-
-def pad_layout(cu: Sequence[int], budget: int, capacity: int, max_seqlen: int,
-               pad_segment: int = PAD_SEGMENT_TOKENS) -> list[int]:
-    """Fixed-length (``capacity + 1``) cu_seqlens for ``budget``: ``cu``, then the rows
-    ``cu[-1]..budget`` as segments of at most ``min(pad_segment, max_seqlen)`` tokens, then empty
-    segments ending at ``budget``. Raises LayoutDoesNotFit when ``cu`` does not fit."""
-    cu = [int(v) for v in cu]
-    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
-        raise LayoutDoesNotFit(f"not a cu_seqlens layout: {cu[:8]}...")
-    tokens = cu[-1]
-    if tokens > budget:
-        raise LayoutDoesNotFit(f"{tokens} tokens exceed the budget {budget}")
-    longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
-    if longest > max_seqlen:
-        raise LayoutDoesNotFit(f"a {longest}-token segment exceeds the budget's max_seqlen {max_seqlen}")
-    step = max(1, min(pad_segment, max_seqlen))
-    out = list(cu)
-    pos = tokens
-    while pos < budget:
-        pos = min(pos + step, budget)
-        out.append(pos)
-    if len(out) - 1 > capacity:
-        raise LayoutDoesNotFit(f"{len(out) - 1} segments exceed the budget's capacity {capacity}")
-    out.extend([budget] * (capacity + 1 - len(out)))
-    return out
-
-
-def capture_layout(budget: int, capacity: int, segment: int) -> list[int]:
-    """The layout a budget is captured with: segments of ``segment`` tokens (so the longest, the
-    max_seqlen the graph bakes in, is ``min(segment, budget)``), then empty segments."""
-    return pad_layout([0], budget, capacity, max_seqlen=min(segment, budget), pad_segment=segment)
-
-
-def estimate_graph_bytes(budget: int, *, hidden: int, heads: int, head_dim: int, intermediate: int,
-                         out_dim: int, rope_dim: int, merge: int = 4, dtype_bytes: int = 2,
-                         capacity: Optional[int] = None) -> int:
-    """Rough device memory one budget graph keeps (static buffers + its private pool's peak
-    activations of one block, reused block to block):
-
-        B * dtype_bytes * (hidden [input] + heads*head_dim [attn workspace] + 2*rope_dim [cos, sin]
-                           + 3*heads*head_dim [qkv] + heads*head_dim [attn out] + 2*intermediate
-                           [MLP up/gate] + 2*hidden [residual, norm])
-        + (B / merge) * out_dim * dtype_bytes [merger output] + 2 * 4 * (capacity + 1) [cu tensors]
-
-    Not measured on a GPU; :func:`capture_budgets` reports the measured allocator delta on CUDA."""
-    capacity = segment_capacity(budget) if capacity is None else capacity
-    per_token = (hidden + heads * head_dim + 2 * rope_dim + 3 * heads * head_dim + heads * head_dim
-                 + 2 * intermediate + 2 * hidden)
-    return budget * dtype_bytes * per_token + (budget // merge) * out_dim * dtype_bytes + 8 * (capacity + 1)
-
-
-# --------------------------------------------------------------------------------------------
-# Runner part (torch, SGLang runner objects)
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -240,35 +102,6 @@ def budget_state(runner) -> Optional[BudgetState]:
     return getattr(runner, STATE_ATTR, None)
 
 
-def window_tokens_of(vit) -> Optional[int]:
-    """Qwen2.5-VL: tokens per attention window, ``(window_size // patch_size) ** 2``; None for a
-    tower without windowed blocks."""
-    if not getattr(vit, "fullatt_block_indexes", None):
-        return None
-    window, patch = getattr(vit, "window_size", None), getattr(vit, "patch_size", None)
-    if isinstance(window, int) and isinstance(patch, int) and 0 < patch <= window:
-        return (window // patch) ** 2
-    return PAD_SEGMENT_TOKENS
-
-
-@contextmanager
-def _expected_fa4_compiles() -> Iterator[None]:
-    """FA4 compiles while budgets are captured are startup work: count them as warmup for the
-    JIT monitor of sglang_fa4.warmup."""
-    try:
-        from sglang_fa4 import warmup
-    except ImportError:  # pragma: no cover - warmup is part of the package
-        yield
-        return
-    with warmup._state_lock:
-        warmup._warming += 1
-    try:
-        yield
-    finally:
-        with warmup._state_lock:
-            warmup._warming -= 1
-
-
 def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[str] = None,
                     budgets: Optional[Sequence[int]] = None) -> BudgetState:
     """Capture one graph per budget on ``runner`` (a generic ``ViTCudaGraphRunner`` whose backend
@@ -281,7 +114,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     if runner._attn_backend != FA4:
         raise ValueError(f"ViT graph budgets need the fa4 backend, the runner has {runner._attn_backend!r}")
     budgets = tuple(sorted(budgets)) if budgets is not None else budgets_from_env()
-    window = window_tokens_of(runner.vit) if runner._fullatt_block_indexes else None
+    window = towers.window_tokens(runner.vit) if runner._fullatt_block_indexes else None
     if rope_kind is None:
         rope_kind = "position_embeddings" if runner._fullatt_block_indexes else "rotary"
     if rope_kind not in ("position_embeddings", "rotary"):
@@ -290,7 +123,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     setattr(runner, STATE_ATTR, state)
     device, dtype = runner.device, runner.dtype
     cuda = torch.device(device).type == "cuda"
-    with _expected_fa4_compiles():
+    with jit_monitor.expected_compiles():
         # largest first: the runner's shared rotary workspace is allocated once, at full size
         for budget in sorted(budgets, reverse=True):
             cap, cap_full = segment_capacity(budget, window), full_capacity()
@@ -353,10 +186,11 @@ def eager_run(runner, x, cu_seqlens, cu_window_seqlens, position_embeddings=None
         rope = {"rotary_pos_emb_cos": rotary_pos_emb_cos, "rotary_pos_emb_sin": rotary_pos_emb_sin}
     deep = []
     deep_idx = 0
+    full_blocks = towers.full_attention_blocks(vit)
     with torch.no_grad():
         y = x.unsqueeze(1)
         for layer_num, blk in enumerate(vit.blocks):
-            layout = full if window is None or layer_num in vit.fullatt_block_indexes else window
+            layout = full if window is None or layer_num in full_blocks else window
             y = blk(y, cu_seqlens=layout, **rope)
             if runner._deepstack_visual_indexes and layer_num in runner._deepstack_visual_indexes:
                 deep.append(runner._deepstack_merger_list[deep_idx](y))
@@ -383,15 +217,9 @@ def _budget_layouts(state: BudgetState, budget: int, cu_seqlens, cu_window_seqle
 
 
 def _upload(dst, values: Sequence[int]) -> None:
-    """A host layout into a captured device tensor without blocking the host: staged in pinned
-    memory (a pageable copy would wait for all queued GPU work)."""
     import torch
 
-    src = torch.tensor(values, dtype=dst.dtype)
-    if dst.is_cuda:
-        dst.copy_(src.pin_memory(), non_blocking=True)
-    else:
-        dst.copy_(src)
+    pinned_copy(torch.tensor(values, dtype=dst.dtype), out=dst)
 
 
 def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tables, output_indices):
@@ -448,8 +276,6 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
     """From host data (grid_thw): a batch no budget graph holds (more tokens than the largest
     budget, or more images than the full-attention layout's slots)."""
-    from sglang_fa4.vit_host_metadata import grid_rows
-
     rows = grid_rows(grid_thw)
     tokens = sum(t * h * w for t, h, w in rows)
     return tokens > max(state.budgets) or len(rows) > envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
@@ -550,7 +376,7 @@ def capture_model_budgets(model) -> list[BudgetState]:
     return states
 
 
-def after_load_model(result, self, *args, **kwargs):
+def capture_budgets_after_load_model(result, self, *args, **kwargs):
     """AFTER ModelRunner.load_model (after the FA4 startup warmup hook): capture the ViT budget
     graphs before serving. Returns None: SGLang keeps load_model's own result."""
     if enabled() and envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get():

@@ -1,11 +1,13 @@
 """The hook functions the plugin registers on SGLang: thin adapters from SGLang's call signatures to
-the logic in selection.py and attention.py. SGLang is imported only inside them."""
+the logic in selection.py, vision_fa4.py, vit_graph_runners.py, vit_graph_outputs.py and
+startup/warmup.py (the budget hooks are in vit_budgets.py). SGLang is imported only inside them."""
 
 from __future__ import annotations
 
 import logging
 
-from sglang_fa4 import attention, selection, vit_graph_runners
+from sglang_fa4 import selection
+from sglang_fa4.integration import vision_fa4, vit_graph_runners
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -45,7 +47,7 @@ def determine_attention_backend(original, self, passed_backend):
 
 def fa4_forward(self, q, k, v, cu_seqlens, bsz, seq_len, softmax_scale=None, forward_metadata=None, **kwargs):
     """REPLACE VisionFlash4Attention.forward."""
-    return attention.vision_fa4_forward(
+    return vision_fa4.vision_fa4_forward(
         q,
         k,
         v,
@@ -68,7 +70,7 @@ def generic_runner_create_graph(original, self, graph_key, position_embeddings=N
                                 rotary_pos_emb_cos=None, rotary_pos_emb_sin=None):
     """AROUND ViTCudaGraphRunner._create_graph: for fa4, warm every layout, then capture with the
     [cu_seqlens, max_seqlen] layout."""
-    if self._attn_backend != vit_graph_runners.FA4:
+    if self._attn_backend != selection.FA4:
         return original(self, graph_key, position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
     vit_graph_runners.warm_generic_runner(self, graph_key, position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin)
     with vit_graph_runners.runner_layout_as_fa3(self):
@@ -78,7 +80,7 @@ def generic_runner_create_graph(original, self, graph_key, position_embeddings=N
 def internvl_runner_step(original, self, key):
     """AROUND InternViTCudaGraphRunner._warmup_once / _capture_graph: fa4 uses the fa3 layout (one
     uniform layout per graph, so the runner's own eager warmup already compiles it)."""
-    if self._attn_backend != vit_graph_runners.FA4:
+    if self._attn_backend != selection.FA4:
         return original(self, key)
     with vit_graph_runners.runner_layout_as_fa3(self):
         return original(self, key)
@@ -87,14 +89,14 @@ def internvl_runner_step(original, self, key):
 def generic_runner_replay_owned(original, self, graph_key, *args, **kwargs):
     """AROUND ViTCudaGraphRunner.replay: the output owns its memory (a later replay of the same
     graph must not rewrite what SGLang's embedding cache holds)."""
-    from sglang_fa4.vit_graph_outputs import owned
+    from sglang_fa4.integration.vit_graph_outputs import owned
 
     return owned(original(self, graph_key, *args, **kwargs), self.block_output.get(graph_key))
 
 
 def internvl_runner_run_owned(original, self, x):
     """AROUND InternViTCudaGraphRunner.run: the output owns its memory (see above)."""
-    from sglang_fa4.vit_graph_outputs import owned
+    from sglang_fa4.integration.vit_graph_outputs import owned
 
     return owned(original(self, x), *self.out.values())
 
@@ -102,12 +104,11 @@ def internvl_runner_run_owned(original, self, x):
 MODEL_RUNNER_LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 
 
-def after_load_model(result, self, *args, **kwargs):
+def warm_fa4_after_load_model(result, self, *args, **kwargs):
     """AFTER ModelRunner.load_model (every scheduler process, before CUDA-graph capture and
     serving): compile the loaded model's FA4 ViT kernel variants. Returns None: SGLang keeps
     load_model's own result."""
-    from sglang_fa4 import warmup
-
+    from sglang_fa4.startup import warmup
     warmup.warm_model(getattr(self, "model", None))
     return None
 
@@ -121,6 +122,6 @@ def qwen2_5_vit_forward(original, self, x, grid_thw):
     CUDA/CPU (NPU wants host cu_seqlens) stay upstream's."""
     if self.enable_cg or self.device.type not in ("cuda", "cpu"):
         return original(self, x, grid_thw)
-    from sglang_fa4 import qwen2_5_vit_forward as vit_forward
+    from sglang_fa4.integration import qwen2_5_vit_forward as vit_forward
 
     return vit_forward.eager_forward(self, x, grid_thw, _vision().VisionAttentionMetadata)

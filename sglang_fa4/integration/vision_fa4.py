@@ -16,7 +16,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from sglang_fa4 import fa4_call
+from sglang_fa4.kernels import dispatch
+from sglang_fa4.kernels.fa4_config import window_bounds
+
 
 class SeqlensError(ValueError):
     """The sequence-length arguments handed to the fa4 ViT backend are malformed."""
@@ -125,14 +127,6 @@ def resolve_seqlens(
     return Seqlens(cu, max_seqlen)
 
 
-def fa4_window(window_size) -> tuple[Optional[int], Optional[int]]:
-    """SGLang's (-1, -1) / None -> FA4's (None, None); negative sides mean unbounded."""
-    if window_size is None:
-        return (None, None)
-    left, right = window_size
-    return (None if left is None or left < 0 else int(left), None if right is None or right < 0 else int(right))
-
-
 def vision_fa4_forward(
     q,
     k,
@@ -155,13 +149,13 @@ def vision_fa4_forward(
         max_seqlen=kwargs.get("max_seqlen"),
         resolve_tensor=resolve_tensor,
     )
-    return fa4_call.fa4_varlen_attention(
+    return dispatch.fa4_varlen_attention(
         q,
         k,
         v,
         seqlens.cu_seqlens,
         seqlens.max_seqlen,
         softmax_scale=softmax_scale,
-        window_size=fa4_window(kwargs.get("window_size")),
+        window_size=window_bounds(kwargs.get("window_size")),
         sinks=kwargs.get("s_aux"),
     )

@@ -1,0 +1,1 @@
+"""Everything that touches SGLang: the hook bodies and every SGLang private name."""

@@ -1,0 +1,58 @@
+"""Which hooks each feature registers on SGLang's HookRegistry (the targets name SGLang's classes and
+private methods, so they live here, with the hook bodies)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sglang_fa4.integration import hooks, vit_budgets
+
+
+def _register_backend_selection(registry, hook_type) -> None:
+    registry.register(hooks.DETERMINE_BACKEND, hooks.determine_attention_backend, hook_type.AROUND)
+
+
+def _register_fa4_forward(registry, hook_type) -> None:
+    registry.register(hooks.FA4_FORWARD, hooks.fa4_forward, hook_type.REPLACE)
+
+
+def _register_vit_graph_runners(registry, hook_type) -> None:
+    registry.register(hooks.GENERIC_RUNNER, hooks.generic_runner_create_graph, hook_type.AROUND)
+    registry.register(f"{hooks.INTERNVL_RUNNER}._warmup_once", hooks.internvl_runner_step, hook_type.AROUND)
+    registry.register(f"{hooks.INTERNVL_RUNNER}._capture_graph", hooks.internvl_runner_step, hook_type.AROUND)
+
+
+def _register_vit_graph_outputs_owned(registry, hook_type) -> None:
+    registry.register(f"{hooks.GENERIC_RUNNER_CLASS}.replay", hooks.generic_runner_replay_owned, hook_type.AROUND)
+    registry.register(f"{hooks.INTERNVL_RUNNER}.run", hooks.internvl_runner_run_owned, hook_type.AROUND)
+
+
+def _register_startup_warmup(registry, hook_type) -> None:
+    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.warm_fa4_after_load_model, hook_type.AFTER)
+
+
+def _register_vit_graph_budgets(registry, hook_type) -> None:
+    runner = hooks.GENERIC_RUNNER_CLASS
+    registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
+    registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
+    registry.register(hooks.QWEN2_5_VIT_FORWARD, vit_budgets.qwen2_5_forward_around, hook_type.AROUND)
+    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.capture_budgets_after_load_model, hook_type.AFTER)
+
+
+def _register_vit_host_metadata(registry, hook_type) -> None:
+    # AROUND, not REPLACE: the CUDA-graph path and non-CUDA devices call the original
+    registry.register(hooks.QWEN2_5_VIT_FORWARD, hooks.qwen2_5_vit_forward, hook_type.AROUND)
+
+
+# feature -> what registers it. Features sharing a registrar are hooked once.
+REGISTRARS: dict[str, Callable] = {
+    "backend_default_table": _register_backend_selection,
+    "backend_default_env_override": _register_backend_selection,
+    "fa4_list_seqlens": _register_fa4_forward,
+    "fa4_checked_forward": _register_fa4_forward,
+    "vit_graph_runners_fa4": _register_vit_graph_runners,
+    "vit_graph_outputs_owned": _register_vit_graph_outputs_owned,
+    "fa4_startup_warmup": _register_startup_warmup,
+    "vit_graph_budgets": _register_vit_graph_budgets,
+    "vit_host_metadata": _register_vit_host_metadata,
+}

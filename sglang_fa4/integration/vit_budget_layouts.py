@@ -1,0 +1,131 @@
+"""The layout maths of ViT graphs over token budgets (:mod:`sglang_fa4.integration.vit_budgets`):
+which budget a batch runs in, and the fixed-length cu_seqlens a budget's graph is captured with
+and replayed with. Pure Python (no torch, no SGLang).
+
+Every cu_seqlens tensor of a budget has a FIXED length (a fixed address and shape): the real
+boundaries, then the padding rows ``T..B`` as padding segments (every row is written by the
+kernels, pad rows attend only to pad rows, so no garbage and no NaN reach a real row), then empty
+segments ``[B, B, ...]``. The two layouts are sized apart: the full-attention one holds
+``SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS`` images/frames and splits the padding into at most
+``FULL_PAD_CHUNKS`` segments, because FA4's SM90 varlen scheduler launches about one extra tile
+per segment and every tile scans the segment list (on the H200 the budget graph is within 1.03x
+of SGLang's exact-layout graph at equal tokens, benchmark/results/h200/vit_graphs.md); the
+windowed one (Qwen2.5-VL, short-window kernel: a program per segment, empty ones exit at once)
+holds a slot per quarter window and pads with segments of at most ``PAD_SEGMENT_TOKENS``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from sglang_fa4.environ import envs
+
+#: windowed layouts: padding rows are split into segments of at most this many tokens (<= any window)
+PAD_SEGMENT_TOKENS = 64
+#: full-attention layouts: padding rows are split into at most this many segments (a chunk of P
+#: rows costs P^2 attention work; each segment costs every tile a scan step)
+FULL_PAD_CHUNKS = 4
+#: smallest non-empty real segment (Qwen: a 2x2 spatial-merge unit); sizes the segment capacity
+MIN_SEGMENT_TOKENS = 4
+#: tokens per segment slot the fixed segment capacity is sized for without windows (images); with
+#: windows, a quarter of the window (Qwen2.5-VL: 16 of 64; edge windows are smaller)
+CAPACITY_TOKENS_PER_SEGMENT = 16
+#: empty segments a real layout may carry (Qwen2.5-VL's full cu_seqlens starts [0, 0, ...])
+SPARE_SEGMENTS = 2
+
+
+class LayoutDoesNotFit(ValueError):
+    """A layout cannot run in a budget (too many tokens or segments, or a segment longer than the
+    budget's fixed max_seqlen): the batch runs eagerly."""
+
+
+def budgets_from_env() -> tuple[int, ...]:
+    """SGLANG_FA4_VIT_GRAPH_BUDGETS: sorted, unique, each a positive multiple of
+    MIN_SEGMENT_TOKENS (environ.yaml types it; a malformed value fails at plugin registration)."""
+    return envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.get()
+
+
+def pick_budget(tokens: int, budgets: Sequence[int]) -> Optional[int]:
+    """The smallest budget holding ``tokens``; None above the largest (run eagerly)."""
+    for budget in sorted(budgets):
+        if tokens <= budget:
+            return budget
+    return None
+
+
+def segment_capacity(budget: int, window_tokens: Optional[int] = None) -> int:
+    """Segments every windowed cu_seqlens tensor of ``budget`` holds (fixed: one shape, one address;
+    full-attention layouts use :func:`full_capacity`): one per
+    ``window/4`` tokens (CAPACITY_TOKENS_PER_SEGMENT without windows; never under
+    MIN_SEGMENT_TOKENS), plus SPARE_SEGMENTS empty ones. Sized for real layouts, not the worst case:
+    every unused slot is an empty segment the kernels still schedule (measured on the H200 with a
+    slot per 4 tokens: 2.8-3.6x the exact-layout attention time), and a layout of more, smaller
+    segments runs eagerly instead."""
+    per_slot = CAPACITY_TOKENS_PER_SEGMENT if window_tokens is None else window_tokens // 4
+    return budget // max(MIN_SEGMENT_TOKENS, per_slot) + SPARE_SEGMENTS
+
+
+def full_capacity(max_segments: Optional[int] = None) -> int:
+    """Segments every full-attention cu_seqlens tensor holds: ``max_segments`` real ones
+    (SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS), FULL_PAD_CHUNKS padding, SPARE_SEGMENTS empty."""
+    if max_segments is None:
+        max_segments = envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()  # >= 1 (environ.yaml)
+    if max_segments < 1:
+        raise ValueError(f"max_segments must be >= 1, got {max_segments}")
+    return max_segments + FULL_PAD_CHUNKS + SPARE_SEGMENTS
+
+
+def full_pad_segment(budget: int, tokens: int) -> int:
+    """Padding segment length of a full-attention layout: the rows ``tokens..budget`` in at most
+    FULL_PAD_CHUNKS segments."""
+    return max(1, -(-(budget - tokens) // FULL_PAD_CHUNKS))
+
+
+def pad_layout(cu: Sequence[int], budget: int, capacity: int, max_seqlen: int,
+               pad_segment: int = PAD_SEGMENT_TOKENS) -> list[int]:
+    """Fixed-length (``capacity + 1``) cu_seqlens for ``budget``: ``cu``, then the rows
+    ``cu[-1]..budget`` as segments of at most ``min(pad_segment, max_seqlen)`` tokens, then empty
+    segments ending at ``budget``. Raises LayoutDoesNotFit when ``cu`` does not fit."""
+    cu = [int(v) for v in cu]
+    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise LayoutDoesNotFit(f"not a cu_seqlens layout: {cu[:8]}...")
+    tokens = cu[-1]
+    if tokens > budget:
+        raise LayoutDoesNotFit(f"{tokens} tokens exceed the budget {budget}")
+    longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
+    if longest > max_seqlen:
+        raise LayoutDoesNotFit(f"a {longest}-token segment exceeds the budget's max_seqlen {max_seqlen}")
+    step = max(1, min(pad_segment, max_seqlen))
+    out = list(cu)
+    pos = tokens
+    while pos < budget:
+        pos = min(pos + step, budget)
+        out.append(pos)
+    if len(out) - 1 > capacity:
+        raise LayoutDoesNotFit(f"{len(out) - 1} segments exceed the budget's capacity {capacity}")
+    out.extend([budget] * (capacity + 1 - len(out)))
+    return out
+
+
+def capture_layout(budget: int, capacity: int, segment: int) -> list[int]:
+    """The layout a budget is captured with: segments of ``segment`` tokens (so the longest, the
+    max_seqlen the graph bakes in, is ``min(segment, budget)``), then empty segments."""
+    return pad_layout([0], budget, capacity, max_seqlen=min(segment, budget), pad_segment=segment)
+
+
+def estimate_graph_bytes(budget: int, *, hidden: int, heads: int, head_dim: int, intermediate: int,
+                         out_dim: int, rope_dim: int, merge: int = 4, dtype_bytes: int = 2,
+                         capacity: Optional[int] = None) -> int:
+    """Rough device memory one budget graph keeps (static buffers + its private pool's peak
+    activations of one block, reused block to block):
+
+        B * dtype_bytes * (hidden [input] + heads*head_dim [attn workspace] + 2*rope_dim [cos, sin]
+                           + 3*heads*head_dim [qkv] + heads*head_dim [attn out] + 2*intermediate
+                           [MLP up/gate] + 2*hidden [residual, norm])
+        + (B / merge) * out_dim * dtype_bytes [merger output] + 2 * 4 * (capacity + 1) [cu tensors]
+
+    Not measured on a GPU; :func:`capture_budgets` reports the measured allocator delta on CUDA."""
+    capacity = segment_capacity(budget) if capacity is None else capacity
+    per_token = (hidden + heads * head_dim + 2 * rope_dim + 3 * heads * head_dim + heads * head_dim
+                 + 2 * intermediate + 2 * hidden)
+    return budget * dtype_bytes * per_token + (budget // merge) * out_dim * dtype_bytes + 8 * (capacity + 1)

@@ -1,0 +1,1 @@
+"""Attention kernels and their dispatch; imports nothing from SGLang."""

@@ -1,0 +1,379 @@
+"""Per-configuration cache of FA4's compiled varlen forward kernel, and its direct launch.
+
+``flash_attn.cute.flash_attn_varlen_func`` rebuilds a ~70-field compile key, allocates and routes
+through ``torch.autograd.Function`` on every call: 100-165 us of host time on an H200 host, paid
+24-32 times per image by a ViT. The kernel it ends up calling is a TVM-FFI function held in FA4's
+compile cache that takes torch tensors and costs a few microseconds to launch.
+
+A call is first normalised (:meth:`KernelCache.normalise`: cheap checks, FA4's alignment rules,
+the window resolved, the output allocated, the configuration key of
+:mod:`sglang_fa4.kernels.fa4_config`), then dispatched (:meth:`KernelCache.dispatch`): a known
+configuration launches its kernel directly (:mod:`sglang_fa4.kernels.fa4_launcher`); a new one
+goes once through FA4's own forward (so its compile and disk caches stay valid) while the backend
+records what FA4 launched. Everything FA4-specific sits behind the backend seam
+(:mod:`sglang_fa4.kernels.fa4_b36`); this module imports neither flash_attn nor cutlass.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+import torch
+
+from sglang_fa4.kernels.fa4_b36 import (
+    ALIGN_BYTES,
+    MANY_SEGMENTS,
+    CallLayout,
+    Resolved,
+    layout_for_arch,
+    sm100_class,
+)
+from sglang_fa4.kernels.fa4_config import (
+    DTYPE_NAMES,
+    SINK_DTYPE_NAMES,
+    CompileEvent,
+    FA4Config,
+    FA4FeatureError,
+    FA4InputError,
+    FwdCall,
+    normalize_window,
+    seqlen_class,
+)
+from sglang_fa4.kernels.fa4_launcher import Launcher
+
+
+class Backend(Protocol):
+    """The FA4-specific half. :class:`sglang_fa4.kernels.fa4_b36.FA4Backend` is the real one."""
+
+    #: check that tensors are on CUDA (fakes in CPU tests say False)
+    requires_cuda: bool
+
+    def arch(self) -> int: ...
+
+    def compile_and_run(self, call: FwdCall) -> Resolved:
+        """Run ``call`` through FA4's own forward, writing ``call.out``; return what it launched."""
+
+    def public(self, call: FwdCall):
+        """Run ``call`` through FA4's public (autograd) API; return the output tensor."""
+
+
+_INT32 = torch.int32
+_NO_WINDOW = (None, None)
+_SGLANG_NO_WINDOW = (-1, -1)
+_grad_enabled = torch.is_grad_enabled
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)} {x.dtype}"
+    return type(x).__name__
+
+
+def _host_int(value) -> int:
+    if isinstance(value, (torch.Tensor, bool)):
+        raise FA4InputError(
+            "max_seqlen must be a host int or None (a tensor would be read on the host)"
+        )
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise FA4InputError(f"max_seqlen must be an int or None, got {value!r}") from None
+
+
+def _aligned(t):
+    """FA4's maybe_contiguous (b36) for a q/k/v tensor: keep it when its pointer and strides are
+    ALIGN_BYTES-aligned with a unit last stride, else copy. Returns (tensor, plain contiguous)."""
+    if t.is_contiguous():
+        if t.data_ptr() % ALIGN_BYTES:
+            t = t.clone(memory_format=torch.contiguous_format)
+        return t, True
+    if t.data_ptr() % ALIGN_BYTES:
+        return t.clone(memory_format=torch.contiguous_format), False
+    s0, s1, s2 = t.stride()
+    step = ALIGN_BYTES // t.element_size()
+    if s2 == 1 and not s0 % step and not s1 % step:  # stride 0 passes, as in FA4
+        return t, False
+    return t.contiguous(), False
+
+
+def _broadcast_dims(q, k, v):
+    sq, sk, sv = q.stride(), k.stride(), v.stride()
+    if 0 in sq or 0 in sk or 0 in sv:
+        return tuple(tuple(x == 0 for x in s) for s in (sq, sk, sv))
+    return None
+
+
+@dataclass
+class _Stats:
+    events: list = field(default_factory=list)
+    listeners: list = field(default_factory=list)
+
+
+class KernelCache:
+    """Resolves each configuration once through FA4, then launches its kernel directly."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._launchers: dict[tuple, Launcher] = {}
+        self._arch: Optional[int] = None
+        self._layout: Optional[CallLayout] = None
+        self._stats = _Stats()
+        self._lock = threading.Lock()
+        self._one_seqlen_class = False
+
+    # -- introspection -----------------------------------------------------------------------
+
+    def compile_count(self) -> int:
+        """New configurations resolved (compiled, or loaded from FA4's caches) in this process."""
+        return len(self._stats.events)
+
+    def compile_events(self) -> list[CompileEvent]:
+        return list(self._stats.events)
+
+    def configs_seen(self) -> list[FA4Config]:
+        return [e.config for e in self._stats.events]
+
+    def add_compile_listener(self, callback: Callable[[CompileEvent], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` after each new configuration; returns a remover."""
+        self._stats.listeners.append(callback)
+
+        def remove() -> None:
+            if callback in self._stats.listeners:
+                self._stats.listeners.remove(callback)
+
+        return remove
+
+    @property
+    def arch(self) -> int:
+        if self._arch is None:
+            arch = int(self.backend.arch())
+            self._layout = layout_for_arch(arch)
+            self._one_seqlen_class = not sm100_class(arch)
+            self._arch = arch
+        return self._arch
+
+    # -- the call ----------------------------------------------------------------------------
+
+    def __call__(self, q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out):
+        call, key = self.normalise(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
+        if key is None:  # inputs that want an autograd graph: FA4's public path
+            return self._public(call, out)
+        return self.dispatch(call, key)
+
+    def normalise(self, q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out):
+        """The call as FA4's kernel takes it, and its configuration key (None: the inputs want
+        an autograd graph, and ``call.out`` is the caller's ``out``).
+
+        The hot path: cheap checks only (FA4 validates everything on a configuration's first
+        call, and the compiled function checks ranks, dtypes and static dims on every call)."""
+        arch = self._arch if self._arch is not None else self.arch
+        try:
+            total_q, nheads, head_dim = q.shape
+            total_k, nheads_k, head_dim_k = k.shape
+            total_v, nheads_v, head_dim_v = v.shape
+            dtype = q.dtype
+            cu_ok = cu_seqlens.dtype is _INT32 and cu_seqlens.dim() == 1
+        except (AttributeError, ValueError, TypeError):
+            raise FA4InputError(
+                "q, k, v must be (total_tokens, heads, head_dim) tensors and cu_seqlens a 1-D "
+                f"tensor; got {_describe(q)}, {_describe(k)}, {_describe(v)}, {_describe(cu_seqlens)}"
+            ) from None
+        if dtype not in DTYPE_NAMES or k.dtype is not dtype or v.dtype is not dtype:
+            raise FA4InputError(
+                f"q, k, v must all be bfloat16 or all float16; got {q.dtype}, {k.dtype}, {v.dtype}"
+            )
+        if total_v != total_k or nheads_v != nheads_k or head_dim_k != head_dim:
+            raise FA4InputError(
+                f"k {tuple(k.shape)} and v {tuple(v.shape)} must share tokens and heads, and k "
+                f"must have q's head_dim {head_dim}"
+            )
+        if not nheads_k or nheads % nheads_k:
+            raise FA4InputError(f"q heads ({nheads}) must be a multiple of k/v heads ({nheads_k})")
+        if not cu_ok:
+            raise FA4InputError("cu_seqlens must be a 1-D int32 tensor (segments + 1,)")
+        if self.backend.requires_cuda and not (
+            q.is_cuda and k.is_cuda and v.is_cuda and cu_seqlens.is_cuda
+        ):
+            raise FA4InputError("q, k, v and cu_seqlens must be CUDA tensors")
+        if max_seqlen is not None and type(max_seqlen) is not int:
+            max_seqlen = _host_int(max_seqlen)
+        if softmax_scale is not None and type(softmax_scale) is not float:
+            softmax_scale = float(softmax_scale)
+        if window_size is _NO_WINDOW or window_size == _NO_WINDOW or window_size == _SGLANG_NO_WINDOW:
+            causal, left, right = False, None, None
+        else:
+            causal, left, right = normalize_window(window_size)
+
+        sink_dtype = None
+        if sinks is not None:
+            sink_dtype = self._check_sinks(sinks, nheads, arch)
+            if not sinks.is_contiguous() or sinks.data_ptr() & 3:
+                sinks = sinks.clone(memory_format=torch.contiguous_format)
+
+        # Autograd: the direct launch is forward-only; inputs that want a graph go the public way.
+        if q.requires_grad or k.requires_grad or v.requires_grad or (
+            sinks is not None and sinks.requires_grad
+        ):
+            if _grad_enabled():
+                call = FwdCall(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, left, right, sinks, out)
+                return call, None
+            q, k, v = q.detach(), k.detach(), v.detach()  # as FA4 hands them to its kernel
+
+        q, q_plain = _aligned(q)
+        k, k_plain = _aligned(k)
+        v, v_plain = _aligned(v)
+        if not cu_seqlens.is_contiguous():
+            cu_seqlens = cu_seqlens.contiguous()
+        # stride-0 dims stay static in FA4's kernels; a contiguous tensor can only have them in
+        # size-1 dims
+        bc = None
+        if not (q_plain and k_plain and v_plain) or min(total_q, total_k, nheads_k, head_dim, head_dim_v) < 2:
+            bc = _broadcast_dims(q, k, v)
+
+        if out is None:
+            out = q.new_empty((total_q, nheads, head_dim_v))
+        elif not (
+            type(out) is torch.Tensor
+            and out.dtype is dtype
+            and out.shape == (total_q, nheads, head_dim_v)
+            and out.is_contiguous()
+            and not out.data_ptr() % ALIGN_BYTES
+            and out.get_device() == q.get_device()
+        ):
+            self._check_out(out, total_q, nheads, head_dim_v, dtype, q)
+
+        key = (
+            dtype,
+            head_dim,
+            head_dim_v,
+            nheads // nheads_k,
+            "any" if self._one_seqlen_class else seqlen_class(arch, max_seqlen, total_q),
+            causal,
+            left is not None,
+            right is not None,
+            sink_dtype,
+            cu_seqlens.shape[0] - 1 > MANY_SEGMENTS,
+            bc,
+        )
+        return FwdCall(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, left, right, sinks, out), key
+
+    def dispatch(self, call: FwdCall, key: tuple):
+        """Run a normalised call: its configuration's kernel directly, or FA4's forward once for a
+        new configuration. Returns ``call.out``."""
+        if not call.q.shape[0] or not call.k.shape[0]:
+            call.out.zero_()  # FA4's own early exit
+            return call.out
+        launcher = self._launchers.get(key)
+        if launcher is not None:
+            launcher.launch(call)
+            return call.out
+        return self._resolve(key, call)
+
+    def _check_sinks(self, sinks, nheads: int, arch: int) -> str:
+        if not isinstance(sinks, torch.Tensor) or sinks.shape != (nheads,):
+            raise FA4InputError(
+                f"sinks must be a tensor of shape (heads,) = ({nheads},), got {_describe(sinks)}"
+            )
+        sink_dtype = SINK_DTYPE_NAMES.get(sinks.dtype)
+        if sink_dtype is None:
+            raise FA4InputError(f"sinks must be float32, bfloat16 or float16, got {sinks.dtype}")
+        if self.backend.requires_cuda and not sinks.is_cuda:
+            raise FA4InputError("sinks must be a CUDA tensor")
+        if arch // 10 in (8, 12):
+            raise FA4FeatureError(
+                f"attention sinks (learnable_sink) are not supported by FA4's sm_{arch} forward "
+                f"kernel (FlashAttentionForwardSm80/Sm120); refusing to drop them"
+            )
+        return sink_dtype
+
+    # -- slow paths --------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_out(out, total_q, nheads, head_dim_v, dtype, q) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise FA4InputError("out must be a torch tensor or None")
+        if out.shape != (total_q, nheads, head_dim_v) or out.dtype != dtype:
+            raise FA4InputError(
+                f"out must be {(total_q, nheads, head_dim_v)} {dtype}, got {tuple(out.shape)} {out.dtype}"
+            )
+        if out.get_device() != q.get_device():
+            raise FA4InputError(f"out is on {out.device}, q on {q.device}")
+        strides = out.stride()
+        if (
+            0 in strides
+            or strides[-1] != 1
+            or out.data_ptr() % ALIGN_BYTES
+            or any(s % (ALIGN_BYTES // out.element_size()) for s in strides[:-1])
+        ):
+            raise FA4InputError(
+                "out must have a contiguous last dim, 16-byte aligned pointer and strides, and no "
+                "broadcast dims"
+            )
+
+    def _public(self, call: FwdCall, out):
+        if call.causal:
+            call.window_left, call.window_right = None, 0  # FA4 resolves (None, 0) back to causal
+        call.causal, call.out = False, None
+        result = self.backend.public(call)
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
+
+    def _resolve(self, key: tuple, call: FwdCall):
+        arch = self.arch
+        (dtype, head_dim, head_dim_v, qpk, sclass, causal, has_l, has_r, sink_dtype, many, bc) = key
+        config = FA4Config(
+            arch, DTYPE_NAMES[dtype], head_dim, head_dim_v, qpk, sclass, causal, has_l, has_r,
+            sink_dtype, many, bc,
+        )
+        if sm100_class(arch) and head_dim_v > 128:
+            # hd256 on SM100 also keys on batch * heads vs the SM count (2-CTA decode tiles);
+            # not worth a class of its own for ViTs: run FA4's own path every call.
+            self.backend.compile_and_run(_fa4_form(call))
+            return call.out
+        with self._lock:
+            launcher = self._launchers.get(key)
+            if launcher is not None:  # another thread resolved it meanwhile
+                launcher.launch(call)
+                return call.out
+            capturing = bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+            t0 = time.perf_counter()
+            try:
+                resolved = self.backend.compile_and_run(_fa4_form(call))
+            except AssertionError as exc:  # FA4 validates with asserts
+                raise FA4InputError(f"FA4 rejected configuration {config}: {exc}") from exc
+            seconds = time.perf_counter() - t0
+            launcher = Launcher.from_capture(resolved, self._layout, call, config)
+            self._launchers[key] = launcher
+            event = CompileEvent(
+                len(self._stats.events) + 1, config, seconds, bool(resolved.fa4_compiled), capturing
+            )
+            self._stats.events.append(event)
+            listeners = list(self._stats.listeners)
+        for callback in listeners:
+            callback(event)
+        return call.out
+
+    def clear(self) -> None:
+        """Forget every resolved configuration and event (tests)."""
+        with self._lock:
+            self._launchers.clear()
+            self._stats.events.clear()
+
+
+def _fa4_form(call: FwdCall) -> FwdCall:
+    """The call as FA4's forward takes it: (None, 0) for causal (FA4 resolves it itself), and
+    detached tensors (with a tensor that requires grad FA4 would also compute an LSE)."""
+    fields = dict(call.__dict__)
+    if call.causal:
+        fields["window_left"], fields["window_right"] = None, 0
+    for name in ("q", "k", "v", "sinks"):
+        t = fields[name]
+        if t is not None and t.requires_grad:
+            fields[name] = t.detach()
+    return FwdCall(**fields)

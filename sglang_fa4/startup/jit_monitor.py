@@ -1,0 +1,112 @@
+"""After the startup warmup, flag any FA4 configuration resolved in the process (a compile on the
+request path or inside a graph capture): ``SGLANG_FA4_JIT_MONITOR`` = off / warn / raise.
+
+Startup work that may compile (the warmup itself, the ViT budget-graph capture) runs inside
+:func:`expected_compiles`, so its compiles are not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+from sglang_fa4.environ import envs
+
+logger = logging.getLogger("sglang_fa4")
+
+_state_lock = threading.Lock()
+_expected = 0  # startup phases in progress (their compiles are expected)
+_finished = False  # a warmup completed in this process
+_after = 0  # configurations resolved after a finished warmup
+_monitor: Optional[tuple[Any, Any]] = None  # (kernel cache, remover)
+
+
+class FA4CompileAfterWarmup(RuntimeError):
+    """SGLANG_FA4_JIT_MONITOR=raise: an FA4 configuration was resolved after the warmup."""
+
+
+@contextmanager
+def expected_compiles(*, finishes_warmup: bool = False) -> Iterator[None]:
+    """FA4 compiles inside this block are startup work. ``finishes_warmup``: when it ends, the
+    warmup counts as done (later compiles are flagged)."""
+    global _expected, _finished
+    with _state_lock:
+        _expected += 1
+    try:
+        yield
+    finally:
+        with _state_lock:
+            _expected -= 1
+            if finishes_warmup:
+                _finished = True
+
+
+def in_startup_phase() -> bool:
+    return _expected > 0
+
+
+def compiles_after_warmup() -> int:
+    """FA4 configurations resolved in this process after a warmup finished."""
+    return _after
+
+
+def warmup_finished() -> bool:
+    return _finished
+
+
+def _on_compile(event) -> None:
+    global _after
+    with _state_lock:
+        if _expected or not _finished:
+            return
+        _after += 1
+        count = _after
+    mode = envs.SGLANG_FA4_JIT_MONITOR.get()
+    if mode == "off":
+        return
+    what = "compiled" if event.fa4_compiled else "loaded"
+    capture = " during CUDA-graph capture" if event.during_capture else ""
+    message = (
+        f"sglang-fa4: FA4 {what} a kernel variant after the startup warmup{capture} "
+        f"({event.seconds:.2f} s, #{count} after warmup): {event.config}"
+    )
+    if mode == "raise":
+        raise FA4CompileAfterWarmup(message)
+    logger.warning(message)
+
+
+def arm_jit_monitor() -> bool:
+    """Listen for FA4 configurations resolved after the warmup (idempotent; follows a replaced
+    kernel cache). False when SGLANG_FA4_JIT_MONITOR=off."""
+    global _monitor
+    if envs.SGLANG_FA4_JIT_MONITOR.get() == "off":
+        return False
+    from sglang_fa4.kernels import dispatch
+
+    cache = dispatch.kernel_cache()
+    with _state_lock:
+        if _monitor is not None and _monitor[0] is cache:
+            return True
+        previous = _monitor
+        _monitor = (cache, cache.add_compile_listener(_on_compile))
+    if previous is not None:
+        previous[1]()
+    return True
+
+
+def armed() -> bool:
+    return _monitor is not None
+
+
+def reset_state() -> None:
+    """Forget warmup/monitor state (tests)."""
+    global _finished, _after, _monitor, _expected
+    with _state_lock:
+        if _monitor is not None:
+            _monitor[1]()
+        _monitor = None
+        _finished = False
+        _after = 0
+        _expected = 0

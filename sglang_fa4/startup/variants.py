@@ -1,0 +1,199 @@
+"""The FA4 kernel variants a loaded vision model will hit, read from the model itself.
+
+A sweep over image sizes is mostly wasted work: max_seqlen reaches the compiled kernel only
+through a few thresholds (none at all on SM80/SM90/SM120, where the kernel cache folds it into one
+class), while what does matter (head dim, dtype, heads ratio, window/sink kinds, more than 256
+segments) is in the model:
+
+* every SGLang ``VisionAttention`` whose ``qkv_backend_name == "fa4"`` contributes its head dim,
+  heads ratio and dtype (:mod:`sglang_fa4.startup.towers`);
+* a tower with ``fullatt_block_indexes`` and no attention sinks (Qwen2.5-VL) runs its other
+  blocks on 64-token windows (``window_size // patch_size`` squared): layout "windowed", plus
+  "full" for the listed blocks; a module with ``sinks`` and a bounded ``window_size`` (MiMo-VL)
+  runs sliding-window attention with sinks over whole images; everything else is "full";
+* segment lengths: windows are at most the window's token count; full segments are one image or
+  frame, fixed for a fixed-resolution tower (``embeddings.num_positions``, or ``image_size`` /
+  ``patch_size``), otherwise unbounded; on SM100/SM110 each max_seqlen class the range reaches
+  is one variant;
+* more than 256 segments (FA4 then adds scheduler kernels): the windows of one large image or a
+  batch of images, and the images/frames of one batch, are not bounded by anything in the model,
+  so that class is included unless the caller passes ``max_segments <= 256``.
+
+Each variant's configuration comes from :func:`sglang_fa4.kernels.fa4_config.config_for`, the key
+logic of the kernel cache itself, and variants that map to the same configuration are compiled
+once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
+from sglang_fa4.kernels.fa4_config import FA4Config, FA4InputError, config_for, window_bounds
+from sglang_fa4.startup import towers
+
+#: max_seqlen thresholds of FA4's SM100/SM110 key (tile_m 128: q_stage, static scheduler)
+_SEQLEN_PROBES = (1, 16, 64, 128, 129, 256, 257, 1024)
+
+LAYOUT_FULL = "full"
+LAYOUT_WINDOWED = "windowed"  # Qwen2.5-VL: cu_seqlens of <= 64-token windows
+LAYOUT_SLIDING = "sliding+sinks"  # MiMo-VL: whole images, sliding window and attention sinks
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One FA4 configuration to compile, with the inputs that produce it."""
+
+    config: FA4Config
+    layout: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # "bfloat16" / "float16"
+    max_seqlen: int  # representative longest segment
+    num_segments: int  # representative segment count
+    window: tuple = (None, None)
+    sink_dtype: Optional[str] = None
+    modules: tuple = field(default=(), compare=False)  # attention modules that hit it
+
+    def describe(self) -> str:
+        c = self.config
+        window = "" if self.window == (None, None) else f" window={self.window}"
+        sinks = f" sinks={self.sink_dtype}" if self.sink_dtype else ""
+        segs = f">{MANY_SEGMENTS}" if c.many_segments else f"<={MANY_SEGMENTS}"
+        return (
+            f"{self.layout} {c.dtype} d={c.head_dim} heads={self.num_heads}/{self.num_kv_heads}"
+            f"{window}{sinks} seqlen={c.seqlen_class} segments{segs}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.as_dict(),
+            "layout": self.layout,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "dtype": self.dtype,
+            "max_seqlen": self.max_seqlen,
+            "num_segments": self.num_segments,
+            "window": list(self.window),
+            "sink_dtype": self.sink_dtype,
+            "modules": len(self.modules),
+        }
+
+
+def _bounded_window(window) -> bool:
+    try:
+        return window_bounds(window) != (None, None)
+    except FA4InputError:
+        return False
+
+
+def _windowed_towers(model) -> list[tuple[str, Any]]:
+    """Modules that lay their blocks out on windows + full attention (``fullatt_block_indexes``)."""
+    return [(name, m) for name, m in model.named_modules() if getattr(m, "fullatt_block_indexes", None) is not None]
+
+
+def _ancestors(name: str) -> list[str]:
+    """'a.b.c' -> ['a.b', 'a', ''] (nearest first)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
+
+
+def _seqlen_reps(arch: int, lo: int, hi: Optional[int]) -> list[int]:
+    """One representative max_seqlen per seqlen class reachable in [lo, hi] (smallest first)."""
+    probes = sorted({lo, *(p for p in _SEQLEN_PROBES if p >= lo and (hi is None or p <= hi))}
+                    | ({hi} if hi is not None else set()))
+    seen, reps = set(), []
+    for p in probes:
+        cls = config_for(arch, "bfloat16", 64, 64, 1, p, p).seqlen_class
+        if cls not in seen:
+            seen.add(cls)
+            reps.append(p)
+    return reps
+
+
+def enumerate_variants(
+    model,
+    arch: int,
+    *,
+    dtype: Optional[str] = None,
+    max_segments: Optional[int] = None,
+) -> list[Variant]:
+    """The distinct FA4 configurations the fa4 VisionAttention modules of ``model`` will hit on
+    ``arch`` (e.g. 90, 100, 103). ``dtype`` overrides the modules' activation dtype;
+    ``max_segments`` bounds the segments of one attention call (None: unbounded, so the
+    >256-segment class is included)."""
+    modules = towers.find_fa4_attention(model)
+    if not modules:
+        return []
+    windowed = _windowed_towers(model)
+    sinked = {name for name, m in modules if getattr(m, "sinks", None) is not None}
+    many_classes = [False] if max_segments is not None and max_segments <= MANY_SEGMENTS else [False, True]
+
+    def tower_of(name: str):
+        best = None
+        for tname, tower in windowed:
+            if tname == "" or name.startswith(tname + "."):
+                if best is None or len(tname) > len(best[0]):
+                    best = (tname, tower)
+        return best
+
+    variants: dict[FA4Config, Variant] = {}
+    users: dict[FA4Config, list[str]] = {}
+    by_name = dict(model.named_modules())
+
+    def fixed_seqlen(name: str) -> Optional[int]:
+        for anc in _ancestors(name):
+            if anc in by_name:
+                fixed = towers.own_fixed_seqlen(by_name[anc])
+                if fixed:
+                    return fixed
+        return None
+
+    def add(name, layout, nh, nkv, d, dt, lo, hi, window, sink_dtype):
+        for max_seqlen in _seqlen_reps(arch, lo, hi):
+            for many in many_classes:
+                num_segments = MANY_SEGMENTS + 1 if many else 1
+                total = max_seqlen + num_segments - 1
+                config = config_for(arch, dt, d, d, nh // nkv, max_seqlen, total, window, sink_dtype, num_segments)
+                if config not in variants:
+                    variants[config] = Variant(config, layout, nh, nkv, d, dt, max_seqlen, num_segments, window, sink_dtype)
+                    users[config] = []
+                users[config].append(name)
+
+    for name, m in modules:
+        nh = int(m.num_attention_heads_per_partition)
+        nkv = int(m.num_attention_kv_heads_per_partition)
+        d = int(m.head_size)
+        dt = dtype or towers.module_dtype(m)
+        fixed = fixed_seqlen(name)
+        full_lo, full_hi = (fixed, fixed) if fixed else (1, None)
+        if name in sinked and _bounded_window(getattr(m, "window_size", None)):
+            sink_dtype = towers.dtype_name(m.sinks.dtype) or str(m.sinks.dtype).replace("torch.", "")
+            add(name, LAYOUT_SLIDING, nh, nkv, d, dt, full_lo, full_hi, window_bounds(m.window_size), sink_dtype)
+            continue
+        layouts = [LAYOUT_FULL]
+        tower = tower_of(name)
+        if tower is not None:
+            tname, tmod = tower
+            prefix = f"{tname}." if tname else ""
+            if not any(s.startswith(prefix) for s in sinked):  # sinks: MiMo-style, no window layout
+                layouts = [LAYOUT_WINDOWED, LAYOUT_FULL]
+                blocks = getattr(tmod, "blocks", None)
+                if blocks is not None and name.startswith(prefix + "blocks."):
+                    index = name[len(prefix + "blocks."):].split(".", 1)[0]
+                    if index.isdigit():
+                        in_full = int(index) in towers.full_attention_blocks(tmod)
+                        layouts = [LAYOUT_FULL] if in_full else [LAYOUT_WINDOWED]
+                wtok = towers.window_tokens(tmod)
+        for layout in layouts:
+            if layout == LAYOUT_WINDOWED:
+                add(name, layout, nh, nkv, d, dt, 1, wtok, (None, None), None)
+            else:
+                add(name, layout, nh, nkv, d, dt, full_lo, full_hi, (None, None), None)
+
+    return [
+        Variant(**{**v.__dict__, "modules": tuple(users[c])}) for c, v in variants.items()
+    ]

@@ -1,0 +1,150 @@
+"""Compile, at startup, exactly the FA4 kernel variants a loaded vision model will hit.
+
+FA4 JIT-compiles each kernel configuration the first time it sees it (2-4 s on an H200), so
+without a warmup the first user image after a restart, and the first image of each new shape
+class, waits seconds. :func:`warm_model` enumerates the model's variants
+(:mod:`sglang_fa4.startup.variants`), and :func:`run_warmup` calls the kernel cache eagerly on
+small random inputs of each, logs one line per variant with its time, and returns a report.
+
+With FA4's persistent cache (``SGLANG_FA4_KERNEL_CACHE``, applied by
+:func:`sglang_fa4.startup.fa4_env.configure_fa4_disk_cache` before flash_attn.cute is imported) a
+restart loads every variant from disk in milliseconds. After the warmup,
+:mod:`sglang_fa4.startup.jit_monitor` flags any further configuration resolved in the process.
+
+Importing this module imports neither flash_attn nor cutlass (nor SGLang).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, Optional
+
+from sglang_fa4.environ import envs
+from sglang_fa4.kernels import fa4_b36
+from sglang_fa4.kernels.fa4_config import FA4Config
+from sglang_fa4.startup import fa4_env, jit_monitor, towers
+from sglang_fa4.startup.variants import Variant, enumerate_variants
+
+logger = logging.getLogger("sglang_fa4")
+
+
+@dataclass
+class WarmupReport:
+    variants: list[Variant] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # per variant, host time incl. sync
+    resolved: int = 0  # new configurations resolved in this process (compile_count delta)
+    compiled: int = 0  # of those, compiled by FA4 now (not loaded from its memory/disk cache)
+    failures: list[tuple[Variant, str]] = field(default_factory=list)
+    mismatches: list[tuple[Variant, FA4Config]] = field(default_factory=list)  # predicted != resolved
+    total_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "variants": [dict(v.as_dict(), seconds=s) for v, s in zip(self.variants, self.seconds)],
+            "resolved": self.resolved,
+            "compiled": self.compiled,
+            "failures": [[v.describe(), msg] for v, msg in self.failures],
+            "mismatches": [[v.describe(), c.as_dict()] for v, c in self.mismatches],
+            "total_seconds": self.total_seconds,
+        }
+
+
+def _inputs(variant: Variant, device):
+    import torch
+
+    dtype = getattr(torch, variant.dtype)
+    total = variant.max_seqlen + variant.num_segments - 1
+    lens = [variant.max_seqlen] + [1] * (variant.num_segments - 1)
+    cu = torch.tensor(list(accumulate(lens, initial=0)), dtype=torch.int32, device=device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(total, variant.num_heads, variant.head_dim, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(total, variant.num_kv_heads, variant.head_dim, generator=g).to(device=device, dtype=dtype)
+    v = torch.randn(total, variant.num_kv_heads, variant.head_dim, generator=g).to(device=device, dtype=dtype)
+    sinks = None
+    if variant.sink_dtype:
+        sinks = torch.zeros(variant.num_heads, dtype=getattr(torch, variant.sink_dtype), device=device)
+    return q, k, v, cu, sinks
+
+
+def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
+    """Resolve (compile, or load from FA4's caches) every variant through FA4's kernel cache
+    (:func:`sglang_fa4.kernels.dispatch.kernel_cache`), eagerly: call it before any CUDA-graph
+    capture. Logs one line per variant with its time."""
+    import torch
+
+    from sglang_fa4.kernels import dispatch
+
+    report = WarmupReport()
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    t_start = time.perf_counter()
+    with jit_monitor.expected_compiles(finishes_warmup=True):
+        n = len(variants)
+        for i, variant in enumerate(variants, 1):
+            before = dispatch.compile_count()
+            t0 = time.perf_counter()
+            try:
+                q, k, v, cu, sinks = _inputs(variant, device)
+                with torch.no_grad():
+                    # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
+                    # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
+                    dispatch.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
+                if cuda:
+                    torch.cuda.synchronize(device)
+            except Exception as exc:  # noqa: BLE001 - one bad variant must not stop the server
+                seconds = time.perf_counter() - t0
+                report.variants.append(variant)
+                report.seconds.append(seconds)
+                report.failures.append((variant, f"{type(exc).__name__}: {exc}"))
+                logger.warning("sglang-fa4 warmup [%d/%d] %s: failed after %.2f s: %s: %s",
+                               i, n, variant.describe(), seconds, type(exc).__name__, exc)
+                continue
+            seconds = time.perf_counter() - t0
+            events = dispatch.compile_events()[before:]
+            report.variants.append(variant)
+            report.seconds.append(seconds)
+            report.resolved += len(events)
+            report.compiled += sum(1 for e in events if e.fa4_compiled)
+            how = "cached" if not events else ("compiled" if any(e.fa4_compiled for e in events) else "loaded from FA4's cache")
+            for e in events:
+                if e.config != variant.config:
+                    report.mismatches.append((variant, e.config))
+                    logger.warning("sglang-fa4 warmup: predicted configuration %s but FA4 resolved %s",
+                                   variant.config, e.config)
+            logger.info("sglang-fa4 warmup [%d/%d] %s: %.3f s (%s)", i, n, variant.describe(), seconds, how)
+    report.total_seconds = time.perf_counter() - t_start
+    logger.info(
+        "sglang-fa4 warmup: %d FA4 variant(s) in %.2f s (%d compiled, %d loaded from cache, %d failed)",
+        len(variants), report.total_seconds, report.compiled, report.resolved - report.compiled,
+        len(report.failures),
+    )
+    return report
+
+
+def warm_model(model, *, arch: Optional[int] = None) -> Optional[WarmupReport]:
+    """The plugin's startup warmup: enumerate and compile ``model``'s FA4 variants, then arm the
+    JIT monitor. Nothing (and no FA4 import) when ``SGLANG_FA4_WARMUP`` is off or the model has no
+    fa4 ViT attention."""
+    if not envs.SGLANG_FA4_WARMUP.get():
+        return None
+    modules = towers.find_fa4_attention(model)
+    if not modules:
+        return None
+    if not fa4_b36.fa4_available():
+        logger.warning("sglang-fa4 warmup: the model uses fa4 ViT attention but flash_attn.cute "
+                       "(flash-attn-4) is not installed; nothing warmed")
+        return None
+    fa4_env.configure_fa4_disk_cache()
+    from sglang_fa4.kernels import dispatch
+
+    if arch is None:
+        arch = dispatch.kernel_cache().arch
+    variants = enumerate_variants(model, arch)
+    report = run_warmup(variants, towers.module_device(modules[0][1]))
+    jit_monitor.arm_jit_monitor()
+    return report
