@@ -187,7 +187,26 @@ def video_decoder_available(pythonpath: str) -> str | None:
     return out.stdout.strip() or None
 
 
-def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str, out_dir: Path) -> dict:
+PIDS = "server_pgids"  # in --work: process groups of servers this script started (killed on the next start)
+
+
+def kill_leftovers(work: Path) -> list[int]:
+    """Servers an earlier, interrupted invocation left running (they run in their own session, so
+    the device tool does not end them): their process groups, by the ids this script recorded."""
+    f = work / PIDS
+    killed = []
+    if f.exists():
+        for line in f.read_text().split():
+            try:
+                os.killpg(int(line), signal.SIGKILL)
+                killed.append(int(line))
+            except (ProcessLookupError, ValueError, PermissionError):
+                pass
+        f.unlink()
+    return killed
+
+
+def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str) -> dict:
     from client import Client, SIZES, fixed_requests, random_requests
 
     version, model, mode = spec["version"], spec["model"], spec["mode"]
@@ -197,13 +216,15 @@ def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str, out_dir: Path) -> d
     model_dir = str(ckpt_root / model)
     argv = [sys.executable, "-m", "sglang.launch_server", *server_args(model_dir, port, deterministic=a.deterministic)]
     env = server_env(graphs, pythonpath)
-    log_path = out_dir / f"server-{tag}.log"
+    log_path = a.log_dir / f"server-{tag}.log"
     result: dict = {"run": tag, **spec, "command": " ".join(
         [f"{k}={env[k]}" for k in SERVER_ENV_KEYS] + [shlex.quote(x) for x in argv])}
     result["gpu_mem_used_mib_at_start"] = wait_gpu_idle()
     t_start = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, cwd=a.repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(a.work / PIDS, "a") as f:
+        f.write(f"{proc.pid}\n")
     try:
         ok, secs, why = wait_ready(proc, port, log_path, spec.get("start_timeout_s", a.start_timeout_s))
         result["ready"] = ok
@@ -390,11 +411,22 @@ def main(argv=None) -> int:
     ap.add_argument("--start-timeout-s", type=float, default=240)
     ap.add_argument("--time-budget-s", type=float, default=0, help="start no run after this many seconds")
     ap.add_argument("--no-deterministic", dest="deterministic", action="store_false")
+    ap.add_argument("--log-dir", type=Path, help="server logs (default: --out)")
+    ap.add_argument("--merge", type=Path, nargs="*", default=None,
+                    help="no servers: merge these server.json files (logs beside each, or in --log-dir), "
+                         "re-read the logs, evaluate, write --out")
     a = ap.parse_args(argv)
+    a.log_dir = a.log_dir or a.out
+    # `timeout` sends SIGTERM: leave through the finally blocks (they stop the running server)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if a.merge is not None:
+        return merge(a)
     a.repo = a.repo.resolve()
     t_begin = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
+    a.log_dir.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
+    leftovers = kill_leftovers(a.work)
     write_plugin_dist(a.work / "ep")
     models = sorted({r["model"] for r in a.runs})
     ckpt_root = a.work / "ckpt"
@@ -412,6 +444,8 @@ def main(argv=None) -> int:
                     "ttft_rounds": a.ttft_rounds, "max_tokens": a.max_tokens, "deterministic": a.deterministic,
                     "stand_ins": STAND_INS, "server_env": {k: "see each run's command" for k in SERVER_ENV_KEYS}},
            "runs": [], "notes": []}
+    if leftovers:
+        res["notes"].append(f"killed servers left by an interrupted earlier invocation: process groups {leftovers}")
     per_run_s = []
     for spec in a.runs:
         elapsed = time.monotonic() - t_begin
@@ -424,18 +458,46 @@ def main(argv=None) -> int:
             spec["start_timeout_s"] = min(a.start_timeout_s, max(90.0, 2 * per_run_s[0]))
         print(f"[serve-check] {spec} ...", flush=True)
         t0 = time.monotonic()
-        r = one_run(spec, a, ckpt_root, paths[spec["version"]], a.out)
+        r = one_run(spec, a, ckpt_root, paths[spec["version"]])
         per_run_s.append(time.monotonic() - t0)
         res["runs"].append(r)
         print(f"[serve-check] {r['run']}: ready={r.get('ready')} startup={r.get('startup_s')}s wall={r.get('wall_s')}s "
               f"{r.get('error', '')}", flush=True)
         (a.out / "server.json").write_text(json.dumps(res, indent=1, default=str))
-    res["checks"] = evaluate(res["runs"], {m: kv_bytes_per_token(m, a.text_layers) for m in models})
-    res["notes"].append(res["runs"][0]["video"]["why"] if res["runs"] and "video" in res["runs"][0] else
-                        "video: no server answered")
-    (a.out / "server.json").write_text(json.dumps(res, indent=1, default=str))
-    (a.out / "server.md").write_text(markdown(res))
+    finish(res, a.out, a.text_layers)
+    return 0
+
+
+def finish(res: dict, out: Path, text_layers: int) -> None:
+    models = sorted({r["model"] for r in res["runs"]}) or res["meta"]["models"]
+    res["checks"] = evaluate(res["runs"], {m: kv_bytes_per_token(m, text_layers) for m in models})
+    video = next((r["video"]["why"] for r in res["runs"] if "video" in r), None)
+    note = f"video: not sent: {video}" if video else "video: no server answered"
+    if note not in res["notes"]:
+        res["notes"].append(note)
+    (out / "server.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "server.md").write_text(markdown(res))
     print(markdown(res))
+
+
+def merge(a) -> int:
+    """Several invocations' results (e.g. two device calls) as one: runs concatenated (a later
+    file's run of the same name replaces an earlier one), logs re-read, checks recomputed."""
+    merged = None
+    for path in a.merge:
+        part = json.loads(path.read_text())
+        if merged is None:
+            merged = {**part, "runs": [], "notes": [], "parts": []}
+        merged["parts"].append({"file": str(path), "command": part["command"], "date": part["meta"]["date"]})
+        for r in part["runs"]:
+            log = (path.parent / r["log"]) if (path.parent / r["log"]).exists() else (a.log_dir / r["log"])
+            if log.exists():
+                r["log_facts"] = logcheck.analyse(log.read_text(errors="replace"))
+            merged["runs"] = [x for x in merged["runs"] if x["run"] != r["run"]] + [r]
+        merged["notes"] += [n for n in part["notes"] if n not in merged["notes"]]
+    merged["command"] = " ; ".join(p["command"] for p in merged["parts"])
+    a.out.mkdir(parents=True, exist_ok=True)
+    finish(merged, a.out, merged["meta"]["text_layers"])
     return 0
 
 
