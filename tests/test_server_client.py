@@ -201,4 +201,4 @@ def test_server_command_and_environment():
     on, off = check_server.server_env(True, "P"), check_server.server_env(False, "P")
     assert on["SGLANG_VIT_ENABLE_CUDA_GRAPH"] == "1" and on["SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE"] == "1"
     assert off["SGLANG_VIT_ENABLE_CUDA_GRAPH"] == "0" and on["SGLANG_FA4_JIT_MONITOR"] == "raise"
-    assert on["PYTHONPATH"] == "P"
+    assert on["PYTHONPATH"] == "P" and on["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"
