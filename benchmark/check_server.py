@@ -241,9 +241,9 @@ def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str) -> dict:
             result["error"] = why
             return result
         client = Client(f"http://127.0.0.1:{port}/v1", model_dir, max_tokens=a.max_tokens)
+        client.images = a.images  # encoded once, before the first server (same pictures every run)
         fixed = fixed_requests()
         rand = random_requests(a.requests, seed=a.seed)
-        client.prepare(fixed + rand)
         result["fixed"] = [client.send(r) for r in fixed]
         # video: only where SGLang's decoder can read one
         dec = video_decoder_available(pythonpath)
@@ -361,6 +361,28 @@ def markdown(res: dict) -> str:
     for r in res["runs"]:
         if r.get("error"):
             lines.append(f"\n`{r['run']}` failed: {r['error']} (log `{r['log']}`).")
+    for r in (x for x in res["runs"] if x.get("ready")):
+        f = r.get("log_facts", {})
+        c = ev["per_run"][r["run"]]
+        lines += ["", f"### {r['run']}", ""]
+        w = (f.get("warmup") or [{}])[0]
+        b = (f.get("budgets") or [None])[0]
+        kv = f.get("kv_alloc")
+        lines.append(f"- startup {r.get('startup_s')} s to ready; FA4 warmup {w.get('variants')} variant(s) in "
+                     f"{w.get('seconds')} s ({w.get('compiled')} compiled, {w.get('loaded')} loaded from cache)"
+                     + (f"; {b['graphs']} budget graphs {b['budgets']}, {b['graph_mib']} MiB" if b else "")
+                     + (f"; KV cache {kv['tokens']} tokens, {kv['k_gb'] + kv['v_gb']:.2f} GB" if kv else ""))
+        lines.append(f"- sglang_fa4 hooks applied in the scheduler: {', '.join(c.get('scheduler_hooks') or []) or 'none seen'}")
+        lines.append(f"- 50 random requests: {r.get('concurrent_s')} s concurrently ({res['meta']['concurrency']} at a time), "
+                     f"{r.get('alone_s')} s one by one; distinct outputs {len({tuple(x['alone'].get('output_ids') or ()) for x in r.get('random', [])})}"
+                     f"/{len(r.get('random', []))}")
+        lines += ["", "| request | image tokens | prompt tokens | latency ms | TTFT median ms (rounds) |", "|---|---|---|---|---|"]
+        for q in r.get("fixed", []):
+            size = q["name"].split("-", 1)[1]
+            t = r.get("ttft", {}).get(size)
+            tt = f"{t['median_ms']:.1f} ({', '.join(f'{x:.1f}' for x in t['ms'])})" if t and t.get("median_ms") else ""
+            lines.append(f"| {q['name']} | {q.get('image_tokens')} | {q.get('prompt_tokens')} | "
+                         f"{q['latency_s'] * 1e3:.1f} | {tt} |")
     if ev["pairs"]:
         lines += ["", "## Graphs on vs off", ""]
         for key, p in ev["pairs"].items():
@@ -379,6 +401,18 @@ def markdown(res: dict) -> str:
             lines.append("")
     lines += ["", "## Not run / notes", ""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def run_estimate(done: list[dict]) -> float:
+    """Seconds the next run should take: the longest request phase so far plus a startup, the
+    shortest seen after the first (the first server compiles Triton/JIT kernels the later ones
+    find on disk), else 60% of the first's."""
+    timed = [r for r in done if r.get("ready") and r.get("startup_s") is not None and r.get("wall_s")]
+    if not timed:
+        return max((r.get("wall_s") or 0 for r in done), default=0)
+    phase = max(r["wall_s"] - r["startup_s"] for r in timed)
+    startups = [r["startup_s"] for r in timed]
+    return phase + (min(startups[1:]) if len(startups) > 1 else 0.6 * startups[0])
 
 
 def parse_run(s: str) -> dict:
@@ -447,6 +481,11 @@ def main(argv=None) -> int:
     for p in reversed(paths[min(paths)].split(":")[2:]):
         if p not in sys.path:
             sys.path.append(p)
+    from client import fixed_requests, random_requests
+
+    a.images = {}
+    for req in fixed_requests() + random_requests(a.requests, seed=a.seed):
+        req.messages(a.images)  # PNG/JPEG + base64 once, not while a server waits
     gpu = gpu_query("name") or "none"
     res = {"command": "python3 " + " ".join(shlex.quote(x) for x in sys.argv),
            "meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "gpu": gpu, "models": models,
@@ -459,17 +498,18 @@ def main(argv=None) -> int:
     per_run_s = []
     for spec in a.runs:
         elapsed = time.monotonic() - t_begin
-        estimate = max(per_run_s) if per_run_s else 0
+        estimate = run_estimate(res["runs"])
         if a.time_budget_s and elapsed + estimate > a.time_budget_s:
             res["notes"].append(f"{spec['version']}:{spec['model']}:{spec['mode']} not run: {elapsed:.0f} s used, "
-                                f"a run took up to {estimate:.0f} s, budget {a.time_budget_s:.0f} s")
+                                f"a run estimated at {estimate:.0f} s, budget {a.time_budget_s:.0f} s")
             continue
         if per_run_s:  # later servers find Triton/JIT/FA4 caches warm
             spec["start_timeout_s"] = min(a.start_timeout_s, max(90.0, 2 * per_run_s[0]))
         print(f"[serve-check] {spec} ...", flush=True)
         t0 = time.monotonic()
         r = one_run(spec, a, ckpt_root, paths[spec["version"]])
-        if not r.get("ready") and a.deterministic and a.fallback and not any(x.get("ready") for x in res["runs"]):
+        failed = not r.get("ready") or r.get("log_facts", {}).get("budget_capture_failed")
+        if failed and a.deterministic and a.fallback and not any(x.get("ready") for x in res["runs"]):
             # no server has come up yet: try once without --enable-deterministic-inference, and keep
             # that for the remaining runs if it helps (recorded; concurrent==alone then tests less)
             res["runs"].append({**r, "run": r["run"] + "-deterministic-failed"})

@@ -202,3 +202,12 @@ def test_server_command_and_environment():
     assert on["SGLANG_VIT_ENABLE_CUDA_GRAPH"] == "1" and on["SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE"] == "1"
     assert off["SGLANG_VIT_ENABLE_CUDA_GRAPH"] == "0" and on["SGLANG_FA4_JIT_MONITOR"] == "raise"
     assert on["PYTHONPATH"] == "P" and on["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"
+
+
+def test_run_estimate_uses_warm_startups():
+    assert check_server.run_estimate([]) == 0
+    first = {"ready": True, "startup_s": 90.0, "wall_s": 145.0}
+    assert check_server.run_estimate([first]) == 55.0 + 54.0
+    second = {"ready": True, "startup_s": 40.0, "wall_s": 90.0}
+    assert check_server.run_estimate([first, second]) == 55.0 + 40.0
+    assert check_server.run_estimate([{"ready": False, "wall_s": 27.0}]) == 27.0

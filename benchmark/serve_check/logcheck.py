@@ -17,6 +17,7 @@ MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
 KV_ALLOC = re.compile(r"KV Cache is allocated\..*?#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB")
 LOAD_END = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
 POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
+BUDGETS_FAILED = "ViT graph budgets not captured"
 STUB_CALLED = re.compile(r"(\S+) is a stand-in \(cuda_only_stubs\)")
 
 
@@ -61,6 +62,7 @@ def analyse(text: str) -> dict:
     out["load_end"] = {"avail_gb": float(le[0][1]), "usage_gb": float(le[0][2])} if le else None
     pe = [x for line in lines if (x := POOL_END.search(line))]
     out["pool_end_avail_gb"] = float(pe[0][1]) if pe else None
+    out["budget_capture_failed"] = sum(1 for line in lines if BUDGETS_FAILED in line)
     out["tracebacks"] = sum(1 for line in lines if line.startswith("Traceback"))
     out["stand_ins_called"] = sorted({m[1] for line in lines if (m := STUB_CALLED.search(line))})
     return out
