@@ -375,7 +375,9 @@ def markdown(res: dict) -> str:
         lines.append(f"- sglang_fa4 hooks applied in the scheduler: {', '.join(c.get('scheduler_hooks') or []) or 'none seen'}")
         lines.append(f"- 50 random requests: {r.get('concurrent_s')} s concurrently ({res['meta']['concurrency']} at a time), "
                      f"{r.get('alone_s')} s one by one; distinct outputs {len({tuple(x['alone'].get('output_ids') or ()) for x in r.get('random', [])})}"
-                     f"/{len(r.get('random', []))}")
+                     f"/{len(r.get('random', []))}; prefill batches by requests in them "
+                     f"{f.get('prefill_batches_by_requests')} (a batch's images go through one ViT call), "
+                     f"up to {f.get('max_running_requests_seen')} requests running")
         lines += ["", "| request | image tokens | prompt tokens | latency ms | TTFT median ms (rounds) |", "|---|---|---|---|---|"]
         for q in r.get("fixed", []):
             size = q["name"].split("-", 1)[1]

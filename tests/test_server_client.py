@@ -150,6 +150,8 @@ def test_log_reader_on_the_products_own_formats():
         "[2026 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB",
         "[2026 TP0] max_total_num_tokens=1000, chunked_prefill_size=16384, max_prefill_tokens=16384",
         "[2026] The server is fired up and ready to roll!",
+        "[2026 TP0] Prefill batch, #new-seq: 3, #new-token: 82, #cached-token: 0, token usage: 0.00, #running-req: 2,",
+        "[2026 TP0] Prefill batch, #new-seq: 1, #new-token: 82, #cached-token: 0, token usage: 0.00, #running-req: 0,",
         "[2026 TP0] " + capture, "[2026 TP0] " + fa4_after, "Traceback (most recent call last):",
         "NotImplementedError: sgl_kernel.foo is a stand-in (cuda_only_stubs): the real package is not on this machine",
     ])
@@ -162,6 +164,7 @@ def test_log_reader_on_the_products_own_formats():
     assert f["after_ready"] == {"fa4_compiles": 1, "graph_captures": 1}
     assert f["max_total_num_tokens"] == 1000 and f["kv_alloc"]["tokens"] == 1000
     assert f["tracebacks"] == 1 and f["stand_ins_called"] == ["sgl_kernel.foo"]
+    assert f["prefill_batches_by_requests"] == {1: 1, 3: 1} and f["max_running_requests_seen"] == 2
     assert logcheck.analyse(log.replace(logcheck.READY, "x"))["ready"] is False
 
 

@@ -17,6 +17,8 @@ MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
 KV_ALLOC = re.compile(r"KV Cache is allocated\..*?#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB")
 LOAD_END = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
 POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
+PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+)")
+RUNNING = re.compile(r"#running-req: (\d+)")
 BUDGETS_FAILED = "ViT graph budgets not captured"
 STUB_CALLED = re.compile(r"(\S+) is a stand-in \(cuda_only_stubs\)")
 
@@ -62,6 +64,12 @@ def analyse(text: str) -> dict:
     out["load_end"] = {"avail_gb": float(le[0][1]), "usage_gb": float(le[0][2])} if le else None
     pe = [x for line in lines if (x := POOL_END.search(line))]
     out["pool_end_avail_gb"] = float(pe[0][1]) if pe else None
+    sizes: dict[int, int] = {}
+    for line in lines:
+        if (m := PREFILL.search(line)):
+            sizes[int(m[1])] = sizes.get(int(m[1]), 0) + 1
+    out["prefill_batches_by_requests"] = dict(sorted(sizes.items()))
+    out["max_running_requests_seen"] = max((int(m[1]) for line in lines if (m := RUNNING.search(line))), default=None)
     out["budget_capture_failed"] = sum(1 for line in lines if BUDGETS_FAILED in line)
     out["tracebacks"] = sum(1 for line in lines if line.startswith("Traceback"))
     out["stand_ins_called"] = sorted({m[1] for line in lines if (m := STUB_CALLED.search(line))})
