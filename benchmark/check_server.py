@@ -441,7 +441,7 @@ def version_pythonpath(a, version: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--runs", type=parse_run, nargs="+", required=True)
+    ap.add_argument("--runs", type=parse_run, nargs="+", default=[], help="VERSION:MODEL:on|off ... (not with --merge)")
     ap.add_argument("--sgl-bundle", default=".sgl")
     ap.add_argument("--repo", type=Path, default=HERE.parent, help="where sglang_fa4 is (server cwd)")
     ap.add_argument("--pythonpath", action="append", default=[], help="VERSION=PATH instead of install.sh")
@@ -467,6 +467,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.merge is not None:
         return merge(a)
+    if not a.runs:
+        ap.error("--runs is required (unless --merge)")
     a.repo = a.repo.resolve()
     t_begin = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
