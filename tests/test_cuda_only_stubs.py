@@ -76,3 +76,18 @@ def test_other_names_raise_naming_themselves(stubs):
         pass
 
     assert Sub.__name__ == "Sub"
+
+
+def test_submodule_names_the_server_path_needs(stubs, monkeypatch):
+    """The server check's path (SGLang's triton attention backend) imports
+    sgl_kernel.utils.is_arch_support_pdl: a real answer (capability >= 9.0), not a raising stand-in."""
+    monkeypatch.setitem(cuda_only_stubs.IMPLEMENTED, "sglfa4_fake_kernel.utils",
+                        cuda_only_stubs.IMPLEMENTED["sgl_kernel.utils"])
+    from sglfa4_fake_kernel.utils import is_arch_support_pdl
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for cap, want in (((9, 0), True), ((10, 3), True), ((8, 9), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, cap=cap: cap)
+        assert is_arch_support_pdl() is want
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert is_arch_support_pdl() is False

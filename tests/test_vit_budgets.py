@@ -578,3 +578,51 @@ def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
         assert big["runner_calls"] == 0 and big["eager_runs"] == 1 and big["enable_cg_restored"], big
         assert big["max_err"] == 0.0, big
         assert big["rotary"] == {"compiled": 0, "unfused": 4}, big  # one per block, graph-mode rotary
+
+
+def test_startup_capture_sees_deterministic_inference_kernels(monkeypatch):
+    """--enable-deterministic-inference: SGLang turns its batch-invariant kernels on right after
+    ModelRunner.load_model, i.e. after this AFTER hook. The budget graphs must capture those
+    kernels, so the hook asks the runner to turn them on (SGLang's own idempotent method) before
+    capturing; without the graph switch it does neither."""
+    from sglang_fa4.integration import vit_budgets as vb
+
+    calls = []
+
+    class Runner:
+        model = object()
+
+        def maybe_enable_batch_invariant_mode(self):
+            calls.append("batch_invariant")
+
+    monkeypatch.setattr(vb, "capture_model_budgets", lambda model: calls.append(("capture", model)))
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+    runner = Runner()
+    assert vb.capture_budgets_after_load_model(None, runner) is None
+    assert calls == ["batch_invariant", ("capture", runner.model)]
+    calls.clear()
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "0")
+    vb.capture_budgets_after_load_model(None, runner)
+    assert calls == []
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+
+    class OldRunner:  # a runner without the method (another SGLang): capture only
+        model = None
+
+    vb.capture_budgets_after_load_model(None, OldRunner())
+    assert calls == [("capture", None)]
+
+
+def test_sglang_has_the_batch_invariant_switch(sglang_version):
+    """The method the startup capture calls exists on SGLang's ModelRunner (else the deterministic
+    path would be skipped silently) and only acts under --enable-deterministic-inference."""
+    out = run_with_sglang(sglang_version, """
+import warnings, inspect; warnings.simplefilter("ignore")
+from sglang.srt.model_executor.model_runner import ModelRunner
+src = inspect.getsource(ModelRunner.maybe_enable_batch_invariant_mode)
+emit({"has": callable(getattr(ModelRunner, "maybe_enable_batch_invariant_mode", None)),
+      "gated": "enable_deterministic_inference" in src, "init_order": inspect.getsource(ModelRunner.initialize).find(
+          "self.load_model()") < inspect.getsource(ModelRunner.initialize).find("self.maybe_enable_batch_invariant_mode()")})
+""")
+    assert out == {"has": True, "gated": True, "init_order": True}

@@ -3,8 +3,9 @@ SGLang Python code (vision towers, ViT graph runners, VisionAttention) runs on a
 cannot receive those wheels (the device machine takes 64 MiB per call; sgl_kernel alone is far
 larger, and nothing can be installed there from a registry).
 
-Only what cannot travel is replaced, and only the ops the ViT towers call have a body (plain torch,
-written here): RMSNorm (plain and with a fused residual add) and the gated activations. Every other
+Only what cannot travel is replaced, and only the ops the ViT towers and the server path call have a
+body (plain torch, written here): RMSNorm (plain and with a fused residual add), the gated
+activations, and ``sgl_kernel.utils.is_arch_support_pdl`` (read by the triton attention backend). Every other
 name of these packages imports as a callable that raises, naming itself, so a code path we did not
 expect fails loudly instead of computing something else. Attention itself is not stubbed: fa4 goes
 through sglang_fa4 (flash_attn.cute), the others through torch.
@@ -59,9 +60,17 @@ silu_and_mul = _gated(F.silu)
 gelu_and_mul = _gated(lambda t: F.gelu(t, approximate="none"))
 gelu_tanh_and_mul = _gated(lambda t: F.gelu(t, approximate="tanh"))
 
+def is_arch_support_pdl() -> bool:
+    """sgl_kernel.utils.is_arch_support_pdl: programmatic dependent launch needs compute capability
+    9.0 or newer (SGLang's triton attention backend reads it once, at construction)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
 IMPLEMENTED = {
     "sgl_kernel": {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "silu_and_mul": silu_and_mul,
                    "gelu_and_mul": gelu_and_mul, "gelu_tanh_and_mul": gelu_tanh_and_mul},
+    # the server path (benchmark/check_server.py): SGLang's triton attention backend
+    "sgl_kernel.utils": {"is_arch_support_pdl": is_arch_support_pdl},
 }
 
 called_missing: list[str] = []  # names of raising stand-ins that were called (for the report)

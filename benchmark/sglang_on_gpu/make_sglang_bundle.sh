@@ -6,6 +6,8 @@
 #
 # OUT_DIR/common.tar.xz      cp312 wheels of what SGLang imports and the GPU image lacks (pinned as
 #                            in tests/requirements-sglang.txt), unpacked
+# OUT_DIR/server.tar.xz      the same for what only the server path imports (setproctitle, jsonschema,
+#                            python-multipart, soundfile, ...)
 # OUT_DIR/sglang-<v>.tar.xz  sglang <v> (sources and data, no cp311 extensions) + what <v> pins differently (as tests/setup_env.sh)
 # OUT_DIR/tvm_ffi_headers.tar.xz  tvm_ffi's C headers, for SGLang's JIT kernels (nvcc on that machine)
 # OUT_DIR/install.sh         on the GPU machine: unpack into /tmp/sgl, print the PYTHONPATH
@@ -30,6 +32,11 @@ COMMON=(annotated-types==0.8.0 dill==0.4.1 distro==1.9.0 fastapi==0.165.0 gguf==
         wcwidth==0.9.4 pexpect==4.9.0 ptyprocess==0.7.0 stack-data==0.6.3 executing==2.3.0
         asttokens==3.0.2 pure-eval==0.2.4 matplotlib-inline==0.2.2 decorator==5.2.1
         ipython-pygments-lexers==1.1.1)
+# What the SERVER path (benchmark/check_server.py: launch_server, its HTTP front end, tokenizer
+# manager, scheduler, detokenizer) imports beyond the tower checks, and the GPU image lacks
+# (uvloop, pillow, aiohttp, psutil, requests, prometheus-client are in the image):
+SERVER=(setproctitle==1.3.8 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
+        rpds-py==2026.9.1 python-multipart==0.0.34 soundfile==0.14.0 cffi==2.1.1 pycparser==3.12)
 declare -A PINNED=(
     [0.5.20]="sglang==0.5.20 transformers==5.12.1 tokenizers==0.22.2 openai==2.6.1 xgrammar==0.2.1 compressed-tensors==0.18.0"
     [0.5.23]="sglang==0.5.23 transformers==5.19.0 tokenizers==0.23.2 openai==2.8.0 xgrammar==0.2.7 compressed-tensors==0.18.0"
@@ -55,6 +62,7 @@ pack() {  # pack NAME -- pip install args...
 
 mkdir -p "$CACHE"
 pack common -- "${COMMON[@]}"
+pack server -- "${SERVER[@]}"
 for v in "${!PINNED[@]}"; do
     # sglang's wheel is cp311-only; its Python code is version-neutral, so take the wheel as is
     # (pip refuses it for 3.12) and unpack it beside the pinned packages

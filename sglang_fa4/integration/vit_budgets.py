@@ -378,7 +378,15 @@ def capture_model_budgets(model) -> list[BudgetState]:
 
 def capture_budgets_after_load_model(result, self, *args, **kwargs):
     """AFTER ModelRunner.load_model (after the FA4 startup warmup hook): capture the ViT budget
-    graphs before serving. Returns None: SGLang keeps load_model's own result."""
+    graphs before serving. Returns None: SGLang keeps load_model's own result.
+
+    With ``--enable-deterministic-inference`` SGLang turns its batch-invariant GEMM/softmax/mean
+    kernels on right after load_model (``ModelRunner.maybe_enable_batch_invariant_mode``,
+    idempotent); graphs captured before that would replay cuBLAS GEMMs while every eager forward
+    uses the batch-invariant ones, so it is turned on first, as SGLang is about to."""
     if enabled() and envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get():
+        enable_batch_invariant = getattr(self, "maybe_enable_batch_invariant_mode", None)
+        if callable(enable_batch_invariant):
+            enable_batch_invariant()
         capture_model_budgets(getattr(self, "model", None))
     return None

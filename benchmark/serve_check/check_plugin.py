@@ -1,0 +1,111 @@
+"""The server check's own SGLang general plugin (entry point ``sglang_fa4_serve_check``, written by
+check_server.py into a dist-info on the server's PYTHONPATH; never part of the product).
+
+Two things, both in the process that loads the model (the scheduler):
+
+1. Weights. SGLang's ``--load-format dummy`` draws every parameter from U(-1e-3, 1e-3), norm
+   weights included. Then each decoder layer adds ~1e-3 of the residual stream's size, below bf16's
+   rounding (2^-8), and the logits are ~1e-5 apart: the greedy tokens would not depend on the image
+   at all, and comparing them across requests or servers would prove nothing. After the dummy
+   loader has run (AFTER hook on ``DummyModelLoader.load_model``, inside ``ModelRunner.load_model``,
+   so before sglang_fa4's warmup and budget capture), the parameters are redrawn in place as
+   transformers initialises such models: norm weights 1, biases 0, every other weight
+   N(0, 0.02), each from a generator seeded by the parameter's name (the same weights in every
+   server of a model).
+2. Evidence. One log line (logged after SGLang configured the scheduler's logging) with the process
+   title, pid, the hooks SGLang's HookRegistry applied per plugin, and sglang_fa4's plan:
+   ``serve-check: hooks in <title> pid N: {...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+
+logger = logging.getLogger("sglang_fa4_serve_check")
+
+LOADER_TARGET = "sglang.srt.model_loader.loader.DummyModelLoader.load_model"
+STD = 0.02
+
+
+def _is_norm(name: str) -> bool:
+    """A normalisation layer's parameter: its module's name holds "norm" (norm1, input_layernorm,
+    q_norm, model.norm, ...) or is Qwen2.5-VL's merger "ln_q"."""
+    owner = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+    return "norm" in owner or owner == "ln_q"
+
+
+def redraw_(model) -> dict:
+    """Redraw ``model``'s floating-point parameters in place (see the module docstring); returns
+    counts for the log."""
+    import torch
+
+    counts = {"normal": 0, "ones": 0, "zeros": 0}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not torch.is_floating_point(p):
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            if _is_norm(name):
+                p.fill_(1.0 if leaf == "weight" else 0.0)
+                counts["ones" if leaf == "weight" else "zeros"] += 1
+            elif leaf == "bias":
+                p.zero_()
+                counts["zeros"] += 1
+            else:
+                gen = torch.Generator(device=p.device).manual_seed(zlib.crc32(name.encode()))
+                tmp = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                tmp.normal_(0.0, STD, generator=gen)
+                p.copy_(tmp.to(p.dtype))
+                counts["normal"] += 1
+    return counts
+
+
+def applied_hooks() -> dict:
+    """Targets SGLang's HookRegistry patched in this process, per plugin that registered them."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    out: dict[str, list[str]] = {}
+    for target, hooks in HookRegistry._hooks.items():
+        if target not in HookRegistry._patched:
+            continue
+        for _, _, source in hooks:
+            name = getattr(source, "plugin_name", None) or "?"
+            out.setdefault(name, [])
+            if target not in out[name]:
+                out[name].append(target)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def process_title() -> str:
+    try:
+        import setproctitle
+
+        return setproctitle.getproctitle()
+    except Exception:  # noqa: BLE001 - only for the log line
+        return "?"
+
+
+def after_dummy_load(result, *args, **kwargs):
+    """AFTER DummyModelLoader.load_model: redraw the weights, log the evidence line."""
+    counts = redraw_(result)
+    plan = None
+    try:
+        from sglang_fa4 import plugin
+
+        p = plugin._registered_plan
+        plan = {"sglang": p.sglang_version, "hooked": p.hooked, "upstream": p.upstream} if p else None
+    except Exception as exc:  # noqa: BLE001
+        plan = f"unavailable: {exc}"
+    logger.warning("serve-check: weights redrawn %s", json.dumps(counts))
+    logger.warning("serve-check: hooks in %s pid %d: %s", process_title(), os.getpid(),
+                   json.dumps({"applied": applied_hooks(), "sglang_fa4_plan": plan}))
+    return None
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(LOADER_TARGET, after_dummy_load, HookType.AFTER)

@@ -1,0 +1,197 @@
+"""benchmark/serve_check/checkpoints.py: the small Qwen2.5-VL / Qwen3-VL checkpoint directories the
+server check (benchmark/check_server.py) launches SGLang on. Checked against the REAL SGLang 0.5.20
+and 0.5.23 (and the transformers each pins): the tokenizer holds every special token at the id the
+config names and round-trips text; SGLang's ServerArgs take the check's argument set and resolve
+it as intended; SGLang's model config reads the directory; SGLang's own multimodal processor turns
+a prompt with an image into the number of image tokens the model's patch geometry gives."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_harness import run_with_sglang
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ROOT / "benchmark" / "serve_check"
+sys.path[:0] = [str(SERVE), str(ROOT / "benchmark")]
+import checkpoints  # noqa: E402
+
+PRELUDE = f"""
+import warnings, sys, json
+warnings.simplefilter("ignore")
+sys.path[:0] = [{str(SERVE)!r}, {str(ROOT / "benchmark")!r}]
+"""
+
+
+def expected_tokens(model: str, width: int, height: int) -> int:
+    """Merged image tokens for one picture: the model's smart_resize grid over merge_size**2
+    (sglang_fa4.bench's geometry, written independently of the processors)."""
+    from sglang_fa4.bench.vit import GEOMETRY
+
+    t, h, w = GEOMETRY[model].grid_thw(width, height, 1)
+    return t * h * w // 4
+
+
+def test_configs_keep_the_public_values_and_cut_only_the_language_model():
+    q25 = checkpoints.model_config("qwen2_5_vl", 4)
+    assert q25["num_hidden_layers"] == 4 and q25["vision_config"]["depth"] == 32
+    assert q25["vision_config"]["fullatt_block_indexes"] == [7, 15, 23, 31]
+    assert (q25["hidden_size"], q25["vocab_size"], q25["image_token_id"]) == (3584, 152064, 151655)
+    q3 = checkpoints.model_config("qwen3_vl", 4)
+    assert q3["text_config"]["num_hidden_layers"] == 4 and q3["vision_config"]["depth"] == 27
+    assert q3["vision_config"]["deepstack_visual_indexes"] == [8, 16, 24]
+    assert checkpoints.QWEN3_VL_CONFIG["text_config"]["num_hidden_layers"] == 36  # the original is untouched
+    with pytest.raises(ValueError, match="at least 3"):
+        checkpoints.model_config("qwen3_vl", 2)  # deepstack feeds the first three layers
+
+
+def test_tokenizer_and_processor_with_pinned_transformers(sglang_version, tmp_path):
+    """Written with the tokenizers/transformers the SGLang version pins; loaded back through
+    transformers' Auto classes."""
+    out = run_with_sglang(sglang_version, PRELUDE + f"""
+import checkpoints
+from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+from PIL import Image
+res = {{}}
+for m in checkpoints.MODELS:
+    d = checkpoints.write_checkpoint(m, {str(tmp_path)!r} + "/" + m, 4)
+    cfg = json.loads((d / "config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(str(d))
+    ids_by_token = {{t: tok.convert_tokens_to_ids(t) for t in checkpoints.SPECIAL_TOKENS}}
+    text = "<|im_start|>user\\nHello, wörld 123!<|vision_start|><|image_pad|><|vision_end|><|im_end|>"
+    enc = tok.encode(text, add_special_tokens=False)
+    proc = AutoProcessor.from_pretrained(str(d))
+    msgs = [{{"role": "user", "content": [{{"type": "image"}}, {{"type": "text", "text": "Hi"}}]}}]
+    prompt = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    pads = {{}}
+    for w, h in ((448, 448), (1280, 720)):
+        o = proc(text=[prompt], images=[Image.new("RGB", (w, h), (9, 99, 199))], return_tensors="pt")
+        pads[f"{{w}}x{{h}}"] = int((o["input_ids"][0] == cfg.get("image_token_id")).sum())
+    hf = AutoConfig.from_pretrained(str(d))
+    res[m] = {{"ids": ids_by_token, "config_ids": checkpoints.config_token_ids(cfg),
+              "roundtrip": tok.decode(enc) == text, "specials_single": [i for i in enc if i >= 151643],
+              "prompt": prompt, "pads": pads, "processor": type(proc).__name__,
+              "hf_layers": (getattr(hf, "text_config", None) or hf).num_hidden_layers}}
+emit(res)
+""")
+    for model in checkpoints.MODELS:
+        r = out[model]
+        assert r["ids"] == checkpoints.SPECIAL_IDS
+        for token, cid in r["config_ids"].items():
+            assert r["ids"][token] == cid, (model, token)
+        assert r["roundtrip"]
+        assert r["specials_single"] == [151644, 151652, 151655, 151653, 151645]  # one id per special token
+        assert r["prompt"].endswith("<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n<|im_start|>assistant\n")
+        assert r["pads"] == {"448x448": expected_tokens(model, 448, 448), "1280x720": expected_tokens(model, 1280, 720)}
+        assert r["hf_layers"] == 4
+    assert out["qwen2_5_vl"]["processor"] == "Qwen2_5_VLProcessor" and out["qwen3_vl"]["processor"] == "Qwen3VLProcessor"
+    assert out["qwen2_5_vl"]["pads"]["448x448"] == 256 and out["qwen3_vl"]["pads"]["448x448"] == 196
+
+
+def test_sglang_reads_the_checkpoints_and_the_server_arguments(sglang_version, tmp_path):
+    """SGLang's ServerArgs (from the CLI parser), ModelConfig and its own Qwen-VL multimodal
+    processor (what the tokenizer manager runs per request) on the check's directories."""
+    out = run_with_sglang(sglang_version, PRELUDE + f"""
+import argparse, asyncio
+import checkpoints, check_server, client
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.runtime_context import publish
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.multimodal_processor import import_processors, get_mm_processor
+from sglang.srt.utils.hf_transformers_utils import get_processor
+from sglang.srt.multimodal.transport import determine_tensor_transport_mode
+from sglang.srt.managers.io_struct import GenerateReqInput
+import sglang.srt.multimodal.processors.base_processor as bp
+bp._is_cpu = True   # 0.5.20 runs the fast image processor on cuda:<gpu> in the tokenizer process
+import_processors("sglang.srt.multimodal.processors")
+res = {{}}
+for m in checkpoints.MODELS:
+    d = str(checkpoints.write_checkpoint(m, {str(tmp_path)!r} + "/" + m, 4))
+    p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)
+    sa = ServerArgs.from_cli_args(p.parse_args(check_server.server_args(d, 30123)))
+    args = {{k: getattr(sa, k) for k in ("attention_backend", "mm_attention_backend", "sampling_backend",
+            "enable_deterministic_inference", "disable_radix_cache", "load_format", "chunked_prefill_size")}}
+    sa.device = "cpu"   # publishing resolves the device; this machine has no GPU
+    publish(sa, role="tokenizer")
+    mc = ModelConfig.from_server_args(sa)
+    proc = get_processor(d)
+    mm = get_mm_processor(mc.hf_config, sa, proc, determine_tensor_transport_mode(), model_config=mc)
+    prompt = proc.tokenizer.apply_chat_template(
+        [{{"role": "user", "content": [{{"type": "image_url", "image_url": {{"url": "x"}}}}, {{"type": "text", "text": "Hi"}}]}}],
+        add_generation_prompt=True, tokenize=False)
+    pads = {{}}
+    for w, h in ((448, 448), (1280, 720), (640, 960)):
+        url = client.data_url(client.make_image(w, h, 7, "PNG"), "PNG")
+        o = asyncio.run(mm.process_mm_data_async(image_data=[url], audio_data=None, input_text=prompt,
+                        request_obj=GenerateReqInput(text=prompt, image_data=[url]), max_req_input_len=100000))
+        ids = o["input_ids"] if isinstance(o, dict) else o.input_ids
+        pads[f"{{w}}x{{h}}"] = sum(1 for t in ids if t == client.IMAGE_PAD)
+    res[m] = {{"args": args, "arch": mc.hf_config.architectures, "multimodal": mc.is_multimodal,
+              "layers": mc.num_hidden_layers, "mm_processor": type(mm).__name__, "pads": pads}}
+emit(res)
+""", env={"SGLANG_IS_FLASHINFER_AVAILABLE": "false"}, timeout=600)
+    for model, arch in (("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"), ("qwen3_vl", "Qwen3VLForConditionalGeneration")):
+        r = out[model]
+        assert r["args"] == {"attention_backend": "triton", "mm_attention_backend": "fa4", "sampling_backend": "pytorch",
+                             "enable_deterministic_inference": True, "disable_radix_cache": True,
+                             "load_format": "dummy", "chunked_prefill_size": 16384}
+        assert r["arch"] == [arch] and r["multimodal"] and r["layers"] == 4
+        assert r["mm_processor"] == "QwenVLImageProcessor"
+        assert r["pads"] == {k: expected_tokens(model, *map(int, k.split("x"))) for k in r["pads"]}, r["pads"]
+
+
+def test_check_plugin_target_exists_and_hooks(sglang_version):
+    """The check's own plugin hooks a target that exists in this SGLang (DummyModelLoader.load_model)
+    and its hook redraws and logs after the real dummy loader's output."""
+    out = run_with_sglang(sglang_version, PRELUDE + """
+import torch, logging, io
+import check_plugin
+from sglang.srt.plugins.hook_registry import HookRegistry
+check_plugin.register()
+HookRegistry.apply_hooks()
+from sglang.srt.model_loader.loader import DummyModelLoader
+buf = io.StringIO(); h = logging.StreamHandler(buf); check_plugin.logger.addHandler(h)
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64); self.input_layernorm = torch.nn.LayerNorm(64)
+m = Tiny()
+check_plugin.after_dummy_load(m, None)
+emit({"patched": check_plugin.LOADER_TARGET in HookRegistry._patched,
+      "wrapped": DummyModelLoader.load_model.__qualname__, "log": buf.getvalue(),
+      "norm": [float(m.input_layernorm.weight.min()), float(m.input_layernorm.bias.abs().max())],
+      "bias": float(m.proj.bias.abs().max()), "std": float(m.proj.weight.std())})
+""")
+    assert out["patched"]
+    assert out["norm"] == [1.0, 0.0] and out["bias"] == 0.0
+    assert 0.015 < out["std"] < 0.025
+    assert "serve-check: weights redrawn" in out["log"] and "serve-check: hooks in" in out["log"]
+    import check_plugin
+    import logcheck
+
+    hooks = logcheck.analyse(out["log"])["hooks"]  # the orchestrator's own reader
+    # registered outside load_plugins(): no plugin source, hence "?"
+    assert len(hooks) == 1 and hooks[0]["applied"]["?"] == [check_plugin.LOADER_TARGET]
+
+
+def test_redraw_is_deterministic_per_parameter_name():
+    import torch
+
+    import check_plugin
+
+    def build():
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        torch.nn.init.uniform_(m[0].weight)
+        return m
+
+    a, b = build(), build()
+    torch.nn.init.zeros_(b[1].weight)
+    counts = check_plugin.redraw_(a)
+    check_plugin.redraw_(b)
+    assert counts == {"normal": 2, "ones": 0, "zeros": 2}
+    assert torch.equal(a[0].weight, b[0].weight) and torch.equal(a[1].weight, b[1].weight)
+    assert not torch.equal(a[0].weight, a[1].weight)  # seeded by name, not one stream reused
+    assert check_plugin._is_norm("visual.merger.ln_q.weight") and check_plugin._is_norm("model.layers.0.self_attn.q_norm.weight")
+    assert not check_plugin._is_norm("model.layers.0.mlp.down_proj.weight")

@@ -1,0 +1,216 @@
+"""The server check's client side and verdicts (benchmark/check_server.py, benchmark/serve_check/),
+without a GPU: the real ``openai`` client against a tiny OpenAI-compatible fake on 127.0.0.1 that
+answers like SGLang (``response_token_ids`` / ``prompt_token_ids`` when ``return_token_ids`` is
+asked), the log reader against lines formatted with sglang-fa4's own format strings, and the
+verdicts (concurrent vs alone, graphs on vs off, KV cache taken by the budgets)."""
+
+import hashlib
+import json
+import re
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmark" / "serve_check"), str(ROOT / "benchmark")]
+import check_server  # noqa: E402
+import client  # noqa: E402
+import logcheck  # noqa: E402
+
+try:
+    import openai  # noqa: F401
+except ImportError:  # .venv has no openai: each SGLang target dir carries the version it pins
+    from sglang_harness import available_versions, target_dir
+
+    if available_versions():
+        sys.path.append(str(target_dir(available_versions()[-1])))
+pytest.importorskip("openai")
+
+
+class FakeSGLang(BaseHTTPRequestHandler):
+    """Chat completions: output ids derived from the request's content (so equal requests get
+    equal ids), one <|image_pad|> per image in the prompt ids; ``corrupt`` names requests whose
+    n-th answer is altered (a stand-in for cross-request corruption)."""
+
+    seen: dict = {}
+    corrupt: set = set()
+    requests: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def _json(self, obj, code=200):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._json({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeSGLang.requests.append(req)
+        parts = req["messages"][0]["content"]
+        images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        assert all(u.startswith("data:image/") for u in images)
+        text = [p["text"] for p in parts if p["type"] == "text"][0]
+        digest = hashlib.sha256((text + "".join(images)).encode()).digest()
+        ids = [b % 1000 for b in digest[: req["max_tokens"]]]
+        key = text + "".join(images)
+        FakeSGLang.seen[key] = FakeSGLang.seen.get(key, 0) + 1
+        if text in FakeSGLang.corrupt and FakeSGLang.seen[key] == 1:
+            ids = [i + 1 for i in ids]
+        choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
+        if req.get("return_token_ids"):
+            choice["response_token_ids"] = ids
+            choice["prompt_token_ids"] = [151644] + [client.IMAGE_PAD] * (7 * len(images)) + [151645]
+        self._json({"id": "c", "object": "chat.completion", "created": 0, "model": req["model"],
+                    "choices": [choice], "usage": {"prompt_tokens": 9, "completion_tokens": len(ids), "total_tokens": 9}})
+
+
+@pytest.fixture()
+def fake_server():
+    FakeSGLang.seen, FakeSGLang.corrupt, FakeSGLang.requests = {}, set(), []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_requests_the_check_sends():
+    fixed = client.fixed_requests()
+    assert [r.name for r in fixed] == ["single-448", "single-720p", "single-1080p", "single-4k", "three-images"]
+    assert [r.images[0][:2] for r in fixed[:4]] == [(448, 448), (1280, 720), (1920, 1080), (3840, 2160)]
+    three = fixed[4].images
+    assert len(three) == 3 and len({i[:2] for i in three}) == 3
+    rand = client.random_requests(50, seed=0)
+    assert len(rand) == 50 and rand == client.random_requests(50, seed=0)
+    assert {i[3] for r in rand for i in r.images} == {"PNG", "JPEG"}
+    assert any(len(r.images) > 1 for r in rand)
+    png, jpg = client.make_image(64, 48, 1, "PNG"), client.make_image(64, 48, 1, "JPEG")
+    assert png.startswith(b"\x89PNG") and jpg.startswith(b"\xff\xd8")
+    assert png == client.make_image(64, 48, 1, "PNG") and png != client.make_image(64, 48, 2, "PNG")
+
+
+def test_client_against_a_loopback_fake(fake_server):
+    c = client.Client(fake_server, "m", max_tokens=4)
+    reqs = client.random_requests(12, seed=3)
+    FakeSGLang.corrupt = {reqs[5].text}
+    c.prepare(reqs)
+    conc = c.send_concurrently(reqs, workers=4, seed=1)
+    alone = [c.send(r) for r in reqs]
+    assert all(r["ok"] for r in conc + alone)
+    assert [r["name"] for r in conc] == [r.name for r in reqs]  # results in request order
+    assert all(len(r["output_ids"]) == 4 for r in conc)
+    assert conc[0]["image_tokens"] == 7 * len(reqs[0].images)
+    sent = FakeSGLang.requests[0]
+    assert sent["temperature"] == 0.0 and sent["ignore_eos"] is True and sent["return_token_ids"] is True
+    # the verdict: only requests whose ids differ (the corrupted text's first answer) are named
+    run = {"run": "v-qwen2_5_vl-on", "version": "v", "model": "qwen2_5_vl", "mode": "on", "ready": True,
+           "fixed": [], "ttft": {}, "log_facts": {},
+           "random": [{"name": r.name, "concurrent": x, "alone": y} for r, x, y in zip(reqs, conc, alone)]}
+    ev = check_server.evaluate([run], {"qwen2_5_vl": 8192})["per_run"]["v-qwen2_5_vl-on"]
+    bad = [r.name for r in reqs if r.text == reqs[5].text]
+    assert ev["concurrent_mismatches"] and set(ev["concurrent_mismatches"]) <= set(bad)
+    assert ev["concurrent_equals_alone"] is False and ev["all_requests_ok"] is True
+    t = c.ttft(reqs[0], rounds=3)
+    assert t["warm_ok"] and len(t["ms"]) == 3 and t["median_ms"] > 0
+
+
+def test_failed_requests_are_recorded_not_raised():
+    c = client.Client("http://127.0.0.1:9/v1", "m", timeout=2)  # nothing listens on port 9
+    r = c.send(client.fixed_requests()[0])
+    assert r["ok"] is False and "Error" in r["error"]
+
+
+def _product_format(path: str, start: str) -> str:
+    """A logger format string of sglang-fa4, read from its source (keeps the reader in step)."""
+    src = (ROOT / "sglang_fa4" / path).read_text()
+    m = re.search(r'"(' + re.escape(start) + r'[^"]*)"(?:\s*\n\s*"([^"]*)")?', src)
+    assert m, f"{start!r} not found in sglang_fa4/{path}"
+    return m[1] + (m[2] or "")
+
+
+def test_log_reader_on_the_products_own_formats():
+    warm = _product_format("warmup.py", "sglang-fa4 warmup: %d FA4 variant(s)") % (2, 8.81, 2, 0, 0)
+    variant = _product_format("warmup.py", "sglang-fa4 warmup [%d/%d] %s: %.3f s") % (1, 2, "d80 full", 4.2, "compiled")
+    budgets = _product_format("vit_budgets.py", "sglang-fa4: %d ViT budget graph(s)") % (8, [1024, 2048], "244.0 MiB")
+    capture = _product_format("vit_budgets.py", "sglang-fa4: ViT CUDA graph captured after")
+    fa4_after = _product_format("warmup.py", "sglang-fa4: FA4 ")
+    hooks = 'serve-check: hooks in sglang::scheduler_TP0 pid 42: {"applied": {"sglang_fa4": ["a.b"]}, "sglang_fa4_plan": null}'
+    log = "\n".join([
+        "[2026 TP0] " + variant, "[2026 TP0] " + warm, "[2026 TP0] " + budgets, "[2026 TP0] " + hooks,
+        "[2026 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB",
+        "[2026 TP0] max_total_num_tokens=1000, chunked_prefill_size=16384, max_prefill_tokens=16384",
+        "[2026] The server is fired up and ready to roll!",
+        "[2026 TP0] Prefill batch, #new-seq: 3, #new-token: 82, #cached-token: 0, token usage: 0.00, #running-req: 2,",
+        "[2026 TP0] Prefill batch, #new-seq: 1, #new-token: 82, #cached-token: 0, token usage: 0.00, #running-req: 0,",
+        "[2026 TP0] " + capture, "[2026 TP0] " + fa4_after, "Traceback (most recent call last):",
+        "NotImplementedError: sgl_kernel.foo is a stand-in (cuda_only_stubs): the real package is not on this machine",
+    ])
+    f = logcheck.analyse(log)
+    assert f["ready"] and f["warmup"] == [{"variants": 2, "seconds": 8.81, "compiled": 2, "loaded": 0, "failed": 0,
+                                           "before_ready": True}]
+    assert f["warmup_variant_lines"] == 1
+    assert f["budgets"] == [{"graphs": 8, "budgets": [1024, 2048], "graph_mib": 244.0, "before_ready": True}]
+    assert logcheck.scheduler_hooks(f)["applied"] == {"sglang_fa4": ["a.b"]}
+    assert f["after_ready"] == {"fa4_compiles": 1, "graph_captures": 1}
+    assert f["max_total_num_tokens"] == 1000 and f["kv_alloc"]["tokens"] == 1000
+    assert f["tracebacks"] == 1 and f["stand_ins_called"] == ["sgl_kernel.foo"]
+    assert f["prefill_batches_by_requests"] == {1: 1, 3: 1} and f["max_running_requests_seen"] == 2
+    assert logcheck.analyse(log.replace(logcheck.READY, "x"))["ready"] is False
+
+
+def test_on_off_pair_verdicts():
+    def run(mode, ids, tokens, ttft):
+        return {"run": f"0.5.23-qwen2_5_vl-{mode}", "version": "0.5.23", "model": "qwen2_5_vl", "mode": mode,
+                "ready": True, "fixed": [{"name": "single-448", "ok": True, "output_ids": ids}],
+                "ttft": {"448": {"median_ms": ttft, "ms": [ttft], "errors": []}},
+                "random": [{"name": "random-00", "concurrent": {"ok": True, "output_ids": [1]},
+                            "alone": {"ok": True, "name": "random-00", "output_ids": [1]}}],
+                "log_facts": {"max_total_num_tokens": tokens, "budgets": [{"graph_mib": 244.0, "before_ready": True}],
+                              "warmup": [{"before_ready": True}], "after_ready": {"fa4_compiles": 0, "graph_captures": 0}}}
+
+    ev = check_server.evaluate([run("on", [5, 6], 1000, 10.0), run("off", [5, 7], 1000 + 2**17, 20.0)],
+                               {"qwen2_5_vl": 8192})
+    p = ev["pairs"]["0.5.23-qwen2_5_vl"]
+    assert p["graphs_on_equals_off"] == {"equal": 1, "different": ["single-448"]}
+    assert p["kv_tokens"]["delta"] == 2**17 and p["kv_bytes_taken_by_budgets_gib"] == 1.0
+    assert p["ttft_ms"] == {"448": {"on": 10.0, "off": 20.0}}
+    c = ev["per_run"]["0.5.23-qwen2_5_vl-on"]
+    assert c["fa4_warmup_before_ready"] and c["budget_capture_before_ready"] and c["concurrent_equals_alone"]
+    assert c["plugin_hooks_in_scheduler"] is False  # no evidence line in this log
+
+
+def test_kv_bytes_per_token_from_the_configs():
+    assert check_server.kv_bytes_per_token("qwen2_5_vl", 4) == 4 * 2 * 4 * 128 * 2
+    assert check_server.kv_bytes_per_token("qwen3_vl", 4) == 4 * 2 * 8 * 128 * 2
+
+
+def test_server_command_and_environment():
+    args = check_server.server_args("/m", 1234)
+    joined = " ".join(args)
+    for piece in ("--load-format dummy", "--mm-attention-backend fa4", "--attention-backend triton",
+                  "--sampling-backend pytorch", "--host 127.0.0.1", "--port 1234", "--enable-deterministic-inference"):
+        assert piece in joined
+    assert "--enable-deterministic-inference" not in check_server.server_args("/m", 1, deterministic=False)
+    on, off = check_server.server_env(True, "P"), check_server.server_env(False, "P")
+    assert on["SGLANG_VIT_ENABLE_CUDA_GRAPH"] == "1" and on["SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE"] == "1"
+    assert off["SGLANG_VIT_ENABLE_CUDA_GRAPH"] == "0" and on["SGLANG_FA4_JIT_MONITOR"] == "raise"
+    assert on["PYTHONPATH"] == "P" and on["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"
+
+
+def test_run_estimate_uses_warm_startups():
+    assert check_server.run_estimate([]) == 0
+    first = {"ready": True, "startup_s": 90.0, "wall_s": 145.0}
+    assert check_server.run_estimate([first]) == 55.0 + 54.0
+    second = {"ready": True, "startup_s": 40.0, "wall_s": 90.0}
+    assert check_server.run_estimate([first, second]) == 55.0 + 40.0
+    assert check_server.run_estimate([{"ready": False, "wall_s": 27.0}]) == 27.0
