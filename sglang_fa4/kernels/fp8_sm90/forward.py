@@ -53,7 +53,14 @@ WG_ROWS = 64  # query rows per consumer warpgroup
 class Fp8AttentionForwardSm90:
     """One compiled variant: head dim, causal, local window (everything else is runtime)."""
 
-    def __init__(self, head_dim: int, causal: bool = False, local: bool = False, num_stages: int = 0):
+    def __init__(
+        self,
+        head_dim: int,
+        causal: bool = False,
+        local: bool = False,
+        num_stages: int = 0,
+        debug: frozenset = frozenset(),
+    ):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
         if causal and local:
@@ -65,6 +72,9 @@ class Fp8AttentionForwardSm90:
         self.tile_n = TILE_N
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.
         self.num_stages = num_stages or (4 if head_dim <= 128 else 2)
+        # Bisection switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv", "skip_kv",
+        # "skip_store"); never set in production variants.
+        self.debug = frozenset(debug)
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
@@ -244,7 +254,8 @@ class Fp8AttentionForwardSm90:
         if m_start < seqlen_q:
             if wg_idx == 0:
                 # ------------------------------ producer ------------------------------
-                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+                if cutlass.const_expr("no_setmaxnreg" not in self.debug):
+                    cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
                 if warp_idx == 0:
                     mQ_cur = cute.domain_offset((offset_q, 0), mQ_tma[None, None, head])
                     gQ = cute.local_tile(mQ_cur, (WG_ROWS, d), (None, 0))  # (64, d, m64 blocks)
@@ -272,7 +283,10 @@ class Fp8AttentionForwardSm90:
                             tma_bar_ptr=pipe_q.producer_get_barrier(q_state),
                         )
                     kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-                    for i in cutlass.range(n_iters, unroll=1):
+                    n_loads = n_iters
+                    if cutlass.const_expr("skip_kv" in self.debug):
+                        n_loads = Int32(0)
+                    for i in cutlass.range(n_loads, unroll=1):
                         n_block = n_block_max - 1 - i
                         pipe_kv.producer_acquire(kv_state)
                         cute.copy(
@@ -290,7 +304,8 @@ class Fp8AttentionForwardSm90:
                         kv_state.advance()
             else:
                 # ------------------------------ consumers ------------------------------
-                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+                if cutlass.const_expr("no_setmaxnreg" not in self.debug):
+                    cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
                 wg = wg_idx - 1
                 tid = tidx - 128 * wg_idx
                 scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv] * mDescale[1, batch, head_kv]
@@ -367,18 +382,23 @@ class Fp8AttentionForwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        if cutlass.const_expr("skip_kv" in self.debug):
+            n_iters = Int32(0)
         for i in cutlass.range(n_iters, unroll=1):
             n_block = n_block_max - 1 - i
             pipe_kv.consumer_wait(kv_state)
             stage = kv_state.index
             # ---- S = Q K^T ----
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(d // 32):
-                tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            if cutlass.const_expr("skip_qk" in self.debug):
+                acc_s.fill(0.0)
+            else:
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(d // 32):
+                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
             # ---- mask (only blocks that cross a boundary) ----
             col0 = n_block * tile_n
             need_mask = Int32(0)
@@ -430,12 +450,15 @@ class Fp8AttentionForwardSm90:
             tOrP.store(p_f32.load().to(F8))
             # ---- O_tile = P V ----
             acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(tile_n // 32):
-                tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, stage], acc_t)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            if cutlass.const_expr("skip_pv" in self.debug):
+                acc_t.fill(0.0)
+            else:
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(tile_n // 32):
+                    tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, stage], acc_t)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
             pipe_kv.consumer_release(kv_state)
             kv_state.advance()
             for v in cutlass.range_constexpr(cute.size(acc_o)):
@@ -449,7 +472,7 @@ class Fp8AttentionForwardSm90:
             s += cute.arch.shuffle_sync_bfly(s, offset=2)
             out_scale[r] = Float32(0.0)
             if s > 0.0:
-                out_scale[r] = v_descale / s
+                out_scale[r] = v_descale * cute.arch.rcp_approx(s)
         for v in cutlass.range_constexpr(cute.size(acc_o)):
             acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
         r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
@@ -458,9 +481,10 @@ class Fp8AttentionForwardSm90:
         gO = cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0))
         tOgO = thr_pv.partition_C(gO)
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
-        for v in cutlass.range_constexpr(cute.size(acc_o)):
-            if row_start + tOcO[v][0] < seqlen_q:
-                tOgO[v] = r_out[v]
+        if cutlass.const_expr("skip_store" not in self.debug):
+            for v in cutlass.range_constexpr(cute.size(acc_o)):
+                if row_start + tOcO[v][0] < seqlen_q:
+                    tOgO[v] = r_out[v]
 
     @cute.jit
     def apply_mask(

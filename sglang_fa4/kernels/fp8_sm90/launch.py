@@ -30,6 +30,8 @@ _lock = threading.Lock()
 _compiled: dict[Fp8Variant, Callable] = {}
 _compile_events: list[dict] = []
 _listeners: list[Callable[[dict], None]] = []
+#: Bring-up switches passed to every compile (see Fp8AttentionForwardSm90.debug); empty in use.
+DEBUG_FLAGS: frozenset = frozenset()
 
 
 class Fp8AttentionError(ValueError):
@@ -65,13 +67,13 @@ def _fake_args(variant: Fp8Variant):
     return (q, k, vt, o, cu_q, cu_k, desc, *scalars, stream)
 
 
-def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi"):
+def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", debug=frozenset()):
     """cute.compile one variant (no GPU needed when CUTE_DSL_ARCH is set: cross-compiles)."""
     import cutlass.cute as cute
 
     from sglang_fa4.kernels.fp8_sm90.forward import Fp8AttentionForwardSm90
 
-    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local)
+    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, debug=debug)
     return cute.compile(kernel, *_fake_args(variant), options=options)
 
 
@@ -83,7 +85,7 @@ def compiled_kernel(variant: Fp8Variant) -> Callable:
         fn = _compiled.get(variant)
         if fn is None:
             t0 = time.perf_counter()
-            fn = compile_variant(variant)
+            fn = compile_variant(variant, debug=DEBUG_FLAGS)
             event = {
                 "variant": variant.as_dict(),
                 "seconds": time.perf_counter() - t0,

@@ -1,0 +1,494 @@
+"""GPU check of the SM90 FP8 attention forward (sglang_fa4.kernels.fp8_sm90): correctness + speed.
+
+In one process on one H100/H200:
+  1. compile every variant (d 64/96/128 x non-causal/causal/local), timed;
+  2. quantize_qkv (Triton) against its torch reference, bitwise;
+  3. correctness: fresh random bf16 q/k/v, quantized on the device, output poisoned with NaN,
+     rel. Frobenius error against an fp32 reference on the *dequantized* inputs (bar 3e-2), with
+     the error of the fp8 output against bf16 FA4 (flash_attn.cute) on the original bf16 inputs
+     and of bf16 FA4 itself against the fp32 reference beside it; layouts: 2 long sequences,
+     GQA, seqlen_q != seqlen_k, > 256 segments with 0- and 1-token segments, 64-token segments,
+     sliding window 64, one 16k sequence; never non-finite (all-zero inputs, +-448 inputs);
+     both V paths (pack_vt from v, and vt straight from quantize_qkv);
+  4. speed, CUDA-graph replay, medians of CUDA events: fp8 kernel vs FA4 bf16 at d128 8x4096 and
+     1x16384 (non-causal), causal 1x16384, d64/d96 1x16384; the quantize and pack launches; the
+     e4m3 torch._scaled_mm and bf16 matmul ceilings (8192^3); host us per call.
+Writes JSON + markdown after every section (``--out-dir``, default $OUT) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+DEV = "cuda"
+RESULT: dict = {"sections": {}}
+T0 = time.perf_counter()
+BAR = 3e-2
+
+
+def log(*a):
+    print(f"[{time.perf_counter() - T0:7.1f}s]", *a, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# reference maths
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_attention(q, k, v, cu_q, cu_k, scale, causal=False, window=(None, None)):
+    """fp32 reference, per sequence; q (Tq, Hq, d), k/v (Tk, Hkv, d) float32."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    hq, hkv = q.shape[1], k.shape[1]
+    g = hq // hkv
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    left, right = window
+    if causal:
+        right = 0
+    for b in range(len(cq) - 1):
+        lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        if lq == 0 or lk == 0:
+            continue
+        qb = q[cq[b] : cq[b + 1]].transpose(0, 1)  # (Hq, lq, d)
+        kb = k[ck[b] : ck[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
+        vb = v[ck[b] : ck[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
+        s = torch.matmul(qb, kb.transpose(1, 2)) * scale
+        i = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+        j = torch.arange(lk, device=q.device)[None, :]
+        mask = torch.zeros((lq, lk), dtype=torch.bool, device=q.device)
+        if right is not None:
+            mask |= j > i + right
+        if left is not None:
+            mask |= j < i - left
+        s = s.masked_fill(mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        out[cq[b] : cq[b + 1]] = torch.matmul(p, vb).transpose(0, 1)
+    return out
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den > 0 else num
+
+
+def dequant(x8, desc_row, cu, heads_per_desc):
+    """x8 (T, H, d) fp8 * descale[b, h // heads_per_desc] -> float32."""
+    x = x8.float()
+    cu_l = cu.tolist()
+    for b in range(len(cu_l) - 1):
+        s = desc_row[b].repeat_interleave(heads_per_desc)  # (H,)
+        x[cu_l[b] : cu_l[b + 1]] *= s[None, :, None]
+    return x
+
+
+def vt_to_v(vt, cu_k, total_k):
+    """Invert the permuted V^T (Hkv, d, cols) back to (Tk, Hkv, d) uint8, for dequantizing."""
+    from sglang_fa4.kernels.fp8_sm90.layout import VT_SEQ_SLACK, vt_source_key
+
+    hkv, d, _ = vt.shape
+    v = torch.zeros((total_k, hkv, d), dtype=torch.uint8, device=vt.device)
+    ck = cu_k.tolist()
+    for b in range(len(ck) - 1):
+        lk = ck[b + 1] - ck[b]
+        base = ck[b] + VT_SEQ_SLACK * b
+        n = lk + VT_SEQ_SLACK
+        slots = torch.arange(n)
+        src = torch.tensor([vt_source_key(int(r)) for r in slots])
+        ok = src < lk
+        v[ck[b] + src[ok]] = vt[:, :, base + slots[ok]].permute(2, 0, 1)
+    return v
+
+
+def make_cu(lens):
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=DEV)
+
+
+# ----------------------------------------------------------------------------------------------
+# sections
+# ----------------------------------------------------------------------------------------------
+
+
+def save(out_dir: Path):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "fp8_attention.json").write_text(json.dumps(RESULT, indent=1, default=str))
+    (out_dir / "fp8_attention.md").write_text(markdown())
+
+
+def markdown() -> str:
+    lines = ["# SM90 FP8 attention forward (sglang_fa4.kernels.fp8_sm90)", ""]
+    env = RESULT.get("env", {})
+    lines.append(f"GPU: {env.get('gpu')}; torch {env.get('torch')}; cutlass-dsl {env.get('cutlass')}; command: `{RESULT.get('command')}`")
+    lines.append("")
+    corr = RESULT["sections"].get("correctness", [])
+    if corr:
+        lines += ["## Correctness (rel. Frobenius error; bar 3e-2 vs fp32 on dequantized inputs)", "",
+                  "| case | d | causal/window | fp8 vs fp32(deq) | fp8 vs FA4 bf16 | FA4 bf16 vs fp32 | finite | ok |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in corr:
+            lines.append(
+                f"| {c['case']} | {c.get('d')} | {c.get('mask')} | {c.get('err_ref', float('nan')):.2e} | "
+                f"{c.get('err_vs_fa4_bf16', float('nan')):.2e} | {c.get('fa4_bf16_err', float('nan')):.2e} | "
+                f"{c.get('finite')} | {c.get('ok')} |"
+            )
+        lines.append("")
+    sp = RESULT["sections"].get("speed", [])
+    if sp:
+        lines += ["## Speed (CUDA-graph replay, median of events)", "",
+                  "| shape | d | causal | fp8 us | fp8 TFLOP/s | FA4 bf16 us | FA4 bf16 TFLOP/s | fp8/bf16 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for s in sp:
+            lines.append(
+                f"| {s['shape']} | {s['d']} | {s['causal']} | {s.get('fp8_us', float('nan')):.1f} | "
+                f"{s.get('fp8_tflops', float('nan')):.0f} | {s.get('bf16_us', float('nan')):.1f} | "
+                f"{s.get('bf16_tflops', float('nan')):.0f} | {s.get('speedup', float('nan')):.2f} |"
+            )
+        lines.append("")
+    other = RESULT["sections"].get("other", {})
+    if other:
+        lines += ["## Other", "", "```", json.dumps(other, indent=1, default=str), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def section_compile():
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.fp8_sm90.layout import all_variants
+
+    rows = []
+    for var in all_variants():
+        t = time.perf_counter()
+        launch.compiled_kernel(var)
+        rows.append({**var.as_dict(), "seconds": round(time.perf_counter() - t, 2)})
+        log("compiled", var, rows[-1]["seconds"])
+    RESULT["sections"]["compile"] = rows
+
+
+def run_case(case, lens_q, lens_k, hq, hkv, d, causal=False, window=(None, None), data="randn", path="vt", dtype_scale=1.0):
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+
+    cu_q, cu_k = make_cu(lens_q), make_cu(lens_k)
+    tq, tk = sum(lens_q), sum(lens_k)
+    if data == "zeros":
+        q = torch.zeros(tq, hq, d, dtype=torch.bfloat16, device=DEV)
+        k = torch.zeros(tk, hkv, d, dtype=torch.bfloat16, device=DEV)
+        v = torch.zeros(tk, hkv, d, dtype=torch.bfloat16, device=DEV)
+    else:
+        q = (torch.randn(tq, hq, d, device=DEV) * dtype_scale).bfloat16()
+        k = (torch.randn(tk, hkv, d, device=DEV) * dtype_scale).bfloat16()
+        v = torch.randn(tk, hkv, d, device=DEV).bfloat16()
+    scale = d ** -0.5
+    res = quantize.quantize_qkv(q, k, v, cu_q, cu_k)
+    out = torch.full((tq, hq, res.q.shape[2]), float("nan"), dtype=torch.bfloat16, device=DEV)
+    if path == "vt":
+        launch.fp8_varlen_attention(
+            res.q, res.k, None, cu_q, cu_k, max(lens_q), max(lens_k), descale=res.descale,
+            softmax_scale=scale, causal=causal, window_size=window, out=out, vt=res.vt,
+        )
+        v8 = vt_to_v(res.vt, cu_k, tk).view(torch.float8_e4m3fn)
+    else:  # v path: dequantizable v8 given directly, the wrapper packs V^T itself
+        v8 = vt_to_v(res.vt, cu_k, tk).view(torch.float8_e4m3fn)
+        launch.fp8_varlen_attention(
+            res.q, res.k, v8, cu_q, cu_k, max(lens_q), max(lens_k),
+            q_descale=res.descale[0], k_descale=res.descale[1], v_descale=res.descale[2],
+            softmax_scale=scale, causal=causal, window_size=window, out=out,
+        )
+    torch.cuda.synchronize()
+    g = hq // hkv
+    qd = dequant(res.q, res.descale[0], cu_q, g)
+    kd = dequant(res.k, res.descale[1], cu_k, 1)
+    vd = dequant(v8, res.descale[2], cu_k, 1)
+    ref = ref_attention(qd, kd, vd, cu_q, cu_k, scale, causal, window)
+    o = out.float()
+    finite = bool(torch.isfinite(o).all().item())
+    row = {"case": case, "d": d, "hq": hq, "hkv": hkv, "segments": len(lens_q), "tq": tq, "tk": tk,
+           "mask": "causal" if causal else (f"window{window}" if window != (None, None) else "none"),
+           "path": path, "finite": finite, "err_ref": rel_err(o, ref)}
+    if data != "zeros":
+        try:
+            fa = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                        max_seqlen_k=max(lens_k), softmax_scale=scale, causal=causal,
+                                        window_size=window)
+            fa = fa[0] if isinstance(fa, tuple) else fa
+            ref_bf = ref_attention(q.float(), k.float(), v.float(), cu_q, cu_k, scale, causal, window)
+            row["err_vs_fa4_bf16"] = rel_err(o, fa)
+            row["fa4_bf16_err"] = rel_err(fa, ref_bf)
+        except Exception as e:  # noqa: BLE001
+            row["fa4_error"] = f"{type(e).__name__}: {e}"[:200]
+        row["ok"] = finite and row["err_ref"] <= BAR
+    else:
+        row["max_abs"] = o.abs().max().item() if finite else float("nan")
+        row["ok"] = finite and row["max_abs"] == 0.0
+    log(case, {k_: (round(v_, 5) if isinstance(v_, float) else v_) for k_, v_ in row.items()})
+    return row
+
+
+def section_quantize_exact():
+    from sglang_fa4.kernels.fp8_sm90 import quantize
+
+    lens = [5, 0, 300, 1, 77]
+    cu = make_cu(lens)
+    t = sum(lens)
+    q = torch.randn(t, 8, 80, device=DEV).bfloat16()
+    k = torch.randn(t, 2, 80, device=DEV).bfloat16()
+    v = torch.randn(t, 2, 80, device=DEV).bfloat16()
+    got = quantize.quantize_qkv(q, k, v, cu)
+    ref = quantize.quantize_qkv_reference(q, k, v, cu, cu)
+    r = {
+        "descale_equal": bool(torch.allclose(got.descale, ref.descale, rtol=1e-6)),
+        "q_equal": bool(torch.equal(got.q.view(torch.uint8), ref.q.view(torch.uint8))),
+        "k_equal": bool(torch.equal(got.k.view(torch.uint8), ref.k.view(torch.uint8))),
+        "vt_equal": bool(torch.equal(got.vt, ref.vt)),
+    }
+    from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt, pack_vt_reference
+
+    v8 = (torch.randn(t, 2, 96, device=DEV) * 50).to(torch.float8_e4m3fn)
+    r["pack_vt_equal"] = bool(torch.equal(pack_vt(v8, cu, max(lens)), pack_vt_reference(v8.view(torch.uint8), cu)))
+    RESULT["sections"].setdefault("other", {})["quantize_exact"] = r
+    log("quantize exact", r)
+
+
+def section_correctness(quick=False):
+    rows = []
+    rng = torch.Generator().manual_seed(0)
+
+    def rand_lens(n, lo, hi):
+        return [int(x) for x in torch.randint(lo, hi + 1, (n,), generator=rng)]
+
+    many = rand_lens(300, 0, 70)
+    many[3] = 0
+    many[10] = 1
+    many[11] = 1
+    cases = [
+        ("2seq", [1000, 3000], [1000, 3000], 16, 16, 128, False, (None, None), "randn", "vt"),
+        ("2seq causal", [1000, 3000], [1000, 3000], 16, 16, 128, True, (None, None), "randn", "vt"),
+        ("2seq v-path", [777, 1500], [777, 1500], 8, 8, 128, False, (None, None), "randn", "v"),
+        ("gqa 16/4 causal", [513, 2049], [513, 2049], 16, 4, 128, True, (None, None), "randn", "vt"),
+        ("q!=k causal", [100, 700], [900, 1700], 8, 2, 128, True, (None, None), "randn", "vt"),
+        ("q!=k", [100, 700], [900, 1700], 8, 2, 96, False, (None, None), "randn", "vt"),
+        ("2seq d64", [1000, 3000], [1000, 3000], 16, 16, 64, False, (None, None), "randn", "vt"),
+        ("2seq d64 causal", [1000, 3000], [1000, 3000], 16, 16, 64, True, (None, None), "randn", "vt"),
+        ("2seq d96", [1000, 3000], [1000, 3000], 16, 16, 96, False, (None, None), "randn", "vt"),
+        ("2seq d96 causal", [1000, 3000], [1000, 3000], 16, 16, 96, True, (None, None), "randn", "vt"),
+        ("d80->96 padded", [1000, 300], [1000, 300], 16, 16, 80, False, (None, None), "randn", "vt"),
+        (">256 segs 0/1-token", many, many, 8, 8, 128, False, (None, None), "randn", "vt"),
+        (">256 segs d64 causal", many, many, 8, 8, 64, True, (None, None), "randn", "vt"),
+        ("64-token segments", [64] * 100, [64] * 100, 16, 16, 128, False, (None, None), "randn", "vt"),
+        ("64-token segs d96", [64] * 100, [64] * 100, 16, 16, 96, False, (None, None), "randn", "vt"),
+        ("sliding window 64", [2000, 700], [2000, 700], 8, 8, 128, False, (64, 0), "randn", "vt"),
+        ("window (64,64) d64", [2000, 700], [2000, 700], 8, 8, 64, False, (64, 64), "randn", "vt"),
+        ("1x16384", [16384], [16384], 2, 2, 128, False, (None, None), "randn", "vt"),
+        ("1x16384 causal", [16384], [16384], 2, 2, 128, True, (None, None), "randn", "vt"),
+        ("all zeros", [300, 0, 1], [300, 0, 1], 4, 4, 128, False, (None, None), "zeros", "vt"),
+        ("large scores x8", [1000], [1000], 4, 4, 128, False, (None, None), "randn8", "vt"),
+    ]
+    if quick:
+        cases = cases[:2]
+    for (name, lq, lk, hq, hkv, d, causal, window, data, path) in cases:
+        try:
+            rows.append(run_case(name, lq, lk, hq, hkv, d, causal, window,
+                                 data="zeros" if data == "zeros" else "randn",
+                                 dtype_scale=8.0 if data == "randn8" else 1.0, path=path))
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append({"case": name, "d": d, "error": f"{type(e).__name__}: {e}"[:300], "ok": False})
+        RESULT["sections"]["correctness"] = rows
+    # +-448 directly as fp8 inputs with descale 1: finite output
+    from sglang_fa4.kernels.fp8_sm90 import launch
+
+    lens = [257, 31]
+    cu = make_cu(lens)
+    t = sum(lens)
+    sign = lambda shape: (torch.randint(0, 2, shape, device=DEV) * 2 - 1).float()  # noqa: E731
+    q8 = (sign((t, 4, 128)) * 448).to(torch.float8_e4m3fn)
+    k8 = (sign((t, 4, 128)) * 448).to(torch.float8_e4m3fn)
+    v8 = (sign((t, 4, 128)) * 448).to(torch.float8_e4m3fn)
+    out = torch.full((t, 4, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    launch.fp8_varlen_attention(q8, k8, v8, cu, cu, max(lens), max(lens), out=out, causal=True)
+    ref = ref_attention(q8.float(), k8.float(), v8.float(), cu, cu, 128 ** -0.5, True)
+    o = out.float()
+    row = {"case": "+-448 fp8 inputs", "d": 128, "mask": "causal", "finite": bool(torch.isfinite(o).all()),
+           "err_ref": rel_err(o, ref)}
+    row["ok"] = row["finite"] and row["err_ref"] <= BAR
+    rows.append(row)
+    log(row)
+    RESULT["sections"]["correctness"] = rows
+
+
+def bench_graph(fn, iters=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def section_speed():
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
+
+    rows = []
+    shapes = [
+        ("8x4096", [4096] * 8, 16, 128, False),
+        ("1x16384", [16384], 16, 128, False),
+        ("1x16384", [16384], 16, 128, True),
+        ("8x4096", [4096] * 8, 16, 128, True),
+        ("1x16384", [16384], 16, 64, False),
+        ("1x16384", [16384], 16, 96, False),
+        ("8x4096", [4096] * 8, 16, 64, False),
+    ]
+    for name, lens, h, d, causal in shapes:
+        cu = make_cu(lens)
+        t = sum(lens)
+        q = torch.randn(t, h, d, device=DEV).bfloat16()
+        k = torch.randn(t, h, d, device=DEV).bfloat16()
+        v = torch.randn(t, h, d, device=DEV).bfloat16()
+        res = quantize.quantize_qkv(q, k, v, cu)
+        out8 = torch.empty(t, h, d, dtype=torch.bfloat16, device=DEV)
+        m = max(lens)
+        pairs = sum(n * n for n in lens)
+        if causal:
+            pairs = sum(n * (n + 1) // 2 for n in lens)
+        flops = 4 * pairs * h * d
+        row = {"shape": name, "d": d, "causal": causal, "heads": h}
+        try:
+            us = bench_graph(lambda: launch.fp8_varlen_attention(
+                res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8, vt=res.vt))
+            row["fp8_us"] = us
+            row["fp8_tflops"] = flops / us / 1e6
+        except Exception as e:  # noqa: BLE001
+            row["fp8_error"] = f"{type(e).__name__}: {e}"[:300]
+        try:
+            us = bench_graph(lambda: flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
+                                                            max_seqlen_k=m, causal=causal))
+            row["bf16_us"] = us
+            row["bf16_tflops"] = flops / us / 1e6
+        except Exception as e:  # noqa: BLE001
+            row["bf16_error"] = f"{type(e).__name__}: {e}"[:300]
+        if "fp8_us" in row and "bf16_us" in row:
+            row["speedup"] = row["bf16_us"] / row["fp8_us"]
+        if name == "8x4096" and d == 128 and not causal:
+            row["quantize_us"] = bench_graph(lambda: quantize.quantize_qkv(q, k, v, cu, out=res))
+            v8 = res.k  # any fp8 (t, h, d) tensor: pack timing only
+            vt_buf = res.vt
+            row["pack_vt_us"] = bench_graph(lambda: pack_vt(v8, cu, m, out=vt_buf))
+        rows.append(row)
+        log("speed", {k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()})
+        RESULT["sections"]["speed"] = rows
+        del q, k, v, res
+    # ceilings
+    n = 8192
+    a = torch.randn(n, n, device=DEV).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=DEV).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0, device=DEV)
+    us = bench_graph(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    ab = torch.randn(n, n, device=DEV).bfloat16()
+    us_bf = bench_graph(lambda: ab @ ab)
+    RESULT["sections"].setdefault("other", {})["ceilings_8192"] = {
+        "e4m3_scaled_mm_tflops": 2 * n**3 / us / 1e6, "bf16_matmul_tflops": 2 * n**3 / us_bf / 1e6}
+    log("ceilings", RESULT["sections"]["other"]["ceilings_8192"])
+
+
+def section_host():
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+
+    lens = [1024] * 2
+    cu = make_cu(lens)
+    t = sum(lens)
+    q = torch.randn(t, 16, 128, device=DEV).bfloat16()
+    res = quantize.quantize_qkv(q, q, q, cu)
+    out = torch.empty_like(q)
+    fn = lambda: launch.fp8_varlen_attention(res.q, res.k, None, cu, cu, 1024, 1024, descale=res.descale, out=out, vt=res.vt)  # noqa: E731
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host_fp8 = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024)
+    host_bf = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    r = {"fp8_call_host_us": host_fp8, "fa4_public_bf16_host_us": host_bf}
+    RESULT["sections"].setdefault("other", {})["host"] = r
+    log("host", r)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
+    ap.add_argument("--sections", default="compile,quantize,correctness,speed,host")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--debug-flags", default="", help="bring-up switches for the kernel (comma list)")
+    args = ap.parse_args()
+    if args.debug_flags:
+        from sglang_fa4.kernels.fp8_sm90 import launch
+
+        launch.DEBUG_FLAGS = frozenset(args.debug_flags.split(","))
+        RESULT["debug_flags"] = sorted(launch.DEBUG_FLAGS)
+    out_dir = Path(args.out_dir)
+    RESULT["command"] = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+    import cutlass
+
+    RESULT["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                     "cutlass": getattr(cutlass, "__version__", "?"), "capability": torch.cuda.get_device_capability()}
+    log(RESULT["env"])
+    for sec in args.sections.split(","):
+        t = time.perf_counter()
+        try:
+            {"compile": section_compile, "quantize": section_quantize_exact,
+             "correctness": lambda: section_correctness(args.quick), "speed": section_speed,
+             "host": section_host}[sec]()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            RESULT["sections"].setdefault("errors", {})[sec] = f"{type(e).__name__}: {e}"[:500]
+        RESULT["sections"].setdefault("seconds", {})[sec] = round(time.perf_counter() - t, 1)
+        save(out_dir)
+    print(markdown())
+
+
+if __name__ == "__main__":
+    main()
