@@ -73,7 +73,7 @@ class Fp8AttentionForwardSm90:
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.
         self.num_stages = num_stages or (4 if head_dim <= 128 else 2)
         # Bisection switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv", "skip_kv",
-        # "skip_store"); never set in production variants.
+        # "skip_store", "skip_mask"); never set in production variants.
         self.debug = frozenset(debug)
 
     # ------------------------------------------------------------------------------------------
@@ -412,6 +412,8 @@ class Fp8AttentionForwardSm90:
                     need_mask = Int32(1)
                 if col0 < row_start + WG_ROWS - 1 + diag - window_left:
                     need_mask = Int32(1)
+            if cutlass.const_expr("skip_mask" in self.debug):
+                need_mask = Int32(0)
             if need_mask != 0:
                 self.apply_mask(acc_s, tScS, row_start, col0, seqlen_k, diag, window_left, window_right)
             # ---- online softmax (2 rows per thread; a row lives in one quad) ----

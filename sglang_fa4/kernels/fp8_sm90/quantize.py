@@ -68,8 +68,8 @@ def quantize_qkv_reference(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Fp8QKV:
     qf, kf, vf = pad(q), pad(k), pad(v)
     q8 = torch.zeros(qf.shape, dtype=torch.float8_e4m3fn, device=q.device)
     k8 = torch.zeros(kf.shape, dtype=torch.float8_e4m3fn, device=q.device)
-    cols, _ = vt_columns(k.shape[0], batch)
-    vt = torch.zeros((hkv, dp, cols), dtype=torch.uint8, device=q.device)
+    cols, padded = vt_columns(k.shape[0], batch)
+    vt = torch.zeros((hkv, dp, padded), dtype=torch.uint8, device=q.device)[:, :, :cols]
     descale = torch.ones((3, batch, hkv), dtype=torch.float32, device=q.device)
     for b in range(batch):
         for h in range(hkv):

@@ -30,8 +30,8 @@ def pack_vt_reference(v: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tens
     cu = [int(x) for x in cu_seqlens_k.tolist()]
     batch = len(cu) - 1
     total_k, hkv, d = v.shape
-    cols, _ = vt_columns(total_k, batch)
-    out = torch.zeros((hkv, d, cols), dtype=v.dtype, device=v.device)
+    cols, padded = vt_columns(total_k, batch)
+    out = torch.zeros((hkv, d, padded), dtype=v.dtype, device=v.device)[:, :, :cols]
     for b in range(batch):
         seqlen = cu[b + 1] - cu[b]
         base = cu[b] + VT_SEQ_SLACK * b
