@@ -156,6 +156,22 @@ def markdown() -> str:
     env = RESULT.get("env", {})
     lines.append(f"GPU: {env.get('gpu')}; torch {env.get('torch')}; cutlass-dsl {env.get('cutlass')}; command: `{RESULT.get('command')}`")
     lines.append("")
+    for note in RESULT.get("analysis_after_run", []):
+        lines.append(f"> {note}")
+    if RESULT.get("analysis_after_run"):
+        lines.append("")
+    bring = RESULT["sections"].get("bringup", [])
+    faults = RESULT["sections"].get("faults", [])
+    if bring or faults:
+        lines += ["## Bring-up (kernel alone, torch-made E4M3 inputs, fp32 reference on the same inputs)", "",
+                  "| step | debug switches | finite | rel. err |", "|---|---|---|---|"]
+        for b in bring:
+            lines.append(f"| {b['case']} | {b.get('flags') or '-'} | {b.get('finite')} | {b.get('err_ref', float('nan')):.2e} |")
+        for f in faults:
+            lines.append(f"| {f['case']} | | **device fault ({f['kernel']})**: {f['error']} | |")
+        if RESULT["sections"].get("skipped_after_bringup_fault"):
+            lines += ["", "The full kernel faulted in bring-up, so correctness and speed were not run in this call."]
+        lines.append("")
     corr = RESULT["sections"].get("correctness", [])
     if corr:
         lines += ["## Correctness (rel. Frobenius error; bar 3e-2 vs fp32 on dequantized inputs)", "",
@@ -614,7 +630,12 @@ def main():
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--speed-what", default="both", choices=["both", "fp8", "bf16"])
     ap.add_argument("--json-name", default="fp8_attention.json")
+    ap.add_argument("--render", help="only rewrite the markdown beside this result JSON")
     args = ap.parse_args()
+    if args.render:
+        RESULT.update(json.loads(Path(args.render).read_text()))
+        Path(args.render).with_suffix(".md").write_text(markdown())
+        return
     SPEED_WHAT = args.speed_what
     JSON_NAME = args.json_name
     out_dir = OUT_DIR = Path(args.out_dir)

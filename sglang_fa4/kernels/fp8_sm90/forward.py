@@ -276,9 +276,17 @@ class Fp8AttentionForwardSm90:
                     q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                     pipe_q.producer_acquire(q_state)
                     for half in cutlass.range_constexpr(2):
+                        q_tile = 2 * m_block + half
+                        if cutlass.const_expr(half == 1):
+                            # A 64-row half that starts past the sequence can start past the end
+                            # of the whole q tensor: a TMA box entirely out of bounds faulted
+                            # ("illegal instruction") on the H200.  Its rows are never stored,
+                            # so load the first half again (same byte count for the barrier).
+                            if m_start + WG_ROWS >= seqlen_q:
+                                q_tile = 2 * m_block
                         cute.copy(
                             tma_q,
-                            tQgQ[None, 2 * m_block + half],
+                            tQgQ[None, q_tile],
                             tQsQ[None, half],
                             tma_bar_ptr=pipe_q.producer_get_barrier(q_state),
                         )
