@@ -238,3 +238,15 @@ def test_pack_vt_triton_kernel_matches_reference_in_the_interpreter(tmp_path):
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+
+
+def test_fa4_varlen_attention_routes_e4m3_to_the_fp8_forward():
+    from sglang_fa4.fa4_call import FA4FeatureError, fa4_varlen_attention
+
+    q = torch.zeros(16, 4, 128).to(FP8)
+    c = cu([16])
+    # reaches the FP8 path's own checks (not FA4's bf16 cache)
+    with pytest.raises(Fp8AttentionError, match="needs CUDA tensors"):
+        fa4_varlen_attention(q, q, q, c, 16, q_descale=torch.ones(1, 4))
+    with pytest.raises(FA4FeatureError, match="sinks are not supported by the FP8"):
+        fa4_varlen_attention(q, q, q, c, 16, sinks=torch.zeros(4))
