@@ -111,15 +111,15 @@ def dequant(x8, desc_row, cu, heads_per_desc):
 
 def vt_to_v(vt, cu_k, total_k):
     """Invert the permuted V^T (Hkv, d, cols) back to (Tk, Hkv, d) uint8, for dequantizing."""
-    from sglang_fa4.kernels.fp8_sm90.layout import VT_SEQ_SLACK, vt_source_key
+    from sglang_fa4.kernels.fp8_sm90.layout import vt_column_offset, vt_source_key
 
     hkv, d, _ = vt.shape
     v = torch.zeros((total_k, hkv, d), dtype=torch.uint8, device=vt.device)
     ck = cu_k.tolist()
     for b in range(len(ck) - 1):
         lk = ck[b + 1] - ck[b]
-        base = ck[b] + VT_SEQ_SLACK * b
-        n = lk + VT_SEQ_SLACK
+        base = vt_column_offset(ck[b], b)
+        n = -(-lk // 16) * 16
         slots = torch.arange(n)
         src = torch.tensor([vt_source_key(int(r)) for r in slots])
         ok = src < lk

@@ -38,16 +38,35 @@ def test_key_perm_matches_accumulator_and_operand_layouts():
         layout.key_perm(16)
 
 
+@pytest.mark.parametrize("lens", [[5, 0, 33, 1], [1000, 3000], [16, 17, 15, 1, 0, 64], [0]])
+def test_vt_regions_are_aligned_disjoint_and_cover_the_buffer(lens):
+    c = [int(x) for x in cu(lens)]
+    cols, stride = layout.vt_columns(c[-1], len(lens))
+    assert cols % 16 == 0 and stride % 16 == 0
+    starts = [layout.vt_column_offset(c[b], b) for b in range(len(lens))]
+    ends = [layout.vt_region_end(c[b + 1], b, len(lens), cols) for b in range(len(lens))]
+    assert starts[0] == 0 and ends[-1] == cols
+    for b, n in enumerate(lens):
+        # TMA: a box's innermost start coordinate (here: a key column) must be 16-byte aligned
+        assert starts[b] % 16 == 0
+        # room for the permuted keys of a partial last group, and contiguous regions
+        assert ends[b] - starts[b] >= -(-n // 16) * 16
+        if b + 1 < len(lens):
+            assert ends[b] == starts[b + 1]
+
+
 def test_vt_reference_layout():
     lens = [5, 0, 33, 1]
     v = torch.randint(0, 120, (sum(lens), 2, 64), dtype=torch.uint8)
     c = cu(lens)
     vt = pack_vt_reference(v, c)
-    cols, padded = layout.vt_columns(sum(lens), len(lens))
-    assert vt.shape == (2, 64, cols) and vt.stride(1) == padded and padded % 16 == 0
+    cols, stride = layout.vt_columns(sum(lens), len(lens))
+    assert vt.shape == (2, 64, cols) and vt.stride(1) == stride
+    assert (vt != 255).all()  # every column written (255 = the reference's poison, an E4M3 NaN)
     for b, n in enumerate(lens):
         base = layout.vt_column_offset(int(c[b]), b)
-        for r in range(n + layout.VT_SEQ_SLACK):
+        end = layout.vt_region_end(int(c[b + 1]), b, len(lens), cols)
+        for r in range(end - base):
             key = 16 * (r // 16) + layout.KEY_PERM[r % 16]
             want = v[int(c[b]) + key] if key < n else torch.zeros(2, 64, dtype=torch.uint8)
             assert torch.equal(vt[:, :, base + r], want), (b, r)
@@ -59,7 +78,7 @@ def test_permuted_vt_gives_the_same_pv_product():
     p = torch.rand(4, 32)
     v = torch.randn(32, 8)
     c = cu([32])
-    vt = pack_vt_reference(v[:, None, :], c)[0, :, :32]  # (d, slots)
+    vt = pack_vt_reference(v[:, None, :], c)[0, :, :32].float()  # (d, slots)
     perm = [16 * (s // 16) + layout.KEY_PERM[s % 16] for s in range(32)]
     p_slots = p[:, perm]  # what the kernel's packed registers feed the MMA
     torch.testing.assert_close(p_slots @ vt.T, p @ v)

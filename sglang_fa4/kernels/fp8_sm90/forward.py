@@ -14,7 +14,8 @@ Shape of the kernel (one CTA per 128 query rows of one head of one sequence, 3 w
   accumulation: Hopper's FP8 MMA accumulates with reduced precision, so each tile starts from zero).
 
 V^T comes from global memory already transposed, with its keys permuted inside groups of 16
-(``layout.KEY_PERM``) so that P needs no register shuffles; see ``layout.py``.
+(``layout.KEY_PERM``) so that P needs no register shuffles, each sequence starting at a 16-aligned
+column (a TMA box's innermost coordinate must be 16-byte aligned); see ``layout.py``.
 
 Descales are per (batch, kv head): q and k fold into the softmax scale, v into the final row scale.
 """
@@ -37,7 +38,7 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     SUPPORTED_HEAD_DIMS,
     TILE_M,
     TILE_N,
-    VT_SEQ_SLACK,
+    VT_ALIGN,
 )
 
 F8 = cutlass.Float8E4M3FN
@@ -267,7 +268,8 @@ class Fp8AttentionForwardSm90:
                     tKsK, tKgK = cpasync.tma_partition(
                         tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
                     )
-                    vt_offset = offset_k + VT_SEQ_SLACK * batch
+                    # layout.vt_column_offset: 16-aligned, as TMA wants its innermost coordinate
+                    vt_offset = (offset_k + VT_ALIGN - 1) // VT_ALIGN * VT_ALIGN + VT_ALIGN * batch
                     mVt_cur = cute.domain_offset((0, vt_offset), mVt_tma[None, None, head_kv])
                     gVt = cute.local_tile(mVt_cur, (d, tile_n), (0, None))  # (d, tile_n, n blocks)
                     tVsV, tVgV = cpasync.tma_partition(

@@ -21,11 +21,12 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 #: Rows of q per CTA (two consumer warpgroups of 64 rows) and keys per K/V tile.
 TILE_M = 128
 TILE_N = 128
-#: Each sequence owns this many extra (zeroed) columns in the V^T buffer, so the permutation of
-#: its last, partial 16-key group never spills into the next sequence.
-VT_SEQ_SLACK = 16
-#: Columns of the V^T buffer are padded to this multiple (TMA wants 16-byte strides).
-VT_COL_ALIGN = 16
+#: Sequence b's V^T columns start at VT_ALIGN * ceil(cu_k[b] / VT_ALIGN) + VT_ALIGN * b: a multiple of
+#: 16 because a TMA box's innermost start coordinate must be 16-byte aligned (an unaligned one
+#: faulted with "illegal instruction" on the H200 for a sequence starting at key 1000), and at least
+#: roundup16(seqlen) columns after the previous start, so the permutation of a partial last
+#: 16-key group never spills into the next sequence.
+VT_ALIGN = 16
 #: P is computed as exp2(s - max + P_LOG2_OFFSET): values up to 2^8 = 256 (E4M3 max 448) so small
 #: probabilities stay normal numbers in E4M3 (FA3's Max_offset = 8); the row sum uses the same
 #: scaled P, so the factor cancels.
@@ -54,16 +55,23 @@ def vt_source_key(slot: int) -> int:
     return 16 * (slot // 16) + KEY_PERM[slot % 16]
 
 
-def vt_columns(total_k: int, batch: int) -> tuple[int, int]:
-    """(logical columns, padded row stride) of the V^T buffer for ``batch`` sequences."""
-    cols = total_k + VT_SEQ_SLACK * batch
-    padded = -(-cols // VT_COL_ALIGN) * VT_COL_ALIGN
-    return cols, max(padded, VT_COL_ALIGN)
-
-
 def vt_column_offset(cu_seqlen_k_b: int, b: int) -> int:
-    """First V^T column of sequence ``b`` (its key offset plus the slack of earlier sequences)."""
-    return cu_seqlen_k_b + VT_SEQ_SLACK * b
+    """First V^T column of sequence ``b`` (16-aligned; see VT_ALIGN)."""
+    return VT_ALIGN * (-(-int(cu_seqlen_k_b) // VT_ALIGN)) + VT_ALIGN * b
+
+
+def vt_columns(total_k: int, batch: int) -> tuple[int, int]:
+    """(logical columns, row stride) of the V^T buffer for ``batch`` sequences: room for every
+    sequence's aligned start plus its rounded-up length (a multiple of 16 either way)."""
+    cols = VT_ALIGN * (-(-int(total_k) // VT_ALIGN)) + VT_ALIGN * (batch + 1)
+    return cols, cols
+
+
+def vt_region_end(cu_seqlen_k_next: int, b: int, batch: int, cols: int) -> int:
+    """End (exclusive) of sequence ``b``'s columns: the next sequence's start, or ``cols`` for the
+    last.  The pack kernels write every column of [start, end), zeros past the keys, so the whole
+    buffer holds finite values (the MMA multiplies masked P = 0 by whatever a tile reads)."""
+    return cols if b == batch - 1 else vt_column_offset(cu_seqlen_k_next, b + 1)
 
 
 def padded_head_dim(head_dim: int) -> int:

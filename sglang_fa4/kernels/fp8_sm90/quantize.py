@@ -17,7 +17,14 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_sm90.layout import VT_SEQ_SLACK, padded_head_dim, vt_columns, vt_source_key
+from sglang_fa4.kernels.fp8_sm90.layout import (
+    VT_ALIGN,
+    padded_head_dim,
+    vt_column_offset,
+    vt_columns,
+    vt_region_end,
+    vt_source_key,
+)
 
 E4M3_MAX = 448.0
 
@@ -89,8 +96,8 @@ def quantize_qkv_reference(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Fp8QKV:
                     k8[ck[b] : ck[b + 1], h] = x8
                 else:
                     seqlen = ck[b + 1] - ck[b]
-                    base = ck[b] + VT_SEQ_SLACK * b
-                    for r in range(seqlen + VT_SEQ_SLACK):
+                    base = vt_column_offset(ck[b], b)
+                    for r in range(vt_region_end(ck[b + 1], b, batch, cols) - base):
                         src = vt_source_key(r)
                         if src < seqlen:
                             vt[h, :, base + r] = x8[src].view(torch.uint8)
@@ -144,12 +151,15 @@ if triton is not None:
                 )
 
     @triton.jit
-    def _quant_vt(src_ptr, vt_ptr, start, seqlen, b, h, s_t, s_h, svt_h, svt_d, inv,
-                  D: tl.constexpr, DP: tl.constexpr, DP_POW2: tl.constexpr, SLACK: tl.constexpr,
+    def _quant_vt(src_ptr, vt_ptr, start, nxt, b, batch, cols, h, s_t, s_h, svt_h, svt_d, inv,
+                  D: tl.constexpr, DP: tl.constexpr, DP_POW2: tl.constexpr, ALIGN: tl.constexpr,
                   BLOCK_T: tl.constexpr):
         dd = tl.arange(0, DP_POW2)
         tt = tl.arange(0, BLOCK_T)
-        for r0 in range(0, seqlen + SLACK, BLOCK_T):
+        seqlen = nxt - start
+        base = (start + ALIGN - 1) // ALIGN * ALIGN + ALIGN * b  # layout.vt_column_offset
+        end = tl.where(b == batch - 1, cols, (nxt + ALIGN - 1) // ALIGN * ALIGN + ALIGN * (b + 1))
+        for r0 in range(0, end - base, BLOCK_T):
             r = r0 + tt
             lane = r % 16
             # layout.key_perm: slot 4q+i holds key 8*(i//2) + 2q + i%2
@@ -160,11 +170,11 @@ if triton is not None:
                 mask=m, other=0.0,
             ).to(tl.float32)
             y = tl.clamp(x * inv, -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-            col = (start + SLACK * b + r).to(tl.int64)
+            col = (base + r).to(tl.int64)
             tl.store(
                 vt_ptr + h * svt_h + dd[:, None] * svt_d + col[None, :],
                 tl.trans(y),
-                mask=(r < seqlen + SLACK)[None, :] & (dd < DP)[:, None],
+                mask=(r < end - base)[None, :] & (dd < DP)[:, None],
             )
 
     @triton.jit
@@ -172,8 +182,8 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, vt_ptr, desc_ptr, cuq_ptr, cuk_ptr,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
         s8q_t, s8q_h, s8k_t, s8k_h, svt_h, svt_d,
-        batch, hkv, group,
-        D: tl.constexpr, DP: tl.constexpr, DP_POW2: tl.constexpr, SLACK: tl.constexpr,
+        batch, hkv, group, cols,
+        D: tl.constexpr, DP: tl.constexpr, DP_POW2: tl.constexpr, ALIGN: tl.constexpr,
         BLOCK_T: tl.constexpr,
     ):
         b = tl.program_id(0)
@@ -197,12 +207,12 @@ if triton is not None:
                         1.0 / ds, D, DP, DP_POW2, BLOCK_T)
         else:
             start = tl.load(cuk_ptr + b)
-            seqlen = tl.load(cuk_ptr + b + 1) - start
-            a = _amax_rows(v_ptr, start, seqlen, h, 1, sv_t, sv_h, D, DP_POW2, BLOCK_T)
+            nxt = tl.load(cuk_ptr + b + 1)
+            a = _amax_rows(v_ptr, start, nxt - start, h, 1, sv_t, sv_h, D, DP_POW2, BLOCK_T)
             ds = tl.where(a > 0, a / 448.0, 1.0)
             tl.store(desc_ptr + 2 * batch * hkv + b * hkv + h, ds)
-            _quant_vt(v_ptr, vt_ptr, start, seqlen, b, h, sv_t, sv_h, svt_h, svt_d,
-                      1.0 / ds, D, DP, DP_POW2, SLACK, BLOCK_T)
+            _quant_vt(v_ptr, vt_ptr, start, nxt, b, batch, cols, h, sv_t, sv_h, svt_h, svt_d,
+                      1.0 / ds, D, DP, DP_POW2, ALIGN, BLOCK_T)
 
 
 def quantize_qkv(
@@ -236,7 +246,7 @@ def quantize_qkv(
         q, k, v, q8, k8, vt, descale, cu_seqlens_q, cu_seqlens_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), vt.stride(0), vt.stride(1),
-        batch, hkv, hq // hkv,
-        D=d, DP=dp, DP_POW2=triton.next_power_of_2(dp), SLACK=VT_SEQ_SLACK, BLOCK_T=64,
+        batch, hkv, hq // hkv, vt.shape[2],
+        D=d, DP=dp, DP_POW2=triton.next_power_of_2(dp), ALIGN=VT_ALIGN, BLOCK_T=64,
     )
     return Fp8QKV(q8, k8, vt, descale, d)

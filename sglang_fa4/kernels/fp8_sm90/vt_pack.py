@@ -1,9 +1,9 @@
 """V (total_k, Hkv, d) E4M3 -> the permuted V^T buffer (Hkv, d, cols) the FP8 kernel reads.
 
-Sequence b owns columns [cu_k[b] + 16 b, cu_k[b+1] + 16 (b+1)); column r of it holds key
-``layout.vt_source_key(r)`` (keys permuted inside groups of 16, see layout.py) or zero past the
-sequence.  Every column inside the logical extent is written (no garbage NaN bytes can reach the
-MMA: a masked P of 0 times a NaN would be NaN).
+Sequence b owns columns [vt_column_offset(cu_k[b], b), vt_region_end(...)) (16-aligned starts, see
+layout.py); column r of it holds key ``layout.vt_source_key(r)`` (keys permuted inside groups of 16)
+or zero past the sequence.  Every column of the buffer is written (no garbage NaN bytes can reach
+the MMA: a masked P of 0 times a NaN would be NaN).
 
 Triton kernel (one launch; host launch cost of Triton ~20-40 us is the price of this first
 version) plus a torch reference used by the CPU tests.
@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from sglang_fa4.kernels.fp8_sm90.layout import KEY_PERM, VT_SEQ_SLACK, vt_columns, vt_source_key
+from sglang_fa4.kernels.fp8_sm90.layout import (
+    KEY_PERM,
+    VT_ALIGN,
+    vt_column_offset,
+    vt_columns,
+    vt_region_end,
+    vt_source_key,
+)
 
 _BLOCK_R = 64
 
@@ -31,14 +38,14 @@ def pack_vt_reference(v: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tens
     batch = len(cu) - 1
     total_k, hkv, d = v.shape
     cols, padded = vt_columns(total_k, batch)
-    out = torch.zeros((hkv, d, padded), dtype=v.dtype, device=v.device)[:, :, :cols]
+    out = torch.full((hkv, d, padded), 255, dtype=v.dtype, device=v.device)[:, :, :cols]  # 255: poison
     for b in range(batch):
         seqlen = cu[b + 1] - cu[b]
-        base = cu[b] + VT_SEQ_SLACK * b
-        for r in range(seqlen + VT_SEQ_SLACK):
+        base = vt_column_offset(cu[b], b)
+        end = vt_region_end(cu[b + 1], b, batch, cols)
+        for r in range(end - base):
             src = vt_source_key(r)
-            if src < seqlen:
-                out[:, :, base + r] = v[cu[b] + src].to(out.dtype)
+            out[:, :, base + r] = v[cu[b] + src].to(out.dtype) if src < seqlen else 0
     return out
 
 
@@ -56,21 +63,26 @@ if triton is not None:
         v_ptr,
         vt_ptr,
         cu_ptr,
+        batch,
+        cols,
         stride_v_tok,
         stride_v_head,
         stride_vt_head,
         stride_vt_d,
         D: tl.constexpr,
         D_POW2: tl.constexpr,
-        SLACK: tl.constexpr,
+        ALIGN: tl.constexpr,
         BLOCK_R: tl.constexpr,
     ):
         pid_r = tl.program_id(0)
         b = tl.program_id(1)
         h = tl.program_id(2)
         start = tl.load(cu_ptr + b)
-        seqlen = tl.load(cu_ptr + b + 1) - start
-        if pid_r * BLOCK_R < seqlen + SLACK:
+        nxt = tl.load(cu_ptr + b + 1)
+        seqlen = nxt - start
+        base = (start + ALIGN - 1) // ALIGN * ALIGN + ALIGN * b  # layout.vt_column_offset
+        end = tl.where(b == batch - 1, cols, (nxt + ALIGN - 1) // ALIGN * ALIGN + ALIGN * (b + 1))
+        if pid_r * BLOCK_R < end - base:
             r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
             lane = r % 16
             # layout.key_perm: slot 4q+i holds key 8*(i//2) + 2q + i%2
@@ -82,8 +94,8 @@ if triton is not None:
                 mask=ld_mask,
                 other=0,
             )
-            st_mask = (r < seqlen + SLACK)[None, :] & (dd < D)[:, None]
-            col = (start + SLACK * b + r).to(tl.int64)
+            st_mask = (r < end - base)[None, :] & (dd < D)[:, None]
+            col = (base + r).to(tl.int64)
             tl.store(
                 vt_ptr + h * stride_vt_head + dd[:, None] * stride_vt_d + col[None, :],
                 tl.trans(vals),
@@ -101,18 +113,22 @@ def pack_vt(v: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_k: int, out=
     if v8.stride(2) != 1:
         raise ValueError("v must be contiguous in its head dim")
     vt = allocate_vt(v, batch) if out is None else out
-    grid = (triton.cdiv(int(max_seqlen_k) + VT_SEQ_SLACK, _BLOCK_R), batch, hkv)
+    # a region spans at most max_seqlen_k rounded up plus the alignment slack; the last one runs
+    # to the end of the buffer (at most 2 * ALIGN past its keys)
+    grid = (triton.cdiv(int(max_seqlen_k) + 3 * VT_ALIGN, _BLOCK_R), batch, hkv)
     _pack_vt_kernel[grid](
         v8,
         vt,
         cu_seqlens_k,
+        batch,
+        vt.shape[2],
         v8.stride(0),
         v8.stride(1),
         vt.stride(0),
         vt.stride(1),
         D=d,
         D_POW2=triton.next_power_of_2(d),
-        SLACK=VT_SEQ_SLACK,
+        ALIGN=VT_ALIGN,
         BLOCK_R=_BLOCK_R,
     )
     return vt
