@@ -285,7 +285,9 @@ def section_bringup(start=0):
     steps = [
         ("256", [256], 2, 128, False, ""), ("1024 wrap", [1024], 2, 128, False, ""),
         ("200 mask+oob", [200], 2, 128, False, ""), ("1000 mask+wrap", [1000], 2, 128, False, ""),
-        ("256,256 batch", [256, 256], 2, 128, False, ""), ("256,128 early-exit CTAs", [256, 128], 2, 128, False, ""), ("1000,3000 h16", [1000, 3000], 16, 128, False, ""),
+        ("256,256 batch", [256, 256], 2, 128, False, ""), ("256,128 early-exit CTAs", [256, 128], 2, 128, False, ""),
+        ("24,1000 unaligned key offset", [24, 1000], 2, 128, False, ""),
+        ("256,56 Q half past the end", [256, 56], 2, 128, False, ""), ("1000,3000 h16", [1000, 3000], 16, 128, False, ""),
         ("1000 causal", [1000], 2, 128, True, ""),
         # the same without parts, to place a fault
         ("200 oob, mask off", [200], 2, 128, False, "skip_mask"),

@@ -11,6 +11,7 @@ from torch's caching allocator, which graph capture also handles.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Callable, Optional
@@ -188,7 +189,9 @@ def descale_tensor(q_descale, k_descale, v_descale, batch: int, hkv: int, device
             rows.append(torch.ones((batch, hkv), dtype=torch.float32, device=device))
             continue
         if not isinstance(x, torch.Tensor):
-            x = torch.tensor(float(x), dtype=torch.float32, device=device)
+            # a fill kernel, not a host-to-device copy: capturable in a CUDA graph
+            rows.append(torch.full((batch, hkv), float(x), dtype=torch.float32, device=device))
+            continue
         _need(x.dtype == torch.float32, f"{name} must be float32, got {x.dtype}")
         _need(
             x.numel() == 1 or tuple(x.shape) == (batch, hkv),
@@ -201,6 +204,12 @@ def descale_tensor(q_descale, k_descale, v_descale, batch: int, hkv: int, device
 # ----------------------------------------------------------------------------------------------
 # The call
 # ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
 
 
 def fp8_varlen_attention(
@@ -231,7 +240,7 @@ def fp8_varlen_attention(
     batch, hq, hkv, d, total_k = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, out, vt)
     _need(v is not None or vt is not None, "give v or vt")
     _need(q.is_cuda, "fp8_varlen_attention needs CUDA tensors")
-    major, minor = torch.cuda.get_device_capability(q.device)
+    major, minor = _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())
     _need(major == 9, f"the FP8 forward is built for SM90 (Hopper); this GPU is sm_{major}{minor}")
     max_q = grid_check(max_seqlen_q, q.shape[0])
     if max_seqlen_k is None:
