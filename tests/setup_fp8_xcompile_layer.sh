@@ -12,6 +12,7 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     exit 0
 fi
 py="${1:-$root/.venv/bin/python}"
+mkdir -p "$root/.cache"
 rm -rf "$layer.tmp"
 "$py" -m pip install --disable-pip-version-check -q --no-deps --target "$layer.tmp" -r "$req"
 rm -rf "$layer"
