@@ -281,9 +281,10 @@ class Fp8AttentionForwardSm90:
                         q_tile = 2 * m_block + half
                         if cutlass.const_expr(half == 1):
                             # A 64-row half that starts past the sequence can start past the end
-                            # of the whole q tensor: a TMA box entirely out of bounds faulted
-                            # ("illegal instruction") on the H200.  Its rows are never stored,
-                            # so load the first half again (same byte count for the barrier).
+                            # of the whole q tensor (a TMA box entirely out of bounds: one of the
+                            # two suspects of the H200 "illegal instruction", with the V^T
+                            # alignment).  Its rows are never stored, so load the first half
+                            # again (same byte count for the barrier).
                             if m_start + WG_ROWS >= seqlen_q:
                                 q_tile = 2 * m_block
                         cute.copy(

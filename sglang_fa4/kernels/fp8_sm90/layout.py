@@ -22,8 +22,8 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 TILE_M = 128
 TILE_N = 128
 #: Sequence b's V^T columns start at VT_ALIGN * ceil(cu_k[b] / VT_ALIGN) + VT_ALIGN * b: a multiple of
-#: 16 because a TMA box's innermost start coordinate must be 16-byte aligned (an unaligned one
-#: faulted with "illegal instruction" on the H200 for a sequence starting at key 1000), and at least
+#: 16 because a TMA box's innermost start coordinate must be 16-byte aligned (the likely cause of
+#: the "illegal instruction" seen on the H200 for a sequence starting at key 1000), and at least
 #: roundup16(seqlen) columns after the previous start, so the permutation of a partial last
 #: 16-key group never spills into the next sequence.
 VT_ALIGN = 16
