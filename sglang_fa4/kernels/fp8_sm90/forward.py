@@ -12,6 +12,12 @@ Shape of the kernel (one CTA per 128 query rows of one head of one sequence, 3 w
   E4M3 *in the registers the accumulator left it in* and fed as WGMMA's register A operand for
   O_tile = P V (V^T K-major from shared memory), then O = O * rescale + O_tile in fp32 (two-level
   accumulation: Hopper's FP8 MMA accumulates with reduced precision, so each tile starts from zero).
+  Main loop (default, ``overlap``): S_i = Q K_i^T is issued together with O_t = P_{i-1} V_{i-1}
+  and the softmax of S_i runs while that PV GEMM is in flight (FA3's intra-warpgroup overlap).
+  Options measured on the H200 and left off: ``pingpong`` (the two consumer warpgroups take turns
+  issuing GEMMs through named barriers) and ``tree_reduce`` (pairwise row max/sum); ``no_overlap``
+  is the one-tile-at-a-time loop.  The kernel is bound by the softmax path (MUFU exp2 + FP32 work),
+  not by the GEMMs: see benchmark/results/h200/fp8_attention.md.
 
 V^T comes from global memory already transposed, with its keys permuted inside groups of 16
 (``layout.KEY_PERM``) so that P needs no register shuffles, each sequence starting at a 16-aligned
@@ -51,6 +57,21 @@ CONSUMER_REGS = 240
 WG_ROWS = 64  # query rows per consumer warpgroup
 
 
+#: Named barriers PINGPONG_BAR (+0: warpgroup 0's GEMM turn, +1: warpgroup 1's); 0 is __syncthreads.
+PINGPONG_BAR = 1
+
+
+def _tree_reduce(vals: list, op):
+    """Pairwise reduction of a Python list of traced values (plain Python: inlined at trace time)."""
+    vals = list(vals)
+    while len(vals) > 1:
+        nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0]
+
+
 class Fp8AttentionForwardSm90:
     """One compiled variant: head dim, causal, local window (everything else is runtime)."""
 
@@ -61,6 +82,9 @@ class Fp8AttentionForwardSm90:
         local: bool = False,
         num_stages: int = 0,
         debug: frozenset = frozenset(),
+        overlap: bool = True,
+        pingpong: bool = False,
+        tree_reduce: bool = False,
     ):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
@@ -73,9 +97,21 @@ class Fp8AttentionForwardSm90:
         self.tile_n = TILE_N
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.
         self.num_stages = num_stages or (4 if head_dim <= 128 else 2)
-        # Bisection switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv", "skip_kv",
-        # "skip_store", "skip_mask"); never set in production variants.
+        # Bisection / timing switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv",
+        # "skip_kv", "skip_store", "skip_mask", "skip_softmax"; the skip_* ones give wrong results),
+        # and main-loop choices ("overlap"/"no_overlap", "pingpong", "tree_reduce") for timing.
+        # launch.DEBUG_FLAGS is empty in use.
         self.debug = frozenset(debug)
+        # Issue the next tile's QK^T GEMM with the previous tile's PV GEMM and run the softmax
+        # while the latter is in flight (FA3's intra-warpgroup overlap); False: one tile at a time.
+        self.overlap = (overlap or "overlap" in self.debug) and "no_overlap" not in self.debug
+        # Ping-pong of the two consumer warpgroups (FA3's warp-scheduler barriers): they take turns
+        # issuing their GEMMs, so one warpgroup's softmax (MUFU/FMA pipes) runs while the other's
+        # GEMMs hold the tensor cores.  Needs the overlapped main loop (one GEMM turn per tile).
+        self.pingpong = self.overlap and (pingpong or "pingpong" in self.debug) and "no_pingpong" not in self.debug
+        # Pairwise (tree) row max / row sum instead of serial chains.  Off: measured slower on the
+        # H200 (more live registers in the overlapped loop), kept for experiments.
+        self.tree_reduce = (tree_reduce or "tree_reduce" in self.debug) and "no_tree_reduce" not in self.debug
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
@@ -331,6 +367,7 @@ class Fp8AttentionForwardSm90:
                     pipe_kv,
                     mO,
                     tid,
+                    wg,
                     m_start + wg * WG_ROWS,
                     2 * m_block + wg,
                     head,
@@ -358,6 +395,7 @@ class Fp8AttentionForwardSm90:
         pipe_kv,
         mO: cute.Tensor,
         tid: Int32,
+        wg: Int32,
         row_start: Int32,
         m64_block: Int32,
         head: Int32,
@@ -389,93 +427,129 @@ class Fp8AttentionForwardSm90:
         for r in cutlass.range_constexpr(2):
             row_max[r] = -Float32.inf
             row_sum[r] = 0.0
+            factor[r] = 1.0
+
+        # output partition, taken before the main loop sets the MMAs' ACCUMULATE field
+        mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
+        gO = cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0))
+        tOgO = thr_pv.partition_C(gO)
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         if cutlass.const_expr("skip_kv" in self.debug):
             n_iters = Int32(0)
-        for i in cutlass.range(n_iters, unroll=1):
-            n_block = n_block_max - 1 - i
-            pipe_kv.consumer_wait(kv_state)
-            stage = kv_state.index
-            # ---- S = Q K^T ----
-            acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
-            if cutlass.const_expr("skip_qk" in self.debug):
-                acc_s.fill(0.0)
-            else:
+        acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
+        acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
+        if cutlass.const_expr(not self.overlap):
+            # one tile at a time: S = QK^T, wait, softmax, P -> E4M3, O_t = PV, wait, O = O*f + O_t
+            for i in cutlass.range(n_iters, unroll=1):
+                n_block = n_block_max - 1 - i
+                pipe_kv.consumer_wait(kv_state)
+                stage = kv_state.index
                 warpgroup.fence()
-                for kb in cutlass.range_constexpr(d // 32):
-                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
+                if cutlass.const_expr("skip_qk" in self.debug):
+                    acc_s.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(d // 32):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-            # ---- mask (only blocks that cross a boundary) ----
-            col0 = n_block * tile_n
-            need_mask = Int32(0)
-            if col0 + tile_n > seqlen_k:
-                need_mask = Int32(1)
-            if cutlass.const_expr(self.causal):
-                if col0 + tile_n - 1 > row_start + diag:
-                    need_mask = Int32(1)
-            if cutlass.const_expr(self.local):
-                if col0 + tile_n - 1 > row_start + diag + window_right:
-                    need_mask = Int32(1)
-                if col0 < row_start + WG_ROWS - 1 + diag - window_left:
-                    need_mask = Int32(1)
-            if cutlass.const_expr("skip_mask" in self.debug):
-                need_mask = Int32(0)
-            if need_mask != 0:
-                self.apply_mask(acc_s, tScS, row_start, col0, seqlen_k, diag, window_left, window_right)
-            # ---- online softmax (2 rows per thread; a row lives in one quad) ----
-            for r in cutlass.range_constexpr(2):
-                mx = row_max[r]
-                for j in cutlass.range_constexpr(tile_n // 8):
-                    for e in cutlass.range_constexpr(2):
-                        mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                m_use = mx
-                if mx == -Float32.inf:
-                    m_use = Float32(0.0)
-                factor[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
-                row_max[r] = mx
-                bias = m_use * scale_log2 - P_LOG2_OFFSET
-                s = Float32(0.0)
-                for j in cutlass.range_constexpr(tile_n // 8):
-                    for e in cutlass.range_constexpr(2):
-                        v = e + 2 * r + 4 * j
-                        p = cute.math.exp2(acc_s[v] * scale_log2 - bias, fastmath=True)
-                        acc_s[v] = p
-                        s += p
-                row_sum[r] = row_sum[r] * factor[r] + s
-            # ---- P (fp32 accumulator order) -> E4M3 A-operand registers, no shuffles ----
-            tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
-            p_f32 = cute.make_rmem_tensor_like(tOrP, Float32)
-            for kb in cutlass.range_constexpr(tile_n // 32):
-                for h in cutlass.range_constexpr(2):
+                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.p_to_operand(acc_s, tOrP)
+                warpgroup.fence()
+                if cutlass.const_expr("skip_pv" in self.debug):
+                    acc_t.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(tile_n // 32):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, stage], acc_t)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_kv.consumer_release(kv_state)
+                kv_state.advance()
+                for v in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[v] = acc_o[v] * factor[(v // 2) % 2] + acc_t[v]
+        else:
+            # FA3-style intra-warpgroup overlap: S_i = Q K_i^T and O_t = P_{i-1} V_{i-1} are issued
+            # together; the softmax of S_i runs while the PV GEMM of the previous tile is in flight.
+            f_prev = cute.make_rmem_tensor((2,), Float32)
+            if n_iters > 0:
+                if cutlass.const_expr(self.pingpong):
+                    # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
+                    if wg == 1:
+                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+                pipe_kv.consumer_wait(kv_state)
+                if cutlass.const_expr(self.pingpong):
+                    cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
+                warpgroup.fence()
+                if cutlass.const_expr("skip_qk" in self.debug):
+                    acc_s.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(d // 32):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                warpgroup.commit_group()
+                if cutlass.const_expr(self.pingpong):
+                    self.pass_turn(wg, n_iters == 1)
+                warpgroup.wait_group(0)
+                self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.p_to_operand(acc_s, tOrP)
+                for r in cutlass.range_constexpr(2):
+                    f_prev[r] = factor[r]
+                prev_state = kv_state.clone()
+                kv_state.advance()
+                for i in cutlass.range(1, n_iters, unroll=1):
+                    n_block = n_block_max - 1 - i
+                    pipe_kv.consumer_wait(kv_state)
+                    if cutlass.const_expr(self.pingpong):
+                        cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
+                    warpgroup.fence()
+                    if cutlass.const_expr("skip_qk" in self.debug):
+                        acc_s.fill(0.0)
+                    else:
+                        for kb in cutlass.range_constexpr(d // 32):
+                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr("skip_pv" in self.debug):
+                        acc_t.fill(0.0)
+                    else:
+                        for kb in cutlass.range_constexpr(tile_n // 32):
+                            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr(self.pingpong):
+                        self.pass_turn(wg, i == n_iters - 1)
+                    warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                    self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+                    self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                    warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
+                    pipe_kv.consumer_release(prev_state)
+                    for v in cutlass.range_constexpr(cute.size(acc_o)):
+                        acc_o[v] = acc_o[v] * f_prev[(v // 2) % 2] + acc_t[v]
                     for r in cutlass.range_constexpr(2):
-                        for i4 in cutlass.range_constexpr(4):
-                            # A value (i4, r, h, kb) is key 32kb + 16h + 4q + i4 to the MMA; it
-                            # takes accumulator column block j = 4kb + 2h + i4//2, element i4%2.
-                            src = (i4 % 2) + 2 * r + 4 * (4 * kb + 2 * h + i4 // 2)
-                            p_f32[i4 + 4 * r + 8 * h + 16 * kb] = acc_s[src]
-            tOrP.store(p_f32.load().to(F8))
-            # ---- O_tile = P V ----
-            acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
-            if cutlass.const_expr("skip_pv" in self.debug):
-                acc_t.fill(0.0)
-            else:
+                        f_prev[r] = factor[r]
+                    self.p_to_operand(acc_s, tOrP)
+                    prev_state = kv_state.clone()
+                    kv_state.advance()
                 warpgroup.fence()
-                for kb in cutlass.range_constexpr(tile_n // 32):
-                    tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, stage], acc_t)
+                if cutlass.const_expr("skip_pv" in self.debug):
+                    acc_t.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(tile_n // 32):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-            pipe_kv.consumer_release(kv_state)
-            kv_state.advance()
-            for v in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[v] = acc_o[v] * factor[(v // 2) % 2] + acc_t[v]
+                pipe_kv.consumer_release(prev_state)
+                for v in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[v] = acc_o[v] * f_prev[(v // 2) % 2] + acc_t[v]
 
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         out_scale = cute.make_rmem_tensor((2,), Float32)
@@ -490,14 +564,91 @@ class Fp8AttentionForwardSm90:
             acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
         r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
         r_out.store(acc_o.load().to(cutlass.BFloat16))
-        mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
-        gO = cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0))
-        tOgO = thr_pv.partition_C(gO)
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
         if cutlass.const_expr("skip_store" not in self.debug):
             for v in cutlass.range_constexpr(cute.size(acc_o)):
                 if row_start + tOcO[v][0] < seqlen_q:
                     tOgO[v] = r_out[v]
+
+    @cute.jit
+    def pass_turn(self, wg: Int32, last: cutlass.Boolean):
+        """Open the other warpgroup's GEMM turn.  Warpgroup 1 skips its last one: it opened
+        warpgroup 0's first turn up front, so each barrier sees as many arrivals as waits."""
+        if wg == 0:
+            cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR + 1, number_of_threads=2 * 128)
+        else:
+            if not last:
+                cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+
+    @cute.jit
+    def mask_tile(self, acc_s: cute.Tensor, tScS: cute.Tensor, row_start: Int32, n_block: Int32, seqlen_k: Int32,
+                  diag: Int32, window_left: Int32, window_right: Int32):
+        """Mask S, only for key tiles that cross a boundary."""
+        tile_n = self.tile_n
+        col0 = n_block * tile_n
+        need_mask = Int32(0)
+        if col0 + tile_n > seqlen_k:
+            need_mask = Int32(1)
+        if cutlass.const_expr(self.causal):
+            if col0 + tile_n - 1 > row_start + diag:
+                need_mask = Int32(1)
+        if cutlass.const_expr(self.local):
+            if col0 + tile_n - 1 > row_start + diag + window_right:
+                need_mask = Int32(1)
+            if col0 < row_start + WG_ROWS - 1 + diag - window_left:
+                need_mask = Int32(1)
+        if cutlass.const_expr("skip_mask" in self.debug):
+            need_mask = Int32(0)
+        if need_mask != 0:
+            self.apply_mask(acc_s, tScS, row_start, col0, seqlen_k, diag, window_left, window_right)
+
+    @cute.jit
+    def softmax_tile(self, acc_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor,
+                     scale_log2: Float32):
+        """Online softmax in place (2 rows per thread; a row lives in one quad): acc_s becomes
+        P = exp2(s*scale - max*scale + 8), factor the rescale of everything before this tile."""
+        for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
+            mx = row_max[r]
+            if cutlass.const_expr(self.tree_reduce):
+                mx = cute.arch.fmax(mx, _tree_reduce(
+                    [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)], cute.arch.fmax))
+            else:
+                for j in cutlass.range_constexpr(self.tile_n // 8):
+                    for e in cutlass.range_constexpr(2):
+                        mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+            m_use = mx
+            if mx == -Float32.inf:
+                m_use = Float32(0.0)
+            factor[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
+            row_max[r] = mx
+            bias = m_use * scale_log2 - P_LOG2_OFFSET
+            s = Float32(0.0)
+            for j in cutlass.range_constexpr(self.tile_n // 8):
+                for e in cutlass.range_constexpr(2):
+                    v = e + 2 * r + 4 * j
+                    acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias, fastmath=True)
+                    if cutlass.const_expr(not self.tree_reduce):
+                        s += acc_s[v]
+            if cutlass.const_expr(self.tree_reduce):
+                s = _tree_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                                 lambda a, b: a + b)
+            row_sum[r] = row_sum[r] * factor[r] + s
+
+    @cute.jit
+    def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor):
+        """P (fp32 accumulator order) -> E4M3 A-operand registers, no shuffles (V^T keys are
+        permuted to match, layout.KEY_PERM)."""
+        p_f32 = cute.make_rmem_tensor_like(tOrP, Float32)
+        for kb in cutlass.range_constexpr(self.tile_n // 32):
+            for h in cutlass.range_constexpr(2):
+                for r in cutlass.range_constexpr(2):
+                    for i4 in cutlass.range_constexpr(4):
+                        # A value (i4, r, h, kb) is key 32kb + 16h + 4q + i4 to the MMA; it
+                        # takes accumulator column block j = 4kb + 2h + i4//2, element i4%2.
+                        src = (i4 % 2) + 2 * r + 4 * (4 * kb + 2 * h + i4 // 2)
+                        p_f32[i4 + 4 * r + 8 * h + 16 * kb] = acc_s[src]
+        tOrP.store(p_f32.load().to(F8))
 
     @cute.jit
     def apply_mask(
