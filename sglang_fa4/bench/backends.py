@@ -11,6 +11,9 @@ would, so a call makes no host sync and can be graph-captured.
 - triton_attn: SGLang's context_attention_fwd (the Triton ViT kernel), called as SGLang's
                VisionTritonAttention does: full cu_seqlens as b_start_loc, seq_lens, max_seqlen
 - sdpa:        torch scaled_dot_product_attention, dense batched per segment length
+- fa4_fp8:     (opt-in, SM90) sglang_fa4.kernels.fp8_sm90 on q/k/v quantized once up front to E4M3
+               (per-(segment, head) descales, V^T prepared, head dim padded to 64/96/128); the
+               timed call is the attention kernel alone, its error is against the bf16 inputs
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 BACKENDS = ("fa4", "fa4_public", "triton_attn", "sdpa")
+#: Backends run only when asked for (--backends).
+OPTIONAL_BACKENDS = ("fa4_fp8",)
 
 
 class BackendUnavailable(RuntimeError):
@@ -98,7 +103,32 @@ def make_runner(name: str, p: Problem) -> Callable[[], Any]:
         impl = SdpaVarlen(p.seqlens, p.q.device)
         q, k, v, out = p.q, p.k, p.v, p.out
         return lambda: impl(q, k, v, out=out)
-    raise ValueError(f"unknown backend {name!r}; known: {BACKENDS}")
+    if name == "fa4_fp8":
+        return _fp8_runner(p)
+    raise ValueError(f"unknown backend {name!r}; known: {BACKENDS + OPTIONAL_BACKENDS}")
+
+
+def _fp8_runner(p: Problem) -> Callable[[], Any]:
+    import torch
+
+    if torch.cuda.get_device_capability(p.q.device)[0] != 9:
+        raise BackendUnavailable("fa4_fp8 runs on SM90 (Hopper) only")
+    try:
+        from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+        from sglang_fa4.kernels.fp8_sm90.quantize import quantize_qkv
+    except ImportError as exc:
+        raise BackendUnavailable(f"fa4_fp8 needs the CUTLASS DSL and triton: {exc}") from None
+    d = p.q.shape[-1]
+    res = quantize_qkv(p.q, p.k, p.v, p.cu_seqlens)
+    out = torch.empty(res.q.shape, dtype=torch.bfloat16, device=p.q.device)
+    cu, ms, scale = p.cu_seqlens, p.max_seqlen, d ** -0.5
+
+    def run_fp8():
+        fp8_varlen_attention(res.q, res.k, None, cu, cu, ms, ms, descale=res.descale, softmax_scale=scale,
+                             out=out, vt=res.vt)
+        return out[..., :d]
+
+    return run_fp8
 
 
 def sdpa_groups(seqlens) -> int:

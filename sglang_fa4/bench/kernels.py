@@ -16,7 +16,7 @@ import math
 import time
 
 from . import report
-from .backends import BACKENDS, BackendUnavailable, make_problem, make_runner, reference_fp32, rel_err, sdpa_groups
+from .backends import BACKENDS, OPTIONAL_BACKENDS, BackendUnavailable, make_problem, make_runner, reference_fp32, rel_err, sdpa_groups
 from .layouts import Layout, kernel_layout
 from .stats import all_pairs, median, round_order
 from .timing import GraphedCalls, event_time_ms, host_us_per_call, iters_for, sync
@@ -214,7 +214,7 @@ def run(args) -> dict:
 def add_arguments(p) -> None:
     from .layouts import DEFAULT_KERNEL_LAYOUTS
 
-    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS + OPTIONAL_BACKENDS)
     p.add_argument("--head-dims", nargs="+", type=int, default=[64, 72, 80, 128])
     p.add_argument("--layouts", nargs="+", default=list(DEFAULT_KERNEL_LAYOUTS),
                    help="NxL, mixed, or win448/win720p/win1080p/win4k/winvideo32 (Qwen2.5-VL windows)")

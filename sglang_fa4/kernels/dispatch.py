@@ -8,6 +8,8 @@ max_seqlen: a host int (or None). Returns (total_tokens, heads, head_dim_v): ``o
 window_size: (left, right) token bounds of a sliding window; None or negative (SGLang's -1) is
 unbounded on that side; (None, 0) is causal. sinks: per-head attention-sink logits, (heads,)
 float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_120: raises).
+float8_e4m3fn q/k/v (SM90) with ``q_descale``/``k_descale``/``v_descale`` (float32, per (batch, kv
+head) or a scalar) go to the native FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`), bf16 output.
 
 The output is bitwise what ``flash_attn.cute.flash_attn_varlen_func`` returns, but each
 configuration's compiled kernel is resolved once (through FA4's own forward, so its caches stay
@@ -84,11 +86,35 @@ def fa4_varlen_attention(
     window_size: tuple[Optional[int], Optional[int]] = (None, None),
     sinks=None,
     out=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
+    if getattr(q, "dtype", None) is _float8_e4m3fn():
+        # E4M3 q/k/v (SM90): the native FP8 forward, see sglang_fa4.kernels.fp8_sm90
+        return _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out,
+                              q_descale, k_descale, v_descale)
     cache = _cache if _cache is not None else kernel_cache()
     if short_segments.should_route(cache.arch if q.is_cuda else -1, q, max_seqlen, window_size, sinks):
         return short_segments.short_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out)
     return cache(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
+
+
+def _float8_e4m3fn():
+    import torch
+
+    return torch.float8_e4m3fn
+
+
+def _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out, qd, kd, vd):
+    if sinks is not None:
+        raise FA4FeatureError("attention sinks are not supported by the FP8 (E4M3) forward")
+    from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+
+    return fp8_varlen_attention(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, q_descale=qd, k_descale=kd, v_descale=vd,
+        softmax_scale=softmax_scale, window_size=window_size, out=out,
+    )
 
 
 def compile_count() -> int:

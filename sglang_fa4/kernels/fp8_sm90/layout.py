@@ -1,0 +1,155 @@
+"""Pure-Python facts of the SM90 FP8 forward: supported shapes, the key permutation that lets P's
+accumulator registers feed the second GEMM directly, the V^T column layout, and the variant key.
+
+Nothing here imports cutlass or triton, so CPU tests can check it.
+
+Why a key permutation: FP8 WGMMA takes its A operand from registers in a layout that differs
+from the accumulator layout of the first GEMM (for k=32 a thread holds 4 consecutive keys of one
+row per register; the accumulator gives it keys {2q, 2q+1, 8+2q, 9+2q} of each 16). Instead of
+shuffling registers across the quad (FA3's ``permute_Cregs_fp8``), the kernel packs the four
+accumulator values it already holds into one register, which the MMA reads as keys 4q..4q+3, and
+V^T's key columns are stored permuted the same way (``KEY_PERM``) by the V^T pack step.  The
+contraction over keys does not care about their order as long as P and V agree.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+#: Head dims (of q/k and of v, which must match) the kernel is compiled for.
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
+#: Rows of q per CTA (two consumer warpgroups of 64 rows) and keys per K/V tile.
+TILE_M = 128
+TILE_N = 128
+#: Sequence b's V^T columns start at VT_ALIGN * ceil(cu_k[b] / VT_ALIGN) + VT_ALIGN * b: a multiple of
+#: 16 because a TMA box's innermost start coordinate must be 16-byte aligned (the likely cause of
+#: the "illegal instruction" seen on the H200 for a sequence starting at key 1000), and at least
+#: roundup16(seqlen) columns after the previous start, so the permutation of a partial last
+#: 16-key group never spills into the next sequence.
+VT_ALIGN = 16
+#: P is computed as exp2(s - max + P_LOG2_OFFSET): values up to 2^8 = 256 (E4M3 max 448) so small
+#: probabilities stay normal numbers in E4M3 (FA3's Max_offset = 8); the row sum uses the same
+#: scaled P, so the factor cancels.
+P_LOG2_OFFSET = 8.0
+#: A window side this large or larger is "unbounded".
+WINDOW_UNBOUNDED = 1 << 28
+
+
+def key_perm(slot: int) -> int:
+    """The key (0..15, within a group of 16) whose value sits in V^T column ``slot`` of the group.
+
+    Slot l = 4q + i is what the FP8 MMA reads as key 4q+i from thread q's register; that register
+    holds the accumulator values of keys 8*(i//2) + 2q + (i%2).
+    """
+    if not 0 <= slot < 16:
+        raise ValueError(f"slot must be in [0, 16), got {slot}")
+    q, i = divmod(slot, 4)
+    return 8 * (i // 2) + 2 * q + (i % 2)
+
+
+KEY_PERM = tuple(key_perm(s) for s in range(16))
+
+
+def vt_source_key(slot: int) -> int:
+    """Key index (within its sequence) stored at V^T slot ``slot`` (within the same sequence)."""
+    return 16 * (slot // 16) + KEY_PERM[slot % 16]
+
+
+def vt_column_offset(cu_seqlen_k_b: int, b: int) -> int:
+    """First V^T column of sequence ``b`` (16-aligned; see VT_ALIGN)."""
+    return VT_ALIGN * (-(-int(cu_seqlen_k_b) // VT_ALIGN)) + VT_ALIGN * b
+
+
+def vt_columns(total_k: int, batch: int) -> tuple[int, int]:
+    """(logical columns, row stride) of the V^T buffer for ``batch`` sequences: room for every
+    sequence's aligned start plus its rounded-up length (a multiple of 16 either way)."""
+    cols = VT_ALIGN * (-(-int(total_k) // VT_ALIGN)) + VT_ALIGN * (batch + 1)
+    return cols, cols
+
+
+def vt_region_end(cu_seqlen_k_next: int, b: int, batch: int, cols: int) -> int:
+    """End (exclusive) of sequence ``b``'s columns: the next sequence's start, or ``cols`` for the
+    last.  The pack kernels write every column of [start, end), zeros past the keys, so the whole
+    buffer holds finite values (the MMA multiplies masked P = 0 by whatever a tile reads)."""
+    return cols if b == batch - 1 else vt_column_offset(cu_seqlen_k_next, b + 1)
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the FP8 kernel runs at: the next supported one (72, 80 -> 96)."""
+    for d in SUPPORTED_HEAD_DIMS:
+        if head_dim <= d:
+            return d
+    raise ValueError(
+        f"FP8 SM90 attention supports head dims up to {SUPPORTED_HEAD_DIMS[-1]}, got {head_dim}"
+    )
+
+
+class Fp8Variant(NamedTuple):
+    """What selects one compiled FP8 kernel (everything else is a runtime argument)."""
+
+    head_dim: int
+    causal: bool
+    local: bool  # a window side is bounded (sizes are runtime values)
+
+    def as_dict(self) -> dict:
+        return self._asdict()
+
+
+def normalize_window(causal: bool, window_size) -> tuple[bool, bool, int, int]:
+    """(causal, local, left, right) with unbounded sides as WINDOW_UNBOUNDED.
+
+    ``window_size`` is (left, right); None or a negative value means unbounded.  A window with an
+    unbounded left side and right side 0 is plain causal attention.
+    """
+    if window_size is None:
+        window_size = (None, None)
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be (left, right), got {window_size!r}")
+    left, right = (None if w is None or int(w) < 0 else int(w) for w in window_size)
+    if causal:
+        if right not in (None, 0):
+            raise ValueError(f"causal=True with a right window of {right}: use one or the other")
+        right = 0
+    if left is None and right == 0:
+        return True, False, WINDOW_UNBOUNDED, 0
+    if left is None and right is None:
+        return False, False, WINDOW_UNBOUNDED, WINDOW_UNBOUNDED
+    left = WINDOW_UNBOUNDED if left is None else min(left, WINDOW_UNBOUNDED)
+    right = WINDOW_UNBOUNDED if right is None else min(right, WINDOW_UNBOUNDED)
+    return False, True, left, right
+
+
+def variant_for(head_dim: int, causal: bool, window_size=None) -> Fp8Variant:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"FP8 SM90 attention: head dim {head_dim} is not supported (supported: "
+            f"{SUPPORTED_HEAD_DIMS}; pad q/k/v with zeros to the next one, e.g. with "
+            "sglang_fa4.kernels.fp8_sm90.quantize_qkv)"
+        )
+    causal, local, _, _ = normalize_window(causal, window_size)
+    return Fp8Variant(head_dim, causal, local)
+
+
+def all_variants(head_dims=SUPPORTED_HEAD_DIMS) -> list[Fp8Variant]:
+    """Every variant, for a startup warmup."""
+    return [
+        Fp8Variant(d, c, l) for d in head_dims for (c, l) in ((False, False), (True, False), (False, True))
+    ]
+
+
+def num_m_blocks(max_seqlen_q: int) -> int:
+    return max(1, -(-int(max_seqlen_q) // TILE_M))
+
+
+def grid_check(max_seqlen_q: Optional[int], total_q: int) -> int:
+    """max_seqlen_q as a host int (the grid size); None means total_q (always enough)."""
+    if max_seqlen_q is None:
+        return max(int(total_q), 1)
+    if not isinstance(max_seqlen_q, int):
+        raise TypeError(
+            f"max_seqlen must be a Python int (it sizes the grid; a tensor would sync), got "
+            f"{type(max_seqlen_q).__name__}"
+        )
+    if max_seqlen_q < 0:
+        raise ValueError(f"max_seqlen must be >= 0, got {max_seqlen_q}")
+    return max(max_seqlen_q, 1)

@@ -1,0 +1,62 @@
+"""Cross-compile sglang_fa4's SM90 FP8 attention forward on a machine without a GPU and report
+what the PTX holds (run in a fresh process: the CuTe DSL reads its target at import).
+
+    CUTE_DSL_ARCH=sm_90a CUTE_DSL_KEEP=ptx CUTE_DSL_DUMP_DIR=OUT \
+        python tests/fp8_xcompile.py --dump-dir OUT --variant 128,0,0 [--variant 64,1,0 ...]
+
+A variant is head_dim,causal,local.  Prints one JSON object: per variant, the PTX file and counts
+of the instructions that make it an FP8 attention kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def facts(ptx: str) -> dict:
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.(\w+)\.(\w+)", ptx)
+    return {
+        "wgmma_e4m3": sorted({f"{s}.{a}.{b}" for s, a, b in wgmma if a == b == "e4m3"}),
+        "wgmma_other": sorted({f"{s}.{a}.{b}" for s, a, b in wgmma if not a == b == "e4m3"}),
+        "wgmma_count": len(wgmma),
+        "cvt_e4m3x2": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
+        "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global", ptx)),
+        "setmaxnreg": re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx),
+        "named_bar_arrive": len(re.findall(r"\bbar\.arrive\s+[12],\s*256;", ptx)),
+        "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)),
+        "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump-dir", required=True)
+    ap.add_argument("--variant", action="append", required=True)
+    args = ap.parse_args()
+    from sglang_fa4.kernels.fp8_sm90.launch import compile_variant
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+
+    dump = Path(args.dump_dir)
+    out = {}
+    for spec in args.variant:
+        d, causal, local = (int(x) for x in spec.split(","))
+        before = set(dump.glob("*.ptx"))
+        t = time.perf_counter()
+        compile_variant(Fp8Variant(d, bool(causal), bool(local)))
+        new = sorted(set(dump.glob("*.ptx")) - before)
+        out[spec] = {"seconds": round(time.perf_counter() - t, 1), "ptx_files": [p.name for p in new]}
+        if new:
+            out[spec].update(facts(new[-1].read_text()))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""GPU (SM90): the FP8 forward against an fp32 reference on the dequantized inputs, the Triton
+quantize/pack kernels against their torch references, graph capture.  Skips without an SM90 GPU or
+the CUTLASS DSL (CI is CPU-only).  The full matrix and timings: benchmark/check_fp8_attention.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="needs an SM90 GPU"
+    ),
+]
+
+BAR = 3e-2
+
+
+@pytest.fixture(scope="module")
+def fp8():
+    pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl")
+    pytest.importorskip("triton", reason="needs triton")
+    from sglang_fa4.kernels.fp8_sm90 import launch, quantize, vt_pack
+
+    return launch, quantize, vt_pack
+
+
+def cu_from(lens):
+    c = [0]
+    for n in lens:
+        c.append(c[-1] + n)
+    return torch.tensor(c, dtype=torch.int32, device="cuda")
+
+
+def reference(q, k, v, cu, scale, causal):
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    g = q.shape[1] // k.shape[1]
+    c = cu.tolist()
+    for b in range(len(c) - 1):
+        n = c[b + 1] - c[b]
+        if n == 0:
+            continue
+        qb = q[c[b] : c[b + 1]].transpose(0, 1)
+        kb = k[c[b] : c[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
+        vb = v[c[b] : c[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
+        s = qb @ kb.transpose(1, 2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        out[c[b] : c[b + 1]] = (torch.softmax(s, -1) @ vb).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize(
+    "lens,hq,hkv,d,causal",
+    [
+        ([256], 2, 2, 128, False),
+        ([1000, 3000], 4, 4, 128, False),  # last q block ends 56 rows in: the fully-OOB Q half case
+        ([513, 2049], 8, 2, 128, True),
+        ([300, 0, 1, 64], 4, 4, 64, False),
+        ([1000, 300], 4, 4, 96, True),
+    ],
+)
+def test_fp8_forward_matches_fp32_reference(fp8, lens, hq, hkv, d, causal):
+    launch, _, vt_pack = fp8
+    torch.manual_seed(0)
+    c = cu_from(lens)
+    t = sum(lens)
+    q = (torch.randn(t, hq, d, device="cuda") * 2).to(torch.float8_e4m3fn)
+    k = (torch.randn(t, hkv, d, device="cuda") * 2).to(torch.float8_e4m3fn)
+    v = torch.randn(t, hkv, d, device="cuda").to(torch.float8_e4m3fn)
+    qd = torch.full((len(lens), hkv), 0.5, device="cuda")
+    out = torch.full((t, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch.fp8_varlen_attention(q, k, v, c, c, max(lens), max(lens), q_descale=qd, k_descale=0.25,
+                                v_descale=2.0, causal=causal, out=out)
+    ref = reference(q.float() * 0.5, k.float() * 0.25, v.float() * 2.0, c, d ** -0.5, causal)
+    o = out.float()
+    assert torch.isfinite(o).all()
+    assert ((o - ref).norm() / ref.norm()).item() <= BAR
+
+
+def test_quantize_and_pack_match_references(fp8):
+    _, quantize, vt_pack = fp8
+    lens = [5, 0, 300, 1, 77]
+    c = cu_from(lens)
+    t = sum(lens)
+    q, k, v = (torch.randn(t, h, 80, device="cuda").bfloat16() for h in (8, 2, 2))
+    got = quantize.quantize_qkv(q, k, v, c)
+    ref = quantize.quantize_qkv_reference(q, k, v, c, c)
+    torch.testing.assert_close(got.descale, ref.descale)
+    assert torch.equal(got.q.view(torch.uint8), ref.q.view(torch.uint8))
+    assert torch.equal(got.k.view(torch.uint8), ref.k.view(torch.uint8))
+    assert torch.equal(got.vt, ref.vt)
+    v8 = (torch.randn(t, 2, 96, device="cuda") * 50).to(torch.float8_e4m3fn)
+    assert torch.equal(vt_pack.pack_vt(v8, c, max(lens)), vt_pack.pack_vt_reference(v8.view(torch.uint8), c))
+
+
+def test_graph_capture_replays_the_same_output(fp8):
+    launch, quantize, _ = fp8
+    c = cu_from([700, 300])
+    q = torch.randn(1000, 4, 128, device="cuda").bfloat16()
+    res = quantize.quantize_qkv(q, q, q, c)
+    out = torch.empty(1000, 4, 128, dtype=torch.bfloat16, device="cuda")
+
+    def call():
+        launch.fp8_varlen_attention(res.q, res.k, None, c, c, 700, 700, descale=res.descale, vt=res.vt, out=out)
+
+    call()
+    torch.cuda.synchronize()
+    eager = out.clone()
+    compiles = launch.compile_count()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        call()
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    assert launch.compile_count() == compiles  # no compile on the captured path
