@@ -94,10 +94,10 @@ def register() -> Plan:
     cache_dir = configure_fa4_disk_cache()
     done = set()
     for name in plan.hooked:
-        registrar = REGISTRARS[name]
-        if registrar not in done:
-            registrar(HookRegistry, HookType)
-            done.add(registrar)
+        for registrar in REGISTRARS[name]:
+            if registrar not in done:
+                registrar(HookRegistry, HookType)
+                done.add(registrar)
     logger.info(
         "sglang-fa4: SGLang %s; hooked: %s; already upstream: %s",
         plan.sglang_version,

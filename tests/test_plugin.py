@@ -123,6 +123,18 @@ def test_vit_host_metadata_opt_out(fake_sglang, monkeypatch, version):
     assert hooks.QWEN2_5_VIT_FORWARD not in [t for t, _, _ in fake_sglang.registered]
 
 
+@pytest.mark.parametrize("host_metadata", ["0", "1"])
+def test_qwen2_5_forward_hooked_once_for_budgets_and_host_metadata(fake_sglang, monkeypatch, host_metadata):
+    """Two AROUND hooks on one target nest, and the inner one's original is SGLang's syncing forward:
+    the budget routing and the no-sync forward share one hook."""
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
+    monkeypatch.setenv("SGLANG_FA4_VIT_HOST_METADATA", host_metadata)
+    plugin.register()
+    forward = [(fn, ht) for t, fn, ht in fake_sglang.registered if t == hooks.QWEN2_5_VIT_FORWARD]
+    assert forward == [(hooks.qwen2_5_vit_forward, FakeHookType.AROUND)]
+
+
 def test_register_unknown_version_warns_once_and_changes_nothing(fake_sglang, monkeypatch, caplog):
     use_version(monkeypatch, "0.5.21")
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):

@@ -97,12 +97,14 @@ def test_short_attention_picks_the_kernel(monkeypatch):
     calls = []
     monkeypatch.setattr(short_segments.short_window_kernel, "short_window_attention", lambda *a, **k: calls.append("triton"))
     monkeypatch.setattr(short_segments, "fa2_varlen_attention", lambda *a, **k: calls.append("fa2"))
+    checks = short_segments.check_tensors  # the real input checks, less the CUDA-device one (CPU test)
+    monkeypatch.setattr(short_segments, "check_tensors", lambda *a, require_cuda: checks(*a, require_cuda=False))
     cu = torch.tensor([0, 8], dtype=torch.int32)
     for d, max_seqlen in ((64, 64), (80, 8), (128, 64), (72, 64), (80, 65)):
-        q = torch.randn(8, 2, d)
+        q = torch.randn(8, 2, d, dtype=torch.bfloat16)
         short_segments.short_attention(q, q, q, cu, max_seqlen, None)
     assert calls == ["triton", "triton", "triton", "fa2", "fa2"]
-    q = torch.randn(8, 2, 160)[..., ::2]  # a strided last dim: the Triton kernel needs it contiguous
+    q = torch.randn(8, 2, 160, dtype=torch.bfloat16)[..., ::2]  # a strided last dim: the Triton kernel needs it contiguous
     short_segments.short_attention(q, q, q, cu, 8, None)
     assert calls[-1] == "fa2"
 
@@ -163,3 +165,54 @@ def test_short_window_kernel_on_gpu():
     ref = short_segments.fa2_varlen_attention(q.float().half(), k.half(), v.half(), cu, 64, None).float()
     assert torch.isfinite(out).all()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# The short-window route checks its inputs like FA4's route does (a layout of short segments must
+# not turn a malformed call into a silently wrong one).
+def _bad_call(**over):
+    import torch
+
+    t, h, d = 8, 2, 64
+    args = {"q": torch.randn(t, h, d, dtype=torch.bfloat16), "k": torch.randn(t, h, d, dtype=torch.bfloat16),
+            "v": torch.randn(t, h, d, dtype=torch.bfloat16), "cu": torch.tensor([0, 4, 8], dtype=torch.int32)}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("case, message", [
+    ("fp32", "must all be bfloat16 or all float16"),
+    ("heads", "must be a multiple of k/v heads"),
+    ("cu_int64", "1-D int32"),
+    ("cu_2d", "1-D int32"),
+    ("kv_tokens", "must share tokens and heads"),
+    ("cpu", "must be CUDA tensors"),
+])
+def test_short_route_rejects_bad_input(case, message):
+    import torch
+
+    from sglang_fa4.kernels.fa4_config import FA4InputError
+
+    over = {
+        "fp32": {n: torch.randn(8, 2, 64) for n in ("q", "k", "v")},
+        "heads": {"q": torch.randn(8, 3, 64, dtype=torch.bfloat16)},
+        "cu_int64": {"cu": torch.tensor([0, 4, 8])},
+        "cu_2d": {"cu": torch.tensor([[0, 4, 8]], dtype=torch.int32)},
+        "kv_tokens": {"v": torch.randn(6, 2, 64, dtype=torch.bfloat16)},
+        "cpu": {},
+    }[case]
+    a = _bad_call(**over)
+    with pytest.raises(FA4InputError, match=message):
+        short_segments.short_attention(a["q"], a["k"], a["v"], a["cu"], 4, None)
+
+
+def test_out_of_the_wrong_shape_is_an_error():
+    import torch
+
+    from sglang_fa4.kernels.fa4_config import FA4InputError
+    from sglang_fa4.kernels.inputs import check_out_shape
+
+    q = torch.randn(8, 2, 64, dtype=torch.bfloat16)
+    check_out_shape(torch.empty(8, 2, 64, dtype=torch.bfloat16), 8, 2, 64, torch.bfloat16, q)
+    for bad in (torch.empty(8, 2, 32, dtype=torch.bfloat16), torch.empty(8, 2, 64), "not a tensor"):
+        with pytest.raises(FA4InputError, match="out must be"):
+            check_out_shape(bad, 8, 2, 64, torch.bfloat16, q)

@@ -443,13 +443,13 @@ def test_hooks_registered_only_when_enabled(sglang_version, enable):
     out = run_with_sglang(sglang_version, REGISTERED, env={"SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": enable})
     if enable == "1":
         assert out["run"] == [["around", "run_around"]] and out["create_graph"] == [["around", "create_graph_around"]]
-        assert ["around", "qwen2_5_forward_around"] in out["forward"]
+        assert out["forward"] == [["around", "qwen2_5_vit_forward"]]  # one hook: routing + no-sync forward
         # budgets captured after the FA4 startup warmup hook
         assert out["load_model"][-1] == "sglang_fa4.integration.vit_budgets.capture_budgets_after_load_model"
         assert out["load_model"].index("sglang_fa4.integration.hooks.warm_fa4_after_load_model") < len(out["load_model"]) - 1
     else:
         assert out["run"] == [] and out["create_graph"] == []
-        assert ["around", "qwen2_5_forward_around"] not in out["forward"]
+        assert out["forward"] == [["around", "qwen2_5_vit_forward"]]  # the host-metadata feature's
         assert "sglang_fa4.integration.vit_budgets.capture_budgets_after_load_model" not in out["load_model"]
 
 
@@ -525,16 +525,22 @@ def run_rank(rank, port):
         eager_runs = state.eager_runs
         # ... keeping SGLang's graph-mode rotary (the unfused one): the compiled one would be
         # compiled by Inductor on the request path
-        rotary = {"compiled": 0, "unfused": 0}
+        rotary = {"compiled": 0, "unfused": 0, "no_sync_forward": 0, "sglang_window_index": 0, "sglang_rot_pos_emb": 0}
         def counted(name, fn):
             def call(*a, **k):
                 rotary[name] += 1
                 return fn(*a, **k)
             return call
+        # ... through our no-sync forward, not SGLang's (whose window index and rotary ids are read
+        # back from the device)
+        from sglang_fa4.integration import qwen2_5_vit_forward as no_sync
         with torch.no_grad(), \
              mock.patch.object(vision, "apply_rotary_pos_emb", counted("compiled", vision.apply_rotary_pos_emb)), \
              mock.patch.object(vision, "apply_rotary_pos_emb_native_eager",
-                               counted("unfused", vision.apply_rotary_pos_emb_native_eager)):
+                               counted("unfused", vision.apply_rotary_pos_emb_native_eager)), \
+             mock.patch.object(no_sync, "eager_forward", counted("no_sync_forward", no_sync.eager_forward)), \
+             mock.patch.object(vit, "get_window_index", counted("sglang_window_index", vit.get_window_index)), \
+             mock.patch.object(vit, "rot_pos_emb", counted("sglang_rot_pos_emb", vit.rot_pos_emb)):
             vit.enable_cg = True
             got = vit(x, grid).clone()
             flag_restored = vit.enable_cg
@@ -577,7 +583,9 @@ def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
         big = r["big"]
         assert big["runner_calls"] == 0 and big["eager_runs"] == 1 and big["enable_cg_restored"], big
         assert big["max_err"] == 0.0, big
-        assert big["rotary"] == {"compiled": 0, "unfused": 4}, big  # one per block, graph-mode rotary
+        # one unfused (graph-mode) rotary per block; our no-sync forward ran, SGLang's syncing one did not
+        assert big["rotary"] == {"compiled": 0, "unfused": 4, "no_sync_forward": 1, "sglang_window_index": 0,
+                                 "sglang_rot_pos_emb": 0}, big
 
 
 def test_startup_capture_sees_deterministic_inference_kernels(monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from sglang_fa4 import selection
+from sglang_fa4.environ import envs
 from sglang_fa4.integration import vision_fa4, vit_graph_runners
 
 logger = logging.getLogger("sglang_fa4")
@@ -117,11 +118,34 @@ QWEN2_5_VIT_FORWARD = "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.fo
 
 
 def qwen2_5_vit_forward(original, self, x, grid_thw):
-    """AROUND Qwen2_5_VisionTransformer.forward: the eager path with host-computed layouts and
-    max_seqlen (no device sync). The CUDA-graph path (``enable_cg``) and devices other than
-    CUDA/CPU (NPU wants host cu_seqlens) stay upstream's."""
-    if self.enable_cg or self.device.type not in ("cuda", "cpu"):
-        return original(self, x, grid_thw)
-    from sglang_fa4.integration import qwen2_5_vit_forward as vit_forward
+    """AROUND Qwen2_5_VisionTransformer.forward: the ONE hook on it, serving both the host-metadata
+    eager forward and the budget graphs' routing (two AROUND hooks on one target nest, and the inner
+    one's ``original`` is SGLang's syncing forward: an above-budget batch skipped the no-sync path).
 
-    return vit_forward.eager_forward(self, x, grid_thw, _vision().VisionAttentionMetadata)
+    * graph mode (``enable_cg``), a batch the budget graphs hold (or no sealed budgets): upstream's
+      graph path;
+    * graph mode, a batch above the budgets (decided from ``grid_thw``, host data): eager;
+    * eager: with SGLANG_FA4_VIT_HOST_METADATA on CUDA/CPU, the forward with host-computed layouts
+      and max_seqlen (no device sync); otherwise upstream's (with ``enable_cg`` off for the call).
+
+    In graph mode SGLANG_VIT_ENABLE_CUDA_GRAPH stays set, so VisionAttention keeps SGLang's graph-mode
+    rotary for the eager call (unset, it would compile Inductor's rotary on the request path)."""
+    from sglang_fa4.integration import vit_budgets
+
+    graph_mode = self.enable_cg
+    if graph_mode:
+        state = vit_budgets.budget_state(getattr(self, "cuda_graph_runner", None))
+        if state is None or not state.sealed or not vit_budgets.exceeds_budgets(state, grid_thw):
+            return original(self, x, grid_thw)
+        state.eager_runs += 1
+    if envs.SGLANG_FA4_VIT_HOST_METADATA.get() and self.device.type in ("cuda", "cpu"):
+        from sglang_fa4.integration import qwen2_5_vit_forward as vit_forward
+
+        return vit_forward.eager_forward(self, x, grid_thw, _vision().VisionAttentionMetadata)
+    if not graph_mode:  # NPU wants host cu_seqlens: upstream's forward
+        return original(self, x, grid_thw)
+    self.enable_cg = False  # the forward reads it per call; the ViT runs on one thread
+    try:
+        return original(self, x, grid_thw)
+    finally:
+        self.enable_cg = True

@@ -35,24 +35,24 @@ def _register_vit_graph_budgets(registry, hook_type) -> None:
     runner = hooks.GENERIC_RUNNER_CLASS
     registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
     registry.register(f"{runner}.create_graph", vit_budgets.create_graph_around, hook_type.AROUND)
-    registry.register(hooks.QWEN2_5_VIT_FORWARD, vit_budgets.qwen2_5_forward_around, hook_type.AROUND)
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.capture_budgets_after_load_model, hook_type.AFTER)
 
 
-def _register_vit_host_metadata(registry, hook_type) -> None:
-    # AROUND, not REPLACE: the CUDA-graph path and non-CUDA devices call the original
+def _register_qwen2_5_vit_forward(registry, hook_type) -> None:
+    # one AROUND hook for both features that need it (budget routing, host metadata): not REPLACE,
+    # the CUDA-graph path and non-CUDA devices call the original
     registry.register(hooks.QWEN2_5_VIT_FORWARD, hooks.qwen2_5_vit_forward, hook_type.AROUND)
 
 
-# feature -> what registers it. Features sharing a registrar are hooked once.
-REGISTRARS: dict[str, Callable] = {
-    "backend_default_table": _register_backend_selection,
-    "backend_default_env_override": _register_backend_selection,
-    "fa4_list_seqlens": _register_fa4_forward,
-    "fa4_checked_forward": _register_fa4_forward,
-    "vit_graph_runners_fa4": _register_vit_graph_runners,
-    "vit_graph_outputs_owned": _register_vit_graph_outputs_owned,
-    "fa4_startup_warmup": _register_startup_warmup,
-    "vit_graph_budgets": _register_vit_graph_budgets,
-    "vit_host_metadata": _register_vit_host_metadata,
+# feature -> what registers it. A registrar shared by features is called once.
+REGISTRARS: dict[str, tuple[Callable, ...]] = {
+    "backend_default_table": (_register_backend_selection,),
+    "backend_default_env_override": (_register_backend_selection,),
+    "fa4_list_seqlens": (_register_fa4_forward,),
+    "fa4_checked_forward": (_register_fa4_forward,),
+    "vit_graph_runners_fa4": (_register_vit_graph_runners,),
+    "vit_graph_outputs_owned": (_register_vit_graph_outputs_owned,),
+    "fa4_startup_warmup": (_register_startup_warmup,),
+    "vit_graph_budgets": (_register_vit_graph_budgets, _register_qwen2_5_vit_forward),
+    "vit_host_metadata": (_register_qwen2_5_vit_forward,),
 }

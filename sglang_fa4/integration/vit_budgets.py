@@ -19,7 +19,7 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
   through the original ``run``, which would capture and keep a new graph for that layout. For
   Qwen2.5-VL a batch above the budgets is seen from ``grid_thw`` before the graph path
-  (:func:`qwen2_5_forward_around`) and takes the tower's own eager forward (no device sync, no
+  (``integration.hooks.qwen2_5_vit_forward``) and takes the tower's eager forward (no device sync, no
   graph-path input preparation).
 
 A guard counts graph captures after :func:`capture_budgets` sealed the runner and, like the FA4
@@ -279,26 +279,6 @@ def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
     rows = grid_rows(grid_thw)
     tokens = sum(t * h * w for t, h, w in rows)
     return tokens > max(state.budgets) or len(rows) > envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
-
-
-def qwen2_5_forward_around(original, self, x, grid_thw):
-    """AROUND Qwen2_5_VisionTransformer.forward: with sealed budgets, a batch above them takes the
-    tower's own eager forward (host metadata, no device sync) instead of the graph path's input
-    preparation + the runner's eager blocks.
-
-    SGLANG_VIT_ENABLE_CUDA_GRAPH stays set, so VisionAttention keeps SGLang's graph-mode rotary
-    (the unfused fp32 ``apply_rotary_pos_emb_native_eager``; unset, it would pick the
-    torch.compile'd one and compile it on the request path). Its speed is therefore not the
-    "tower eager" column of benchmark/results/h200/vit_graphs.md, which ran with the variable unset."""
-    state = budget_state(getattr(self, "cuda_graph_runner", None))
-    if not (self.enable_cg and state is not None and state.sealed and exceeds_budgets(state, grid_thw)):
-        return original(self, x, grid_thw)
-    state.eager_runs += 1
-    self.enable_cg = False  # the forward reads it per call; the ViT runs on one thread
-    try:
-        return original(self, x, grid_thw)
-    finally:
-        self.enable_cg = True
 
 
 def create_graph_around(original, self, *args, **kwargs):

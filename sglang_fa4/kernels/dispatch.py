@@ -11,6 +11,12 @@ float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_12
 float8_e4m3fn q/k/v (SM90) with ``q_descale``/``k_descale``/``v_descale`` (float32, per (batch, kv
 head) or a scalar) go to the native FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`), bf16 output.
 
+Every route checks the tensors' shapes, dtypes and devices on the host (``kernels.inputs``); what
+cannot be checked without reading device memory is the caller's contract, as it is FA4's: cu_seqlens
+starts at 0, never decreases and ends at or below q's rows, and ``max_seqlen``, when given, is at least
+the longest segment (the short-window route sizes its tiles from it: a smaller value gives NaN or
+wrong rows, not an error).
+
 The output is bitwise what ``flash_attn.cute.flash_attn_varlen_func`` returns, but each
 configuration's compiled kernel is resolved once (through FA4's own forward, so its caches stay
 valid) and then launched directly on the current torch stream: a few microseconds of host time,

@@ -44,6 +44,7 @@ from sglang_fa4.kernels.fa4_config import (
     seqlen_class,
 )
 from sglang_fa4.kernels.fa4_launcher import Launcher
+from sglang_fa4.kernels.inputs import check_out_shape, check_tensors, describe
 
 
 class Backend(Protocol):
@@ -61,16 +62,9 @@ class Backend(Protocol):
         """Run ``call`` through FA4's public (autograd) API; return the output tensor."""
 
 
-_INT32 = torch.int32
 _NO_WINDOW = (None, None)
 _SGLANG_NO_WINDOW = (-1, -1)
 _grad_enabled = torch.is_grad_enabled
-
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{tuple(x.shape)} {x.dtype}"
-    return type(x).__name__
 
 
 def _host_int(value) -> int:
@@ -171,34 +165,8 @@ class KernelCache:
         The hot path: cheap checks only (FA4 validates everything on a configuration's first
         call, and the compiled function checks ranks, dtypes and static dims on every call)."""
         arch = self._arch if self._arch is not None else self.arch
-        try:
-            total_q, nheads, head_dim = q.shape
-            total_k, nheads_k, head_dim_k = k.shape
-            total_v, nheads_v, head_dim_v = v.shape
-            dtype = q.dtype
-            cu_ok = cu_seqlens.dtype is _INT32 and cu_seqlens.dim() == 1
-        except (AttributeError, ValueError, TypeError):
-            raise FA4InputError(
-                "q, k, v must be (total_tokens, heads, head_dim) tensors and cu_seqlens a 1-D "
-                f"tensor; got {_describe(q)}, {_describe(k)}, {_describe(v)}, {_describe(cu_seqlens)}"
-            ) from None
-        if dtype not in DTYPE_NAMES or k.dtype is not dtype or v.dtype is not dtype:
-            raise FA4InputError(
-                f"q, k, v must all be bfloat16 or all float16; got {q.dtype}, {k.dtype}, {v.dtype}"
-            )
-        if total_v != total_k or nheads_v != nheads_k or head_dim_k != head_dim:
-            raise FA4InputError(
-                f"k {tuple(k.shape)} and v {tuple(v.shape)} must share tokens and heads, and k "
-                f"must have q's head_dim {head_dim}"
-            )
-        if not nheads_k or nheads % nheads_k:
-            raise FA4InputError(f"q heads ({nheads}) must be a multiple of k/v heads ({nheads_k})")
-        if not cu_ok:
-            raise FA4InputError("cu_seqlens must be a 1-D int32 tensor (segments + 1,)")
-        if self.backend.requires_cuda and not (
-            q.is_cuda and k.is_cuda and v.is_cuda and cu_seqlens.is_cuda
-        ):
-            raise FA4InputError("q, k, v and cu_seqlens must be CUDA tensors")
+        total_q, nheads, head_dim, total_k, nheads_k, head_dim_v, dtype = check_tensors(
+            q, k, v, cu_seqlens, self.backend.requires_cuda)
         if max_seqlen is not None and type(max_seqlen) is not int:
             max_seqlen = _host_int(max_seqlen)
         if softmax_scale is not None and type(softmax_scale) is not float:
@@ -276,7 +244,7 @@ class KernelCache:
     def _check_sinks(self, sinks, nheads: int, arch: int) -> str:
         if not isinstance(sinks, torch.Tensor) or sinks.shape != (nheads,):
             raise FA4InputError(
-                f"sinks must be a tensor of shape (heads,) = ({nheads},), got {_describe(sinks)}"
+                f"sinks must be a tensor of shape (heads,) = ({nheads},), got {describe(sinks)}"
             )
         sink_dtype = SINK_DTYPE_NAMES.get(sinks.dtype)
         if sink_dtype is None:
@@ -294,14 +262,7 @@ class KernelCache:
 
     @staticmethod
     def _check_out(out, total_q, nheads, head_dim_v, dtype, q) -> None:
-        if not isinstance(out, torch.Tensor):
-            raise FA4InputError("out must be a torch tensor or None")
-        if out.shape != (total_q, nheads, head_dim_v) or out.dtype != dtype:
-            raise FA4InputError(
-                f"out must be {(total_q, nheads, head_dim_v)} {dtype}, got {tuple(out.shape)} {out.dtype}"
-            )
-        if out.get_device() != q.get_device():
-            raise FA4InputError(f"out is on {out.device}, q on {q.device}")
+        check_out_shape(out, total_q, nheads, head_dim_v, dtype, q)
         strides = out.stride()
         if (
             0 in strides
