@@ -68,6 +68,7 @@ def test_many_segments(fa4):
     from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 
     lens = [int(x) for x in torch.randint(1, 40, (MANY_SEGMENTS + 44,))]
+    lens[0] = 100  # a segment over 64 tokens: FA4's route, not the short-window kernel (never bitwise FA4)
     q, k, v = rand(sum(lens), 80)
     cu = cu_from(lens)
     previous = dispatch.install_kernel_cache(KernelCache(FA4Backend()))
