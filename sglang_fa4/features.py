@@ -62,7 +62,8 @@ FEATURES = (
     Feature(
         "fa4_startup_warmup",
         "at model load, compile exactly the FA4 kernel variants the ViT will hit (FA4's persistent "
-        "kernel cache on, so a restart compiles nothing); warn on any FA4 compile after warmup",
+        "kernel cache on, so a restart compiles nothing; flash_attn.cute imported in the background "
+        "while weights load); warn on any FA4 compile after warmup",
         None,
     ),
     Feature(

@@ -88,11 +88,12 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.INTERNVL_RUNNER + "._capture_graph", FakeHookType.AROUND),
         (hooks.GENERIC_RUNNER_CLASS + ".replay", FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + ".run", FakeHookType.AROUND),
+        (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.BEFORE),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
         (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 9  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 9  # idempotent
+    assert len(fake_sglang.registered) == 10  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 10  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -100,7 +101,7 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
-        hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
+        hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
     ]
 
 

@@ -105,6 +105,25 @@ def internvl_runner_run_owned(original, self, x):
 MODEL_RUNNER_LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 
 
+def preload_fa4_before_load_model(self, *args, **kwargs):
+    """BEFORE ModelRunner.load_model: when this process's ViT attention will be fa4 (a multimodal
+    model; --mm-attention-backend, else the per-GPU default), start importing flash_attn.cute in
+    the background so that it overlaps weight loading (the warmup after load_model waits for it).
+    Returns None: SGLang's arguments are unchanged."""
+    if not envs.SGLANG_FA4_PRELOAD.get() or not getattr(getattr(self, "model_config", None), "is_multimodal", False):
+        return None
+    vision = _vision()
+    if not vision.is_cuda():
+        return None
+    server_arg = getattr(getattr(self, "server_args", None), "mm_attention_backend", None)
+    choice = selection.select_mm_attention_backend(server_arg, None, tuple(vision.get_device_capability()), "cuda")
+    if choice.backend == selection.FA4:
+        from sglang_fa4.startup import fa4_preload
+
+        fa4_preload.start()
+    return None
+
+
 def warm_fa4_after_load_model(result, self, *args, **kwargs):
     """AFTER ModelRunner.load_model (every scheduler process, before CUDA-graph capture and
     serving): compile the loaded model's FA4 ViT kernel variants. Returns None: SGLang keeps

@@ -28,6 +28,7 @@ def _register_vit_graph_outputs_owned(registry, hook_type) -> None:
 
 
 def _register_startup_warmup(registry, hook_type) -> None:
+    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.preload_fa4_before_load_model, hook_type.BEFORE)
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.warm_fa4_after_load_model, hook_type.AFTER)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from sglang_fa4.environ import envs
 from sglang_fa4.kernels import fa4_b36
 from sglang_fa4.kernels.fa4_config import FA4Config
-from sglang_fa4.startup import fa4_env, jit_monitor, towers
+from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, towers
 from sglang_fa4.startup.variants import Variant, enumerate_variants
 
 logger = logging.getLogger("sglang_fa4")
@@ -140,6 +140,7 @@ def warm_model(model, *, arch: Optional[int] = None) -> Optional[WarmupReport]:
                        "(flash-attn-4) is not installed; nothing warmed")
         return None
     fa4_env.configure_fa4_disk_cache()
+    fa4_preload.wait()  # the background import started when load_model began, if any
     from sglang_fa4.kernels import dispatch
 
     if arch is None:

@@ -1,0 +1,82 @@
+"""Import flash_attn.cute in the background while SGLang loads the model's weights.
+
+``import flash_attn.cute`` (the CUTLASS DSL and its MLIR bindings) costs 6.5-8.6 s on the H200, and
+the startup warmup at the end of ``ModelRunner.load_model`` needs it. :func:`start`, called when
+load_model begins, runs the import in a daemon thread so that it overlaps weight loading (file
+reads and host-to-device copies, which release the GIL); :func:`wait`, called by the warmup, joins
+it. Python's import lock makes any other import of the module wait for this one, so nothing can see
+a half-imported module. A failed import is only logged here: the warmup's own import then raises
+with FA4's message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from typing import Optional
+
+logger = logging.getLogger("sglang_fa4")
+
+MODULE = "flash_attn.cute"
+
+_lock = threading.Lock()
+_thread: Optional[threading.Thread] = None
+_seconds: Optional[float] = None
+_error: Optional[str] = None
+
+
+def _import(module: str) -> None:
+    global _seconds, _error
+    t0 = time.perf_counter()
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - reported by wait(); the warmup's import raises
+        _error = f"{type(exc).__name__}: {exc}"
+    _seconds = time.perf_counter() - t0
+
+
+def start(module: str = MODULE) -> bool:
+    """Start importing ``module`` in the background, once per process (after FA4's disk-cache
+    variables are set: FA4 reads them at import). False when it is already imported or started."""
+    global _thread
+    import sys
+
+    from sglang_fa4.startup.fa4_env import configure_fa4_disk_cache
+
+    with _lock:
+        if _thread is not None or module in sys.modules:
+            return False
+        configure_fa4_disk_cache()
+        _thread = threading.Thread(target=_import, args=(module,), name="sglang-fa4-preload", daemon=True)
+        _thread.start()
+    return True
+
+
+def wait(timeout: Optional[float] = None) -> Optional[float]:
+    """Join the background import, if one was started; its duration in seconds (None: none started
+    or still running after ``timeout``)."""
+    thread = _thread
+    if thread is None:
+        return None
+    t0 = time.perf_counter()
+    thread.join(timeout)
+    if thread.is_alive():
+        return None
+    waited = time.perf_counter() - t0
+    if _error:
+        logger.warning("sglang-fa4: background import of %s failed (%s)", MODULE, _error)
+    else:
+        logger.info("sglang-fa4: %s imported in the background in %.2f s (the warmup waited %.2f s for it)",
+                    MODULE, _seconds, waited)
+    return _seconds
+
+
+def reset() -> None:
+    """Forget a finished background import (tests)."""
+    global _thread, _seconds, _error
+    with _lock:
+        if _thread is not None:
+            _thread.join()
+        _thread, _seconds, _error = None, None, None
