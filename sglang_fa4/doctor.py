@@ -96,11 +96,27 @@ def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
         }
         if plan.supported
         else {},
-        "fa4": {"flash-attn-4": _dist_version("flash-attn-4"), "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl")},
+        "fa4": _fa4_report(),
         "gpu": gpu,
         "vit_backend": backend,
         "env": envs.snapshot(),
     }
+
+
+def _fa4_report() -> dict[str, Any]:
+    """FA4's versions and which launch path the ViT calls take with them (no FA4 import)."""
+    from sglang_fa4.kernels.fa4_b36 import FA4_VERSION
+
+    version = _dist_version("flash-attn-4")
+    if version is None:
+        launch = "none (flash-attn-4 not installed)"
+    elif version == FA4_VERSION:
+        launch = f"direct cached-kernel launch (the call layout of flash-attn-4 {FA4_VERSION})"
+    else:
+        launch = (f"direct launch where flash-attn-4 {version}'s kernel call matches {FA4_VERSION}'s layout, "
+                  "FA4's public API for configurations where it does not (checked per configuration, one warning)")
+    return {"flash-attn-4": version, "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl"),
+            "written_against": FA4_VERSION, "launch_path": launch}
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -114,6 +130,7 @@ def format_text(report: dict[str, Any]) -> str:
     fa4 = report["fa4"]
     lines.append(f"FA4:          flash-attn-4 {fa4['flash-attn-4'] or 'not installed'}, "
                  f"nvidia-cutlass-dsl {fa4['nvidia-cutlass-dsl'] or 'not installed'}")
+    lines.append(f"  launch path: {fa4['launch_path']}")
     gpu = report["gpu"]
     cap = ".".join(map(str, gpu["capability"])) if gpu["capability"] else "-"
     lines.append(f"GPU:          {gpu['name'] or '-'}  capability {cap}  ({gpu['source']})")

@@ -96,3 +96,19 @@ def test_cli_help_lists_doctor():
     with pytest.raises(SystemExit) as exc:
         cli.main(["--help"])
     assert exc.value.code == 0
+
+
+@pytest.mark.parametrize("installed, expect", [
+    (None, "none (flash-attn-4 not installed)"),
+    ("4.0.0b36", "direct cached-kernel launch"),
+    ("4.0.0b31", "FA4's public API for configurations where it does not"),
+])
+def test_doctor_reports_the_fa4_version_and_launch_path(monkeypatch, installed, expect):
+    from sglang_fa4 import doctor
+
+    real = doctor._dist_version
+    monkeypatch.setattr(doctor, "_dist_version", lambda name: installed if name == "flash-attn-4" else real(name))
+    fa4 = doctor._fa4_report()
+    assert fa4["flash-attn-4"] == installed and fa4["written_against"] == "4.0.0b36"
+    assert expect in fa4["launch_path"]
+    assert "launch path: " + fa4["launch_path"] in doctor.format_text({**doctor.collect("9.0"), "fa4": fa4})

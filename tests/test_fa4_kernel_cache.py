@@ -4,6 +4,7 @@ fake backend standing in for FA4 (no cutlass, no GPU)."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -354,13 +355,27 @@ def test_cuda_required_with_real_backend_flag():
         (lambda a: [*a[:14], torch.zeros(1), *a[15:]], "tensor this cache does not know"),
     ],
 )
-def test_layout_drift_is_a_clear_error(corrupt, match):
+def test_layout_drift_falls_back_to_the_public_api(corrupt, match, caplog, monkeypatch):
+    """Another flash-attn-4 whose kernel call is not the recorded layout: one warning naming what
+    differs, then FA4's public API for that configuration (right results, never an error per call)."""
+    from sglang_fa4.kernels import fa4_kernel_cache
+
+    monkeypatch.setattr(fa4_kernel_cache, "_layout_fallback_warned", False)
     fake = FakeBackend(90)
     fake.corrupt = corrupt
     cache = KernelCache(fake)
-    with pytest.raises(FA4LayoutError, match=match):
-        cache(*qkv(), cu(64), 64, None, (None, None), None, None)
-    assert cache.compile_count() == 0
+    q, k, v = qkv()
+    with caplog.at_level("WARNING", logger="sglang_fa4"):
+        first = cache(q, k, v, cu(64), 64, None, (None, None), None, None)
+        out = torch.empty_like(q)
+        second = cache(q, k, v, cu(64), 64, None, (None, None), None, out)
+    assert torch.equal(first, torch.full_like(q, -1.0)) and second is out and torch.equal(out, first)
+    assert len(fake.compiles) == 1 and len(fake.public_calls) == 2  # recorded once, public after
+    assert cache.compile_count() == 1  # resolved once: the JIT monitor and the warmup see it
+    (config,) = cache.public_configs()
+    assert config.head_dim == 64
+    warnings = [r.getMessage() for r in caplog.records if "public API" in r.getMessage()]
+    assert len(warnings) == 1 and re.search(match, warnings[0]), warnings
 
 
 def test_fa4_assertions_become_input_errors():

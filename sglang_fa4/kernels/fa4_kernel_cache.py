@@ -16,6 +16,7 @@ records what FA4 launched. Everything FA4-specific sits behind the backend seam
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 import time
@@ -28,6 +29,7 @@ from sglang_fa4.kernels.fa4_b36 import (
     ALIGN_BYTES,
     MANY_SEGMENTS,
     CallLayout,
+    FA4LayoutError,
     Resolved,
     layout_for_arch,
     sm100_class,
@@ -45,6 +47,8 @@ from sglang_fa4.kernels.fa4_config import (
 )
 from sglang_fa4.kernels.fa4_launcher import Launcher
 from sglang_fa4.kernels.inputs import check_out_shape, check_tensors, describe
+
+logger = logging.getLogger("sglang_fa4")
 
 
 class Backend(Protocol):
@@ -306,25 +310,67 @@ class KernelCache:
             t0 = time.perf_counter()
             try:
                 resolved = self.backend.compile_and_run(_fa4_form(call))
+                launcher = Launcher.from_capture(resolved, self._layout, call, config)
+                compiled = bool(resolved.fa4_compiled)
             except AssertionError as exc:  # FA4 validates with asserts
                 raise FA4InputError(f"FA4 rejected configuration {config}: {exc}") from exc
+            except FA4LayoutError as exc:
+                # another flash-attn-4 than the one sglang-fa4 knows: this configuration takes FA4's
+                # public API (slower host path, same kernel), never an error per call
+                launcher, compiled = PublicLauncher(self, config), True
+                _warn_layout_fallback(config, exc)
+                launcher.launch(call)
             seconds = time.perf_counter() - t0
-            launcher = Launcher.from_capture(resolved, self._layout, call, config)
             self._launchers[key] = launcher
-            event = CompileEvent(
-                len(self._stats.events) + 1, config, seconds, bool(resolved.fa4_compiled), capturing
-            )
+            event = CompileEvent(len(self._stats.events) + 1, config, seconds, compiled, capturing)
             self._stats.events.append(event)
             listeners = list(self._stats.listeners)
         for callback in listeners:
             callback(event)
         return call.out
 
+    def public_configs(self) -> list[FA4Config]:
+        """Configurations that run through FA4's public API (their call layout was not recognised)."""
+        with self._lock:
+            return [launcher.config for launcher in self._launchers.values() if isinstance(launcher, PublicLauncher)]
+
     def clear(self) -> None:
         """Forget every resolved configuration and event (tests)."""
         with self._lock:
             self._launchers.clear()
             self._stats.events.clear()
+
+
+class PublicLauncher:
+    """A configuration whose kernel call sglang-fa4 does not recognise: FA4's public API, into the
+    call's ``out`` (what :class:`Launcher` does for recognised ones, with FA4's host cost)."""
+
+    def __init__(self, cache: KernelCache, config: Optional[FA4Config] = None):
+        self.cache = cache
+        self.config = config
+
+    def launch(self, call: FwdCall) -> None:
+        out = call.out
+        call = FwdCall(**dict(call.__dict__))  # _public rewrites its argument's fields
+        self.cache._public(call, out)
+
+
+_layout_fallback_warned = False
+
+
+def _warn_layout_fallback(config: FA4Config, exc: Exception) -> None:
+    """One warning per process: the fast launch path is off for configurations like ``config``."""
+    global _layout_fallback_warned
+    if _layout_fallback_warned:
+        return
+    _layout_fallback_warned = True
+    from sglang_fa4.kernels.fa4_b36 import FA4_VERSION, installed_version
+
+    logger.warning(
+        "sglang-fa4: flash-attn-4 %s's kernel call is not the layout sglang-fa4 knows (written against %s: %s); "
+        "configurations like %s run through FA4's public API (correct, ~100 us more host time per call)",
+        installed_version(), FA4_VERSION, exc, config,
+    )
 
 
 def _fa4_form(call: FwdCall) -> FwdCall:
