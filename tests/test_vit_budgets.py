@@ -163,9 +163,9 @@ def test_plugin_plan_gates_on_env(monkeypatch):
 
 # The real runner with CUDA graphs faked (see the module docstring) and FA4 a CPU reference.
 FAKE_GRAPHS = r"""
-import warnings, logging, io, random
+import warnings, logging, io, random, types
 warnings.simplefilter("ignore")
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from unittest import mock
 import torch, torch.nn as nn
 import sglang.srt.plugins as plugins
@@ -315,22 +315,32 @@ def call_run(runner, x, full, win, tables, qwen3, perm):
                           attention_layout_key=(tuple(full), None))
     return runner.run(x=x, position_embeddings=tables, cu_seqlens=cu, cu_window_seqlens=cw,
                       output_indices=perm, attention_layout_key=(tuple(full), tuple(win)))
+
+def tower_with_runner(qwen3):
+    # the tower holding SGLang's generic runner, and a ModelRunner stand-in whose model holds the
+    # tower (what the startup hook walks)
+    vit = ViT(qwen3)
+    runner = vr.ViTCudaGraphRunner(vit)
+    setattr(vit, "graph_runners" if qwen3 else "cuda_graph_runner", runner)
+    model = nn.Module(); model.visual = vit
+    return vit, runner, types.SimpleNamespace(model=model)
+
+def faked_graphs():
+    stack = ExitStack()
+    for target, name, value in ((torch.cuda, "CUDAGraph", FakeGraph), (torch.cuda, "graph", fake_graph),
+                                (torch.cuda, "synchronize", lambda *a: None),
+                                (vr.ViTCudaGraphRunner, "_capture_context", lambda self: mock.MagicMock()),
+                                (vr.ViTCudaGraphRunner, "_create_graph", recording_create)):
+        stack.enter_context(mock.patch.object(target, name, value))
+    return stack
 """
 
 RUNNER = MODEL + r"""
 result = {}
-with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
-     mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
-     mock.patch.object(vr.ViTCudaGraphRunner, "_capture_context", lambda self: mock.MagicMock()), \
-     mock.patch.object(vr.ViTCudaGraphRunner, "_create_graph", recording_create):
+with faked_graphs():
     for qwen3 in (False, True):
         name = "qwen3" if qwen3 else "qwen25"
-        vit = ViT(qwen3)
-        runner = vr.ViTCudaGraphRunner(vit)
-        setattr(vit, "graph_runners" if qwen3 else "cuda_graph_runner", runner)
-        model = nn.Module(); model.visual = vit
-        class ModelRunner: pass
-        mr = ModelRunner(); mr.model = model
+        vit, runner, mr = tower_with_runner(qwen3)
         # the startup path: the AFTER ModelRunner.load_model hook finds the runner, reads its dims
         STATE["startup"] = True
         assert vb.capture_budgets_after_load_model(None, mr) is None

@@ -46,25 +46,16 @@ def hold_pass(runner, qwen3, layouts, calls):
             "max_err": max(err for _, _, err in held), "calls": calls}
 
 result = {}
-with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
-     mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
-     mock.patch.object(vr.ViTCudaGraphRunner, "_capture_context", lambda self: mock.MagicMock()), \
-     mock.patch.object(vr.ViTCudaGraphRunner, "_create_graph", recording_create):
+with faked_graphs():
     for qwen3 in (False, True):
         name = "qwen3" if qwen3 else "qwen25"
         layouts = [image_mix(qwen3) for _ in range(3)]  # few layouts: every exact-layout graph replays often
         # SGLang's own exact-layout graphs (no budgets on this runner)
-        vit = ViT(qwen3)
-        runner = vr.ViTCudaGraphRunner(vit)
+        vit, runner, _ = tower_with_runner(qwen3)
         result[name + "_exact"] = hold_pass(runner, qwen3, layouts, 24)
         result[name + "_exact"]["graphs"] = len(runner.block_graphs)
         # the startup budget graphs: random mixes, many share a budget
-        vit = ViT(qwen3)
-        runner = vr.ViTCudaGraphRunner(vit)
-        setattr(vit, "graph_runners" if qwen3 else "cuda_graph_runner", runner)
-        model = nn.Module(); model.visual = vit
-        class ModelRunner: pass
-        mr = ModelRunner(); mr.model = model
+        vit, runner, mr = tower_with_runner(qwen3)
         vb.capture_budgets_after_load_model(None, mr)
         result[name + "_budgets"] = hold_pass(runner, qwen3, [image_mix(qwen3) for _ in range(24)], 24)
         result[name + "_budgets"]["replays"] = vb.budget_state(runner).replays
