@@ -76,6 +76,31 @@ def _inputs(variant: Variant, device):
     return q, k, v, cu, sinks
 
 
+def _warm_each(report: WarmupReport, variants: list, warm_one) -> WarmupReport:
+    """The warmup loop: ``warm_one(variant)`` (returns how: "compiled", "cached"...) for each
+    variant inside :func:`jit_monitor.expected_compiles`, timed, one log line each; a failure is
+    logged and reported, not raised (one bad variant must not stop the server)."""
+    t_start = time.perf_counter()
+    with jit_monitor.expected_compiles(finishes_warmup=True):
+        n = len(variants)
+        for i, variant in enumerate(variants, 1):
+            t0 = time.perf_counter()
+            try:
+                how = warm_one(variant)
+            except Exception as exc:  # noqa: BLE001
+                seconds = time.perf_counter() - t0
+                report.failures.append((variant, f"{type(exc).__name__}: {exc}"))
+                logger.warning("sglang-fa4 warmup [%d/%d] %s: failed after %.2f s: %s: %s",
+                               i, n, variant.describe(), seconds, type(exc).__name__, exc)
+            else:
+                seconds = time.perf_counter() - t0
+                logger.info("sglang-fa4 warmup [%d/%d] %s: %.3f s (%s)", i, n, variant.describe(), seconds, how)
+            report.variants.append(variant)
+            report.seconds.append(seconds)
+    report.total_seconds = time.perf_counter() - t_start
+    return report
+
+
 def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     """Resolve (compile, or load from FA4's caches) every variant through FA4's kernel cache
     (:func:`sglang_fa4.kernels.dispatch.kernel_cache`), eagerly: call it before any CUDA-graph
@@ -88,53 +113,33 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
-    cuda = device.type == "cuda"
-    t_start = time.perf_counter()
-    with jit_monitor.expected_compiles(finishes_warmup=True):
-        n = len(variants)
-        for i, variant in enumerate(variants, 1):
-            before = dispatch.compile_count()
-            t0 = time.perf_counter()
-            try:
-                q, k, v, cu, sinks = _inputs(variant, device)
-                with torch.no_grad():
-                    # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
-                    # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
-                    dispatch.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
-                if cuda:
-                    torch.cuda.synchronize(device)
-            except Exception as exc:  # noqa: BLE001 - one bad variant must not stop the server
-                _failed(report, i, n, variant, t0, exc)
-                continue
-            seconds = time.perf_counter() - t0
-            events = dispatch.compile_events()[before:]
-            report.variants.append(variant)
-            report.seconds.append(seconds)
-            report.resolved += len(events)
-            report.compiled += sum(1 for e in events if e.fa4_compiled)
-            how = "cached" if not events else ("compiled" if any(e.fa4_compiled for e in events) else "loaded from FA4's cache")
-            for e in events:
-                if e.config != variant.config:
-                    report.mismatches.append((variant, e.config))
-                    logger.warning("sglang-fa4 warmup: predicted configuration %s but FA4 resolved %s",
-                                   variant.config, e.config)
-            logger.info("sglang-fa4 warmup [%d/%d] %s: %.3f s (%s)", i, n, variant.describe(), seconds, how)
-    report.total_seconds = time.perf_counter() - t_start
+
+    def warm_one(variant: Variant) -> str:
+        before = dispatch.compile_count()
+        q, k, v, cu, sinks = _inputs(variant, device)
+        with torch.no_grad():
+            # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
+            # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
+            dispatch.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        events = dispatch.compile_events()[before:]
+        report.resolved += len(events)
+        report.compiled += sum(1 for e in events if e.fa4_compiled)
+        for e in events:
+            if e.config != variant.config:
+                report.mismatches.append((variant, e.config))
+                logger.warning("sglang-fa4 warmup: predicted configuration %s but FA4 resolved %s",
+                               variant.config, e.config)
+        return "cached" if not events else ("compiled" if any(e.fa4_compiled for e in events) else "loaded from FA4's cache")
+
+    _warm_each(report, variants, warm_one)
     logger.info(
         "sglang-fa4 warmup: %d FA4 variant(s) in %.2f s (%d compiled, %d loaded from cache, %d failed)",
         len(variants), report.total_seconds, report.compiled, report.resolved - report.compiled,
         len(report.failures),
     )
     return report
-
-
-def _failed(report: WarmupReport, i: int, n: int, variant, t0: float, exc: Exception) -> None:
-    seconds = time.perf_counter() - t0
-    report.variants.append(variant)
-    report.seconds.append(seconds)
-    report.failures.append((variant, f"{type(exc).__name__}: {exc}"))
-    logger.warning("sglang-fa4 warmup [%d/%d] %s: failed after %.2f s: %s: %s",
-                   i, n, variant.describe(), seconds, type(exc).__name__, exc)
 
 
 def warm_fp8_variants(variants: list) -> WarmupReport:
@@ -145,26 +150,16 @@ def warm_fp8_variants(variants: list) -> WarmupReport:
     from sglang_fa4.kernels.fp8_sm90 import launch as fp8_launch
 
     report = WarmupReport()
-    t_start = time.perf_counter()
-    with jit_monitor.expected_compiles(finishes_warmup=True):
-        n = len(variants)
-        for i, variant in enumerate(variants, 1):
-            before = fp8_launch.compile_count()
-            t0 = time.perf_counter()
-            try:
-                fp8_launch.compiled_kernel(variant)
-            except Exception as exc:  # noqa: BLE001 - one bad variant must not stop the server
-                _failed(report, i, n, variant, t0, exc)
-                continue
-            seconds = time.perf_counter() - t0
-            new = fp8_launch.compile_count() - before
-            report.variants.append(variant)
-            report.seconds.append(seconds)
-            report.resolved += new
-            report.compiled += new
-            logger.info("sglang-fa4 warmup [%d/%d] %s: %.3f s (%s)", i, n, variant.describe(), seconds,
-                        "compiled" if new else "cached")
-    report.total_seconds = time.perf_counter() - t_start
+
+    def warm_one(variant) -> str:
+        before = fp8_launch.compile_count()
+        fp8_launch.compiled_kernel(variant)
+        new = fp8_launch.compile_count() - before
+        report.resolved += new
+        report.compiled += new
+        return "compiled" if new else "cached"
+
+    _warm_each(report, variants, warm_one)
     logger.info("sglang-fa4 warmup: %d FP8 variant(s) in %.2f s (%d compiled, %d failed)",
                 len(variants), report.total_seconds, report.compiled, len(report.failures))
     return report
