@@ -107,8 +107,7 @@ class ConsumerMainLoop:
                 warpgroup.wait_group(0)
                 pipe_kv.consumer_release(kv_state)
                 kv_state.advance()
-                for v in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[v] = acc_o[v] * factor[(v // 2) % 2] + acc_t[v]
+                self.rescale_add(acc_o, acc_t, factor)
         else:
             # FA3-style intra-warpgroup overlap: S_i = Q K_i^T and O_t = P_{i-1} V_{i-1} are issued
             # together; the softmax of S_i runs while the PV GEMM of the previous tile is in flight.
@@ -166,8 +165,7 @@ class ConsumerMainLoop:
                     self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
                     warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
                     pipe_kv.consumer_release(prev_state)
-                    for v in cutlass.range_constexpr(cute.size(acc_o)):
-                        acc_o[v] = acc_o[v] * f_prev[(v // 2) % 2] + acc_t[v]
+                    self.rescale_add(acc_o, acc_t, f_prev)
                     for r in cutlass.range_constexpr(2):
                         f_prev[r] = factor[r]
                     self.p_to_operand(acc_s, tOrP)
@@ -183,8 +181,7 @@ class ConsumerMainLoop:
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 pipe_kv.consumer_release(prev_state)
-                for v in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[v] = acc_o[v] * f_prev[(v // 2) % 2] + acc_t[v]
+                self.rescale_add(acc_o, acc_t, f_prev)
 
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         out_scale = cute.make_rmem_tensor((2,), Float32)
@@ -203,6 +200,16 @@ class ConsumerMainLoop:
             for v in cutlass.range_constexpr(cute.size(acc_o)):
                 if row_start + tOcO[v][0] < seqlen_q:
                     tOgO[v] = r_out[v]
+
+    # The GEMM issue blocks above stay written out at each use: moved into a helper, the MMA's
+    # ACCUMULATE field set inside the staged loop escapes it (the DSL's IR verification fails:
+    # "operand does not dominate this use").
+
+    # A plain Python helper: it runs at trace time, so it inlines exactly like the code it replaces.
+    def rescale_add(self, acc_o, acc_t, factor):
+        """O = O * factor + O_tile (two-level accumulation; ``factor`` per row, 2 rows a thread)."""
+        for v in range(cute.size(acc_o)):
+            acc_o[v] = acc_o[v] * factor[(v // 2) % 2] + acc_t[v]
 
     @cute.jit
     def pass_turn(self, wg: Int32, last: cutlass.Boolean):
