@@ -201,9 +201,9 @@ class ConsumerMainLoop:
                 if row_start + tOcO[v][0] < seqlen_q:
                     tOgO[v] = r_out[v]
 
-    # The GEMM issue blocks above stay written out at each use: moved into a helper, the MMA's
-    # ACCUMULATE field set inside the staged loop escapes it (the DSL's IR verification fails:
-    # "operand does not dominate this use").
+    # The GEMM issue blocks above stay written out at each use: moved into a helper (plain Python
+    # or @cute.jit, both tried with cutlass-dsl 4.8.1), the MMA's ACCUMULATE field set inside the
+    # staged loop escapes it and the DSL's IR verification fails ("operand does not dominate").
 
     # A plain Python helper: it runs at trace time, so it inlines exactly like the code it replaces.
     def rescale_add(self, acc_o, acc_t, factor):
