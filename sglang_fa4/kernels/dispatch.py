@@ -9,7 +9,8 @@ window_size: (left, right) token bounds of a sliding window; None or negative (S
 unbounded on that side; (None, 0) is causal. sinks: per-head attention-sink logits, (heads,)
 float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_120: raises).
 float8_e4m3fn q/k/v (SM90) with ``q_descale``/``k_descale``/``v_descale`` (float32, per (batch, kv
-head) or a scalar) go to the native FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`), bf16 output.
+head) or a scalar; all three or none) go to the native FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`),
+bf16 output; E4M3 k/v with another q dtype, or descales with non-FP8 q/k/v, raise FA4InputError.
 
 Every route checks the tensors' shapes, dtypes and devices on the host (``kernels.inputs``); what
 cannot be checked without reading device memory is the caller's contract, as it is FA4's: cu_seqlens
@@ -96,10 +97,18 @@ def fa4_varlen_attention(
     k_descale=None,
     v_descale=None,
 ):
-    if getattr(q, "dtype", None) is _float8_e4m3fn():
+    fp8 = _float8_e4m3fn()
+    if getattr(q, "dtype", None) is fp8:
         # E4M3 q/k/v (SM90): the native FP8 forward, see sglang_fa4.kernels.fp8_sm90
         return _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out,
                               q_descale, k_descale, v_descale)
+    if getattr(k, "dtype", None) is fp8 or getattr(v, "dtype", None) is fp8:
+        raise FA4InputError(
+            f"mixed dtypes: k/v are float8_e4m3fn but q is {getattr(q, 'dtype', None)} (FP8 attention "
+            "needs q, k and v all float8_e4m3fn)"
+        )
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        raise FA4InputError(f"q_descale/k_descale/v_descale apply to float8_e4m3fn q/k/v only; q is {q.dtype}")
     cache = _cache if _cache is not None else kernel_cache()
     if short_segments.should_route(cache.arch if q.is_cuda else -1, q, max_seqlen, window_size, sinks):
         return short_segments.short_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out)

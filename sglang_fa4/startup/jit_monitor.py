@@ -1,5 +1,7 @@
 """After the startup warmup, flag any FA4 configuration resolved in the process (a compile on the
-request path or inside a graph capture): ``SGLANG_FA4_JIT_MONITOR`` = off / warn / raise.
+request path or inside a graph capture): ``SGLANG_FA4_JIT_MONITOR`` = off / warn / raise.  The SM90
+FP8 forward's variants (``kernels/fp8_sm90/launch.py``, compiled once per head dim x causal/local)
+are counted and flagged the same way.
 
 Startup work that may compile (the warmup itself, the ViT budget-graph capture) runs inside
 :func:`expected_compiles`, so its compiles are not counted.
@@ -21,6 +23,7 @@ _expected = 0  # startup phases in progress (their compiles are expected)
 _finished = False  # a warmup completed in this process
 _after = 0  # configurations resolved after a finished warmup
 _monitor: Optional[tuple[Any, Any]] = None  # (kernel cache, remover)
+_fp8_remover: Optional[Any] = None  # removes the listener on the FP8 forward's compile cache
 
 
 class FA4CompileAfterWarmup(RuntimeError):
@@ -56,33 +59,70 @@ def warmup_finished() -> bool:
     return _finished
 
 
-def _on_compile(event) -> None:
+def _count_after_warmup() -> Optional[int]:
+    """Count one compile; its number after the warmup, or None when it is startup work."""
     global _after
     with _state_lock:
         if _expected or not _finished:
-            return
+            return None
         _after += 1
-        count = _after
+        return _after
+
+
+def _flag(message: str) -> None:
     mode = envs.SGLANG_FA4_JIT_MONITOR.get()
     if mode == "off":
         return
-    what = "compiled" if event.fa4_compiled else "loaded"
-    capture = " during CUDA-graph capture" if event.during_capture else ""
-    message = (
-        f"sglang-fa4: FA4 {what} a kernel variant after the startup warmup{capture} "
-        f"({event.seconds:.2f} s, #{count} after warmup): {event.config}"
-    )
     if mode == "raise":
         raise FA4CompileAfterWarmup(message)
     logger.warning(message)
 
 
+def _on_compile(event) -> None:
+    """Listener on FA4's kernel cache (``fa4_kernel_cache.CompileEvent``)."""
+    count = _count_after_warmup()
+    if count is None:
+        return
+    what = "compiled" if event.fa4_compiled else "loaded"
+    capture = " during CUDA-graph capture" if event.during_capture else ""
+    _flag(
+        f"sglang-fa4: FA4 {what} a kernel variant after the startup warmup{capture} "
+        f"({event.seconds:.2f} s, #{count} after warmup): {event.config}"
+    )
+
+
+def _on_fp8_compile(event: dict) -> None:
+    """Listener on the SM90 FP8 forward's compile cache (``launch.compiled_kernel``'s event dict:
+    variant, seconds, capturing)."""
+    count = _count_after_warmup()
+    if count is None:
+        return
+    capture = " during CUDA-graph capture" if event.get("capturing") else ""
+    _flag(
+        f"sglang-fa4: the SM90 FP8 attention forward compiled a kernel variant after the startup "
+        f"warmup{capture} ({event['seconds']:.2f} s, #{count} after warmup): {event['variant']}"
+    )
+
+
+def arm_fp8_monitor() -> None:
+    """Listen on the FP8 forward's compile cache (idempotent; :func:`arm_jit_monitor` calls it).
+    Imports torch but not cutlass."""
+    global _fp8_remover
+    from sglang_fa4.kernels.fp8_sm90 import launch as fp8_launch
+
+    with _state_lock:
+        if _fp8_remover is not None:
+            return
+        _fp8_remover = fp8_launch.add_compile_listener(_on_fp8_compile)
+
+
 def arm_jit_monitor() -> bool:
-    """Listen for FA4 configurations resolved after the warmup (idempotent; follows a replaced
-    kernel cache). False when SGLANG_FA4_JIT_MONITOR=off."""
+    """Listen for FA4 configurations resolved, and FP8 forward variants compiled, after the warmup
+    (idempotent; follows a replaced kernel cache). False when SGLANG_FA4_JIT_MONITOR=off."""
     global _monitor
     if envs.SGLANG_FA4_JIT_MONITOR.get() == "off":
         return False
+    arm_fp8_monitor()
     from sglang_fa4.kernels import dispatch
 
     cache = dispatch.kernel_cache()
@@ -102,11 +142,14 @@ def armed() -> bool:
 
 def reset_state() -> None:
     """Forget warmup/monitor state (tests)."""
-    global _finished, _after, _monitor, _expected
+    global _finished, _after, _monitor, _expected, _fp8_remover
     with _state_lock:
         if _monitor is not None:
             _monitor[1]()
         _monitor = None
+        if _fp8_remover is not None:
+            _fp8_remover()
+        _fp8_remover = None
         _finished = False
         _after = 0
         _expected = 0

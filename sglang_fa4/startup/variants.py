@@ -31,6 +31,8 @@ from typing import Any, Optional
 
 from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
 from sglang_fa4.kernels.fa4_config import FA4Config, FA4InputError, config_for, window_bounds
+from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS as FP8_HEAD_DIMS
+from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant, padded_head_dim
 from sglang_fa4.startup import towers
 
 #: max_seqlen thresholds of FA4's SM100/SM110 key (tile_m 128: q_stage, static scheduler)
@@ -197,3 +199,17 @@ def enumerate_variants(
     return [
         Variant(**{**v.__dict__, "modules": tuple(users[c])}) for c, v in variants.items()
     ]
+
+
+def enumerate_fp8_variants(model) -> list[Fp8Variant]:
+    """The SM90 FP8 forward's variants (:mod:`sglang_fa4.kernels.fp8_sm90`) the fa4 ViT attention
+    modules of ``model`` would hit if their attention ran in FP8: the head dim zero-padded to the
+    next supported one (``quantize_qkv`` pads), neither causal nor local (as in
+    :func:`enumerate_variants`, only modules with sinks get a sliding window).  Modules the FP8
+    kernel cannot serve are left out (they stay on FA4): attention sinks, head dims over 128."""
+    dims = {
+        padded_head_dim(int(m.head_size))
+        for _name, m in towers.find_fa4_attention(model)
+        if getattr(m, "sinks", None) is None and int(m.head_size) <= FP8_HEAD_DIMS[-1]
+    }
+    return [Fp8Variant(d, False, False) for d in sorted(dims)]

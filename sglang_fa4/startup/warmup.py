@@ -11,6 +11,11 @@ With FA4's persistent cache (``SGLANG_FA4_KERNEL_CACHE``, applied by
 restart loads every variant from disk in milliseconds. After the warmup,
 :mod:`sglang_fa4.startup.jit_monitor` flags any further configuration resolved in the process.
 
+The SM90 FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`) compiles one kernel per head dim x
+causal/local: :func:`warm_fp8_variants` compiles a list of them with the same bookkeeping (a log
+line per variant, counted as warmup by the JIT monitor); ``warm_model(..., fp8=True)`` adds the
+model's FP8 variants (:func:`sglang_fa4.startup.variants.enumerate_fp8_variants`).
+
 Importing this module imports neither flash_attn nor cutlass (nor SGLang).
 """
 
@@ -26,20 +31,21 @@ from sglang_fa4.environ import envs
 from sglang_fa4.kernels import fa4_b36
 from sglang_fa4.kernels.fa4_config import FA4Config
 from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, towers
-from sglang_fa4.startup.variants import Variant, enumerate_variants
+from sglang_fa4.startup.variants import Variant, enumerate_fp8_variants, enumerate_variants
 
 logger = logging.getLogger("sglang_fa4")
 
 
 @dataclass
 class WarmupReport:
-    variants: list[Variant] = field(default_factory=list)
+    variants: list = field(default_factory=list)  # Variant (FA4) or Fp8Variant
     seconds: list[float] = field(default_factory=list)  # per variant, host time incl. sync
     resolved: int = 0  # new configurations resolved in this process (compile_count delta)
     compiled: int = 0  # of those, compiled by FA4 now (not loaded from its memory/disk cache)
-    failures: list[tuple[Variant, str]] = field(default_factory=list)
+    failures: list[tuple[Any, str]] = field(default_factory=list)
     mismatches: list[tuple[Variant, FA4Config]] = field(default_factory=list)  # predicted != resolved
     total_seconds: float = 0.0
+    fp8: Optional["WarmupReport"] = None  # warm_model(fp8=True): the FP8 forward's variants
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +55,7 @@ class WarmupReport:
             "failures": [[v.describe(), msg] for v, msg in self.failures],
             "mismatches": [[v.describe(), c.as_dict()] for v, c in self.mismatches],
             "total_seconds": self.total_seconds,
+            **({"fp8": self.fp8.as_dict()} if self.fp8 is not None else {}),
         }
 
 
@@ -69,6 +76,31 @@ def _inputs(variant: Variant, device):
     return q, k, v, cu, sinks
 
 
+def _warm_each(report: WarmupReport, variants: list, warm_one) -> WarmupReport:
+    """The warmup loop: ``warm_one(variant)`` (returns how: "compiled", "cached"...) for each
+    variant inside :func:`jit_monitor.expected_compiles`, timed, one log line each; a failure is
+    logged and reported, not raised (one bad variant must not stop the server)."""
+    t_start = time.perf_counter()
+    with jit_monitor.expected_compiles(finishes_warmup=True):
+        n = len(variants)
+        for i, variant in enumerate(variants, 1):
+            t0 = time.perf_counter()
+            try:
+                how = warm_one(variant)
+            except Exception as exc:  # noqa: BLE001
+                seconds = time.perf_counter() - t0
+                report.failures.append((variant, f"{type(exc).__name__}: {exc}"))
+                logger.warning("sglang-fa4 warmup [%d/%d] %s: failed after %.2f s: %s: %s",
+                               i, n, variant.describe(), seconds, type(exc).__name__, exc)
+            else:
+                seconds = time.perf_counter() - t0
+                logger.info("sglang-fa4 warmup [%d/%d] %s: %.3f s (%s)", i, n, variant.describe(), seconds, how)
+            report.variants.append(variant)
+            report.seconds.append(seconds)
+    report.total_seconds = time.perf_counter() - t_start
+    return report
+
+
 def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     """Resolve (compile, or load from FA4's caches) every variant through FA4's kernel cache
     (:func:`sglang_fa4.kernels.dispatch.kernel_cache`), eagerly: call it before any CUDA-graph
@@ -81,43 +113,27 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
-    cuda = device.type == "cuda"
-    t_start = time.perf_counter()
-    with jit_monitor.expected_compiles(finishes_warmup=True):
-        n = len(variants)
-        for i, variant in enumerate(variants, 1):
-            before = dispatch.compile_count()
-            t0 = time.perf_counter()
-            try:
-                q, k, v, cu, sinks = _inputs(variant, device)
-                with torch.no_grad():
-                    # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
-                    # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
-                    dispatch.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
-                if cuda:
-                    torch.cuda.synchronize(device)
-            except Exception as exc:  # noqa: BLE001 - one bad variant must not stop the server
-                seconds = time.perf_counter() - t0
-                report.variants.append(variant)
-                report.seconds.append(seconds)
-                report.failures.append((variant, f"{type(exc).__name__}: {exc}"))
-                logger.warning("sglang-fa4 warmup [%d/%d] %s: failed after %.2f s: %s: %s",
-                               i, n, variant.describe(), seconds, type(exc).__name__, exc)
-                continue
-            seconds = time.perf_counter() - t0
-            events = dispatch.compile_events()[before:]
-            report.variants.append(variant)
-            report.seconds.append(seconds)
-            report.resolved += len(events)
-            report.compiled += sum(1 for e in events if e.fa4_compiled)
-            how = "cached" if not events else ("compiled" if any(e.fa4_compiled for e in events) else "loaded from FA4's cache")
-            for e in events:
-                if e.config != variant.config:
-                    report.mismatches.append((variant, e.config))
-                    logger.warning("sglang-fa4 warmup: predicted configuration %s but FA4 resolved %s",
-                                   variant.config, e.config)
-            logger.info("sglang-fa4 warmup [%d/%d] %s: %.3f s (%s)", i, n, variant.describe(), seconds, how)
-    report.total_seconds = time.perf_counter() - t_start
+
+    def warm_one(variant: Variant) -> str:
+        before = dispatch.compile_count()
+        q, k, v, cu, sinks = _inputs(variant, device)
+        with torch.no_grad():
+            # the kernel cache itself, not fa4_varlen_attention: small warmup layouts would be
+            # routed to FA2 (short_segments) and leave the FA4 variant uncompiled
+            dispatch.kernel_cache()(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        events = dispatch.compile_events()[before:]
+        report.resolved += len(events)
+        report.compiled += sum(1 for e in events if e.fa4_compiled)
+        for e in events:
+            if e.config != variant.config:
+                report.mismatches.append((variant, e.config))
+                logger.warning("sglang-fa4 warmup: predicted configuration %s but FA4 resolved %s",
+                               variant.config, e.config)
+        return "cached" if not events else ("compiled" if any(e.fa4_compiled for e in events) else "loaded from FA4's cache")
+
+    _warm_each(report, variants, warm_one)
     logger.info(
         "sglang-fa4 warmup: %d FA4 variant(s) in %.2f s (%d compiled, %d loaded from cache, %d failed)",
         len(variants), report.total_seconds, report.compiled, report.resolved - report.compiled,
@@ -126,10 +142,34 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
     return report
 
 
-def warm_model(model, *, arch: Optional[int] = None) -> Optional[WarmupReport]:
+def warm_fp8_variants(variants: list) -> WarmupReport:
+    """Compile the SM90 FP8 forward's ``variants`` (``Fp8Variant``: head dim x causal/local) into
+    its compile cache now, as startup work for the JIT monitor; one log line per variant with its
+    time. A compile needs no GPU tensors (CuTe DSL on fake tensors); the first call then only loads
+    the module. A variant already in the cache costs nothing ("cached")."""
+    from sglang_fa4.kernels.fp8_sm90 import launch as fp8_launch
+
+    report = WarmupReport()
+
+    def warm_one(variant) -> str:
+        before = fp8_launch.compile_count()
+        fp8_launch.compiled_kernel(variant)
+        new = fp8_launch.compile_count() - before
+        report.resolved += new
+        report.compiled += new
+        return "compiled" if new else "cached"
+
+    _warm_each(report, variants, warm_one)
+    logger.info("sglang-fa4 warmup: %d FP8 variant(s) in %.2f s (%d compiled, %d failed)",
+                len(variants), report.total_seconds, report.compiled, len(report.failures))
+    return report
+
+
+def warm_model(model, *, arch: Optional[int] = None, fp8: bool = False) -> Optional[WarmupReport]:
     """The plugin's startup warmup: enumerate and compile ``model``'s FA4 variants, then arm the
     JIT monitor. Nothing (and no FA4 import) when ``SGLANG_FA4_WARMUP`` is off or the model has no
-    fa4 ViT attention."""
+    fa4 ViT attention. ``fp8``: the ViT will run FP8 attention (issue #16's opt-in), so also
+    compile its SM90 FP8 variants (report.fp8)."""
     if not envs.SGLANG_FA4_WARMUP.get():
         return None
     modules = towers.find_fa4_attention(model)
@@ -147,5 +187,7 @@ def warm_model(model, *, arch: Optional[int] = None) -> Optional[WarmupReport]:
         arch = dispatch.kernel_cache().arch
     variants = enumerate_variants(model, arch)
     report = run_warmup(variants, towers.module_device(modules[0][1]))
+    if fp8:
+        report.fp8 = warm_fp8_variants(enumerate_fp8_variants(model))
     jit_monitor.arm_jit_monitor()
     return report

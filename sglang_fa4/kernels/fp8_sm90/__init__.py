@@ -1,7 +1,9 @@
 """Native FP8 (E4M3 Q/K/V) attention forward for SM90 (H100/H200), written in CuTe DSL.
 
 * :mod:`.layout`   -- pure-Python facts: supported shapes, the P/V key permutation, variant keys.
-* :mod:`.forward`  -- the CuTe DSL kernel (imports cutlass).
+* :mod:`.forward`  -- the CuTe DSL kernel's class and host side (imports cutlass), mixing in
+  :mod:`.kernel_entry` (device entry, producer), :mod:`.consumer_mainloop` (GEMM main loop,
+  epilogue), :mod:`.tile_softmax` (mask, online softmax, P -> E4M3); :mod:`.kernel_shape`.
 * :mod:`.launch`   -- compile-once cache and :func:`fp8_varlen_attention` (torch tensors in).
 * :mod:`.vt_pack`  -- V -> the permuted V^T buffer the kernel reads (Triton).
 * :mod:`.quantize` -- bf16 q/k/v -> E4M3 + per-(batch, kv head) descales on the device (Triton).

@@ -174,9 +174,57 @@ def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, vt=None) -> tupl
         _need(vt.dtype == torch.uint8, f"vt must be the uint8 buffer from pack_vt/quantize_qkv, got {vt.dtype}")
         _need(vt.dim() == 3 and vt.shape[0] == hkv and vt.shape[1] == d, f"vt must be (Hkv, d, cols), got {tuple(vt.shape)}")
         _need(vt.stride(-1) == 1 and vt.stride(1) % 16 == 0, "vt rows must be contiguous with a 16-byte-aligned stride")
-    devices = {t.device for t in (q, k, cu_seqlens_q, cu_seqlens_k) if t is not None}
+    devices = {t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k, out, vt) if t is not None}
     _need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
     return batch, hq, hkv, d, total_k
+
+
+def check_device(device: torch.device) -> None:
+    """The tensors' device must be an SM90 (Hopper) CUDA GPU: the kernel is built for sm_90a."""
+    _need(device.type == "cuda", f"fp8_varlen_attention needs CUDA tensors, got {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    _need(
+        major == 9,
+        f"the FP8 forward is built for SM90 (Hopper); {device} is sm_{major}{minor} (use bf16/fp16 "
+        "q/k/v there: FA4)",
+    )
+
+
+def resolve_descale(descale, q_descale, k_descale, v_descale, batch: int, hkv: int, device) -> torch.Tensor:
+    """The kernel's (3, batch, Hkv) float32 descales: ``descale`` as given (checked), or built from
+    the three per-tensor ones (all None: unscaled E4M3).  Giving some of q/k/v_descale but not all,
+    or ``descale`` with any of them, is an error: a forgotten descale silently scales the output.
+    Runs on every call: the valid ``descale`` path formats no message (host time)."""
+    others = (q_descale, k_descale, v_descale)
+    if descale is not None and others == (None, None, None):
+        if not (
+            isinstance(descale, torch.Tensor)
+            and descale.dtype is torch.float32
+            and descale.shape == (3, batch, hkv)
+            and descale.device == device
+            and descale.is_contiguous()
+        ):
+            _check_descale(descale, batch, hkv, device)
+        return descale
+    given = [n for n, x in zip(("q_descale", "k_descale", "v_descale"), others) if x is not None]
+    _need(descale is None, f"give either descale or q/k/v_descale, not both (got descale and {', '.join(given)})")
+    _need(
+        len(given) in (0, 3),
+        f"q_descale, k_descale and v_descale go together (got only {', '.join(given)}); pass all three "
+        "(quantize_qkv returns them) or none for unscaled E4M3",
+    )
+    return descale_tensor(q_descale, k_descale, v_descale, batch, hkv, device)
+
+
+def _check_descale(descale, batch: int, hkv: int, device) -> None:
+    _need(isinstance(descale, torch.Tensor), f"descale must be a torch.Tensor, got {type(descale).__name__}")
+    _need(
+        descale.dtype == torch.float32 and tuple(descale.shape) == (3, batch, hkv),
+        f"descale must be float32 (3, batch, Hkv) = {(3, batch, hkv)}, got {descale.dtype} {tuple(descale.shape)}",
+    )
+    _need(descale.device == torch.device(device), f"descale must be on {device}, got {descale.device}")
+    _need(descale.is_contiguous(), "descale must be contiguous")
 
 
 def descale_tensor(q_descale, k_descale, v_descale, batch: int, hkv: int, device) -> torch.Tensor:
@@ -192,6 +240,7 @@ def descale_tensor(q_descale, k_descale, v_descale, batch: int, hkv: int, device
             rows.append(torch.full((batch, hkv), float(x), dtype=torch.float32, device=device))
             continue
         _need(x.dtype == torch.float32, f"{name} must be float32, got {x.dtype}")
+        _need(x.device == torch.device(device), f"{name} must be on {device}, got {x.device}")
         _need(
             x.numel() == 1 or tuple(x.shape) == (batch, hkv),
             f"{name} must be a scalar or (batch, num_kv_heads) = {(batch, hkv)}, got {tuple(x.shape)}",
@@ -242,7 +291,9 @@ def fp8_varlen_attention(
 
     softmax(q k^T * softmax_scale * q_descale * k_descale) (v * v_descale), per (batch, kv head)
     descales.  ``vt`` (the permuted V^T from :func:`pack_vt` or ``quantize_qkv``) may replace ``v``;
-    ``descale`` (3, batch, Hkv) float32 may replace the three descales.  SM90 only.
+    ``descale`` (3, batch, Hkv) float32 may replace the three descales; give all three, or
+    ``descale``, or none (unscaled E4M3).  SM90 only.  Bad arguments raise
+    :class:`Fp8AttentionError` naming what is wrong.
     """
     # Host time matters (a ViT calls this 24-32 times per image): the full checks run once per
     # tensor-metadata signature; later calls with the same signature only re-check pointer alignment.
@@ -251,10 +302,7 @@ def fp8_varlen_attention(
     if checked is None:
         checked = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, out, vt)
         _need(v is not None or vt is not None, "give v or vt")
-        _need(q.is_cuda, "fp8_varlen_attention needs CUDA tensors")
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        _need(major == 9, f"the FP8 forward is built for SM90 (Hopper); this GPU is sm_{major}{minor}")
+        check_device(q.device)
         if len(_checked) > 4096:
             _checked.clear()
         _checked[sig] = checked
@@ -276,13 +324,7 @@ def fp8_varlen_attention(
     variant, left, right = resolved
     if softmax_scale is None:
         softmax_scale = d ** -0.5
-    if descale is None:
-        descale = descale_tensor(q_descale, k_descale, v_descale, batch, hkv, q.device)
-    else:
-        _need(
-            descale.dtype == torch.float32 and tuple(descale.shape) == (3, batch, hkv),
-            f"descale must be float32 (3, batch, Hkv) = {(3, batch, hkv)}, got {descale.dtype} {tuple(descale.shape)}",
-        )
+    descale = resolve_descale(descale, q_descale, k_descale, v_descale, batch, hkv, q.device)
     if vt is None:
         from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 

@@ -94,6 +94,10 @@ class Fp8Variant(NamedTuple):
     def as_dict(self) -> dict:
         return self._asdict()
 
+    def describe(self) -> str:
+        kind = "causal" if self.causal else "local" if self.local else "full"
+        return f"fp8 e4m3 d={self.head_dim} {kind}"
+
 
 def normalize_window(causal: bool, window_size) -> tuple[bool, bool, int, int]:
     """(causal, local, left, right) with unbounded sides as WINDOW_UNBOUNDED.

@@ -1,0 +1,222 @@
+"""The consumer warpgroups' main loop of the SM90 FP8 attention forward (mixed into
+:class:`.forward.Fp8AttentionForwardSm90`): S = Q K^T and O_tile = P V with FP8 WGMMA per key tile
+(one tile at a time, or FA3's intra-warpgroup overlap; optional ping-pong of the two warpgroups
+through named barriers), the two-level fp32 O accumulation, and the epilogue (O / rowsum *
+v_descale -> bf16).  Masking, softmax and P's conversion are :mod:`.tile_softmax`."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import PINGPONG_BAR, WG_ROWS
+
+
+class ConsumerMainLoop:
+    """``consume``: one consumer warpgroup's 64 query rows, from Q in shared memory to O in global."""
+
+    @cute.jit
+    def consume(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        sQ_wg: cute.Tensor,
+        sK: cute.Tensor,
+        sVt: cute.Tensor,
+        pipe_q,
+        pipe_kv,
+        mO: cute.Tensor,
+        tid: Int32,
+        wg: Int32,
+        row_start: Int32,
+        m64_block: Int32,
+        head: Int32,
+        offset_q: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        diag: Int32,
+        n_block_max: Int32,
+        n_iters: Int32,
+        scale_log2: Float32,
+        v_descale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        d = self.head_dim
+        tile_n = self.tile_n
+        thr_qk = tiled_mma_qk.get_slice(tid)
+        thr_pv = tiled_mma_pv.get_slice(tid)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ_wg))  # (MMA, 1, d/32)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, d/32, stages)
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))  # (MMA, 1, tile_n/32, stages)
+        acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
+        acc_o.fill(0.0)
+        # (m, n) coordinates of this thread's accumulator values, for masking
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        factor = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -Float32.inf
+            row_sum[r] = 0.0
+            factor[r] = 1.0
+
+        # output partition, taken before the main loop sets the MMAs' ACCUMULATE field
+        mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
+        gO = cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0))
+        tOgO = thr_pv.partition_C(gO)
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        if cutlass.const_expr("skip_kv" in self.debug):
+            n_iters = Int32(0)
+        acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
+        acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
+        if cutlass.const_expr(not self.overlap):
+            # one tile at a time: S = QK^T, wait, softmax, P -> E4M3, O_t = PV, wait, O = O*f + O_t
+            for i in cutlass.range(n_iters, unroll=1):
+                n_block = n_block_max - 1 - i
+                pipe_kv.consumer_wait(kv_state)
+                stage = kv_state.index
+                warpgroup.fence()
+                if cutlass.const_expr("skip_qk" in self.debug):
+                    acc_s.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(d // 32):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.p_to_operand(acc_s, tOrP)
+                warpgroup.fence()
+                if cutlass.const_expr("skip_pv" in self.debug):
+                    acc_t.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(tile_n // 32):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, stage], acc_t)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_kv.consumer_release(kv_state)
+                kv_state.advance()
+                self.rescale_add(acc_o, acc_t, factor)
+        else:
+            # FA3-style intra-warpgroup overlap: S_i = Q K_i^T and O_t = P_{i-1} V_{i-1} are issued
+            # together; the softmax of S_i runs while the PV GEMM of the previous tile is in flight.
+            f_prev = cute.make_rmem_tensor((2,), Float32)
+            if n_iters > 0:
+                if cutlass.const_expr(self.pingpong):
+                    # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
+                    if wg == 1:
+                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+                pipe_kv.consumer_wait(kv_state)
+                if cutlass.const_expr(self.pingpong):
+                    cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
+                warpgroup.fence()
+                if cutlass.const_expr("skip_qk" in self.debug):
+                    acc_s.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(d // 32):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                warpgroup.commit_group()
+                if cutlass.const_expr(self.pingpong):
+                    self.pass_turn(wg, n_iters == 1)
+                warpgroup.wait_group(0)
+                self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.p_to_operand(acc_s, tOrP)
+                for r in cutlass.range_constexpr(2):
+                    f_prev[r] = factor[r]
+                prev_state = kv_state.clone()
+                kv_state.advance()
+                for i in cutlass.range(1, n_iters, unroll=1):
+                    n_block = n_block_max - 1 - i
+                    pipe_kv.consumer_wait(kv_state)
+                    if cutlass.const_expr(self.pingpong):
+                        cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
+                    warpgroup.fence()
+                    if cutlass.const_expr("skip_qk" in self.debug):
+                        acc_s.fill(0.0)
+                    else:
+                        for kb in cutlass.range_constexpr(d // 32):
+                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr("skip_pv" in self.debug):
+                        acc_t.fill(0.0)
+                    else:
+                        for kb in cutlass.range_constexpr(tile_n // 32):
+                            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr(self.pingpong):
+                        self.pass_turn(wg, i == n_iters - 1)
+                    warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                    self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+                    self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                    warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
+                    pipe_kv.consumer_release(prev_state)
+                    self.rescale_add(acc_o, acc_t, f_prev)
+                    for r in cutlass.range_constexpr(2):
+                        f_prev[r] = factor[r]
+                    self.p_to_operand(acc_s, tOrP)
+                    prev_state = kv_state.clone()
+                    kv_state.advance()
+                warpgroup.fence()
+                if cutlass.const_expr("skip_pv" in self.debug):
+                    acc_t.fill(0.0)
+                else:
+                    for kb in cutlass.range_constexpr(tile_n // 32):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_kv.consumer_release(prev_state)
+                self.rescale_add(acc_o, acc_t, f_prev)
+
+        # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
+        out_scale = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            s = row_sum[r]
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            out_scale[r] = Float32(0.0)
+            if s > 0.0:
+                out_scale[r] = v_descale * cute.arch.rcp_approx(s)
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
+        r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
+        r_out.store(acc_o.load().to(cutlass.BFloat16))
+        if cutlass.const_expr("skip_store" not in self.debug):
+            for v in cutlass.range_constexpr(cute.size(acc_o)):
+                if row_start + tOcO[v][0] < seqlen_q:
+                    tOgO[v] = r_out[v]
+
+    # The GEMM issue blocks above stay written out at each use: moved into a helper (plain Python
+    # or @cute.jit, both tried with cutlass-dsl 4.8.1), the MMA's ACCUMULATE field set inside the
+    # staged loop escapes it and the DSL's IR verification fails ("operand does not dominate").
+
+    # A plain Python helper: it runs at trace time, so it inlines exactly like the code it replaces.
+    def rescale_add(self, acc_o, acc_t, factor):
+        """O = O * factor + O_tile (two-level accumulation; ``factor`` per row, 2 rows a thread)."""
+        for v in range(cute.size(acc_o)):
+            acc_o[v] = acc_o[v] * factor[(v // 2) % 2] + acc_t[v]
+
+    @cute.jit
+    def pass_turn(self, wg: Int32, last: cutlass.Boolean):
+        """Open the other warpgroup's GEMM turn.  Warpgroup 1 skips its last one: it opened
+        warpgroup 0's first turn up front, so each barrier sees as many arrivals as waits."""
+        if wg == 0:
+            cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR + 1, number_of_threads=2 * 128)
+        else:
+            if not last:
+                cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)

@@ -1,0 +1,18 @@
+"""The fixed shape of the SM90 FP8 attention kernel (:mod:`.forward`): 3 warpgroups -- one TMA
+producer with few registers, two consumers of 64 query rows each -- and the E4M3 element type.
+Imported by the kernel's modules (cutlass is imported here)."""
+
+from __future__ import annotations
+
+import cutlass
+
+F8 = cutlass.Float8E4M3FN
+
+NUM_THREADS = 384
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
+WG_ROWS = 64  # query rows per consumer warpgroup
+
+
+#: Named barriers PINGPONG_BAR (+0: warpgroup 0's GEMM turn, +1: warpgroup 1's); 0 is __syncthreads.
+PINGPONG_BAR = 1

@@ -1,0 +1,126 @@
+"""Per-tile register work of the SM90 FP8 attention forward's consumers (mixed into
+:class:`.forward.Fp8AttentionForwardSm90`): causal / sliding-window / length masking of S, the
+online softmax with E4M3 headroom (P = exp2(s - max + 8)), and P -> the E4M3 A operand of the PV
+GEMM in the registers the accumulator left it in (V^T's keys are permuted to match)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.layout import P_LOG2_OFFSET
+
+
+def _tree_reduce(vals: list, op):
+    """Pairwise reduction of a Python list of traced values (plain Python: inlined at trace time)."""
+    vals = list(vals)
+    while len(vals) > 1:
+        nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0]
+
+
+
+class TileSoftmax:
+    """Register-level steps of one key tile, called from ``consume``."""
+
+    @cute.jit
+    def mask_tile(self, acc_s: cute.Tensor, tScS: cute.Tensor, row_start: Int32, n_block: Int32, seqlen_k: Int32,
+                  diag: Int32, window_left: Int32, window_right: Int32):
+        """Mask S, only for key tiles that cross a boundary."""
+        tile_n = self.tile_n
+        col0 = n_block * tile_n
+        need_mask = Int32(0)
+        if col0 + tile_n > seqlen_k:
+            need_mask = Int32(1)
+        if cutlass.const_expr(self.causal):
+            if col0 + tile_n - 1 > row_start + diag:
+                need_mask = Int32(1)
+        if cutlass.const_expr(self.local):
+            if col0 + tile_n - 1 > row_start + diag + window_right:
+                need_mask = Int32(1)
+            if col0 < row_start + WG_ROWS - 1 + diag - window_left:
+                need_mask = Int32(1)
+        if cutlass.const_expr("skip_mask" in self.debug):
+            need_mask = Int32(0)
+        if need_mask != 0:
+            self.apply_mask(acc_s, tScS, row_start, col0, seqlen_k, diag, window_left, window_right)
+
+    @cute.jit
+    def softmax_tile(self, acc_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor,
+                     scale_log2: Float32):
+        """Online softmax in place (2 rows per thread; a row lives in one quad): acc_s becomes
+        P = exp2(s*scale - max*scale + 8), factor the rescale of everything before this tile."""
+        for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
+            mx = row_max[r]
+            if cutlass.const_expr(self.tree_reduce):
+                mx = cute.arch.fmax(mx, _tree_reduce(
+                    [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)], cute.arch.fmax))
+            else:
+                for j in cutlass.range_constexpr(self.tile_n // 8):
+                    for e in cutlass.range_constexpr(2):
+                        mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+            m_use = mx
+            if mx == -Float32.inf:
+                m_use = Float32(0.0)
+            factor[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
+            row_max[r] = mx
+            bias = m_use * scale_log2 - P_LOG2_OFFSET
+            s = Float32(0.0)
+            for j in cutlass.range_constexpr(self.tile_n // 8):
+                for e in cutlass.range_constexpr(2):
+                    v = e + 2 * r + 4 * j
+                    acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias, fastmath=True)
+                    if cutlass.const_expr(not self.tree_reduce):
+                        s += acc_s[v]
+            if cutlass.const_expr(self.tree_reduce):
+                s = _tree_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                                 lambda a, b: a + b)
+            row_sum[r] = row_sum[r] * factor[r] + s
+
+    @cute.jit
+    def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor):
+        """P (fp32 accumulator order) -> E4M3 A-operand registers, no shuffles (V^T keys are
+        permuted to match, layout.KEY_PERM)."""
+        p_f32 = cute.make_rmem_tensor_like(tOrP, Float32)
+        for kb in cutlass.range_constexpr(self.tile_n // 32):
+            for h in cutlass.range_constexpr(2):
+                for r in cutlass.range_constexpr(2):
+                    for i4 in cutlass.range_constexpr(4):
+                        # A value (i4, r, h, kb) is key 32kb + 16h + 4q + i4 to the MMA; it
+                        # takes accumulator column block j = 4kb + 2h + i4//2, element i4%2.
+                        src = (i4 % 2) + 2 * r + 4 * (4 * kb + 2 * h + i4 // 2)
+                        p_f32[i4 + 4 * r + 8 * h + 16 * kb] = acc_s[src]
+        tOrP.store(p_f32.load().to(F8))
+
+    @cute.jit
+    def apply_mask(
+        self,
+        acc_s: cute.Tensor,
+        tScS: cute.Tensor,
+        row_start: Int32,
+        col0: Int32,
+        seqlen_k: Int32,
+        diag: Int32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        for v in cutlass.range_constexpr(cute.size(acc_s)):
+            row = row_start + tScS[v][0]
+            col = col0 + tScS[v][1]
+            hi = seqlen_k
+            if cutlass.const_expr(self.causal):
+                hi = cutlass.min(hi, row + diag + 1)
+            if cutlass.const_expr(self.local):
+                hi = cutlass.min(hi, row + diag + window_right + 1)
+            if col >= hi:
+                acc_s[v] = -Float32.inf
+            if cutlass.const_expr(self.local):
+                if col < row + diag - window_left:
+                    acc_s[v] = -Float32.inf

@@ -1,0 +1,123 @@
+"""Startup wiring of the SM90 FP8 forward (issue #15 item 1), on CPU with a fake compiler: every
+FP8 variant is counted by the JIT monitor and warmable at startup.  ``launch.compile_variant`` is
+replaced (no cutlass, no GPU); everything around it -- the compile cache, its events and
+listeners, the warmup bookkeeping, the monitor -- is the real code."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sglang_fa4.kernels.fp8_sm90 import launch
+from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+from sglang_fa4.startup import jit_monitor, warmup
+from sglang_fa4.startup.variants import enumerate_fp8_variants
+from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401 (fixture)
+
+D128 = Fp8Variant(128, False, False)
+D64_CAUSAL = Fp8Variant(64, True, False)
+D96_LOCAL = Fp8Variant(96, False, True)
+
+
+@pytest.fixture
+def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_warmup
+    """An empty FP8 compile cache whose compiles are recorded instead of run."""
+    compiled = []
+
+    def fake_compile(variant, options="--enable-tvm-ffi", debug=frozenset()):
+        compiled.append(variant)
+        return lambda *args: None
+
+    monkeypatch.setattr(launch, "compile_variant", fake_compile)
+    monkeypatch.setattr(launch, "_compiled", {})
+    monkeypatch.setattr(launch, "_compile_events", [])
+    monkeypatch.setattr(launch, "_listeners", [])
+    return compiled
+
+
+def test_warm_fp8_variants_compiles_each_once_with_a_log_line(fake_fp8, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_fa4"):
+        report = warmup.warm_fp8_variants([D128, D64_CAUSAL, D96_LOCAL])
+    assert fake_fp8 == [D128, D64_CAUSAL, D96_LOCAL]
+    assert report.resolved == report.compiled == 3 and not report.failures
+    assert report.variants == [D128, D64_CAUSAL, D96_LOCAL] and len(report.seconds) == 3
+    lines = [r.getMessage() for r in caplog.records if "warmup [" in r.getMessage()]
+    assert lines[0].startswith("sglang-fa4 warmup [1/3] fp8 e4m3 d=128 full: ") and lines[0].endswith(" s (compiled)")
+    assert "d=64 causal" in lines[1] and "d=96 local" in lines[2]
+    assert any("3 FP8 variant(s)" in r.getMessage() for r in caplog.records)
+    assert jit_monitor.warmup_finished()
+    # warmed variants are in the launch path's cache: a call would not compile again
+    assert launch.compiled_kernel(D128) is launch._compiled[D128] and len(fake_fp8) == 3
+    again = warmup.warm_fp8_variants([D128])
+    assert again.compiled == 0 and len(fake_fp8) == 3
+    assert again.as_dict()["variants"][0]["head_dim"] == 128
+
+
+def test_warmup_compiles_are_not_flagged_later_ones_warn(fake_fp8, caplog):
+    warmup.run_warmup([], "cpu")
+    assert jit_monitor.arm_jit_monitor()
+    with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
+        warmup.warm_fp8_variants([D128])  # startup work, even after the FA4 warmup
+        assert jit_monitor.compiles_after_warmup() == 0
+        launch.compiled_kernel(D128)  # warmed: no compile
+        assert jit_monitor.compiles_after_warmup() == 0
+        launch.compiled_kernel(D64_CAUSAL)  # not warmed: a compile on the request path
+    assert jit_monitor.compiles_after_warmup() == 1
+    warned = [r.getMessage() for r in caplog.records if "after the startup warmup" in r.getMessage()]
+    assert len(warned) == 1 and "FP8" in warned[0] and "'head_dim': 64" in warned[0] and "'causal': True" in warned[0]
+    assert jit_monitor.arm_jit_monitor() and len(launch._listeners) == 1  # idempotent
+
+
+def test_post_warmup_fp8_compile_raises(fake_fp8, monkeypatch):
+    monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
+    warmup.warm_fp8_variants([D128])
+    jit_monitor.arm_jit_monitor()
+    with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="FP8 .*'head_dim': 96"):
+        launch.compiled_kernel(D96_LOCAL)
+    assert jit_monitor.compiles_after_warmup() == 1
+
+
+def test_monitor_off_ignores_fp8(fake_fp8, monkeypatch):
+    monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "off")
+    warmup.warm_fp8_variants([])
+    assert jit_monitor.arm_jit_monitor() is False and launch._listeners == []
+    launch.compiled_kernel(D128)
+    assert jit_monitor.compiles_after_warmup() == 0
+
+
+def test_reset_state_removes_the_fp8_listener(fake_fp8):
+    jit_monitor.arm_jit_monitor()
+    assert len(launch._listeners) == 1
+    jit_monitor.reset_state()
+    assert launch._listeners == []
+
+
+def test_fp8_warmup_failure_is_reported_not_raised(fake_fp8, monkeypatch):
+    def broken(variant, options="", debug=frozenset()):
+        raise RuntimeError("no cutlass here")
+
+    monkeypatch.setattr(launch, "compile_variant", broken)
+    report = warmup.warm_fp8_variants([D128])
+    assert report.failures == [(D128, "RuntimeError: no cutlass here")] and report.compiled == 0
+
+
+def test_enumerate_fp8_variants_pads_head_dims_and_skips_sinks():
+    assert enumerate_fp8_variants(qwen25_vl()) == [Fp8Variant(96, False, False)]  # d=80 -> 96
+    assert enumerate_fp8_variants(qwen3_vl()) == [Fp8Variant(96, False, False)]  # d=72 -> 96
+    assert enumerate_fp8_variants(internvl()) == [Fp8Variant(64, False, False)]
+    # MiMo-VL: sink blocks stay on FA4; its full block (no sinks) is plain full attention
+    assert enumerate_fp8_variants(VLM(MiMoTower())) == [Fp8Variant(64, False, False)]
+    assert enumerate_fp8_variants(internvl(backend="triton_attn")) == []
+    assert enumerate_fp8_variants(VLM(MiMoTower(fullatt=()))) == []  # every block has sinks
+
+
+def test_warm_model_fp8_warms_the_models_fp8_variants_then_arms(fake_fp8, monkeypatch):
+    from sglang_fa4.kernels import fa4_b36
+
+    monkeypatch.setattr(fa4_b36, "fa4_available", lambda: True)
+    report = warmup.warm_model(qwen25_vl(), fp8=True)
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
+    assert report.as_dict()["fp8"]["compiled"] == 1
+    assert jit_monitor.armed() and len(launch._listeners) == 1
+    assert warmup.warm_model(qwen3_vl()).fp8 is None  # default: no FP8 work
