@@ -73,6 +73,12 @@ FEATURES = (
         None,
     ),
     Feature(
+        "vit_graph_internvl_startup",
+        "SGLANG_VIT_ENABLE_CUDA_GRAPH=1: the InternVL ViT runner (InternVL, InternS1) captures one graph per "
+        "tile count of the config at model load, none on the request path, and flags any later capture",
+        None,
+    ),
+    Feature(
         "vit_host_metadata",
         "Qwen2.5-VL eager ViT forward: window/full layouts and max_seqlen from host data, one "
         "non-blocking H2D copy, no device->host sync (SGLANG_FA4_VIT_HOST_METADATA)",

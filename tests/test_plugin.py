@@ -40,6 +40,7 @@ def fake_sglang(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", raising=False)
     monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_VIT_HOST_METADATA", raising=False)
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")  # register() would set FA4's cache variables
     return FakeRegistry
 
@@ -53,7 +54,7 @@ def test_plan_0_5_20_hooks_everything():
     assert plan.supported
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
-        "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_host_metadata",
+        "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_graph_internvl_startup", "vit_host_metadata",
     }
     assert plan.upstream == []
 
@@ -61,7 +62,7 @@ def test_plan_0_5_20_hooks_everything():
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
-                           "vit_host_metadata"]
+                           "vit_graph_internvl_startup", "vit_host_metadata"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -88,12 +89,13 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.INTERNVL_RUNNER + "._capture_graph", FakeHookType.AROUND),
         (hooks.GENERIC_RUNNER_CLASS + ".replay", FakeHookType.AROUND),
         (hooks.INTERNVL_RUNNER + ".run", FakeHookType.AROUND),
+        (hooks.INTERNVL_RUNNER + ".create_graph", FakeHookType.AROUND),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.BEFORE),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
         (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 10  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 10  # idempotent
+    assert len(fake_sglang.registered) == 12  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 12  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -101,18 +103,41 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
-        hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
+        hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL,
+        hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
     ]
 
 
 def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     use_version(monkeypatch, "0.5.23")
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP", "0")
     assert "fa4_startup_warmup" not in plugin.make_plan("0.5.23").hooked
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD]
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_internvl_startup_graphs_after_warmup_and_opt_out(fake_sglang, monkeypatch, version):
+    """The InternVL startup capture runs after the FA4 warmup (AFTER hooks run in registration
+    order); SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP=0 registers neither of its hooks."""
+    from sglang_fa4.integration import internvl_graphs
+
+    use_version(monkeypatch, version)
+    plugin.register()
+    load = [fn for t, fn, ht in fake_sglang.registered if t == hooks.MODEL_RUNNER_LOAD_MODEL and ht == FakeHookType.AFTER]
+    assert load == [hooks.warm_fa4_after_load_model, internvl_graphs.capture_after_load_model]
+    assert (hooks.INTERNVL_RUNNER + ".create_graph", internvl_graphs.create_graph_around, FakeHookType.AROUND) \
+        in fake_sglang.registered
+    fake_sglang.registered.clear()
+    monkeypatch.setattr(plugin, "_registered_plan", None)
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP", "0")
+    assert "vit_graph_internvl_startup" not in plugin.make_plan(version).hooked
+    plugin.register()
+    assert internvl_graphs.capture_after_load_model not in [fn for _, fn, _ in fake_sglang.registered]
+    assert hooks.INTERNVL_RUNNER + ".create_graph" not in [t for t, _, _ in fake_sglang.registered]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

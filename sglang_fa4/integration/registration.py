@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_fa4.integration import hooks, vit_budgets
+from sglang_fa4.integration import hooks, internvl_graphs, vit_budgets
 
 
 def _register_backend_selection(registry, hook_type) -> None:
@@ -39,6 +39,13 @@ def _register_vit_graph_budgets(registry, hook_type) -> None:
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, vit_budgets.capture_budgets_after_load_model, hook_type.AFTER)
 
 
+def _register_vit_graph_internvl_startup(registry, hook_type) -> None:
+    registry.register(f"{hooks.INTERNVL_RUNNER}.create_graph", internvl_graphs.create_graph_around, hook_type.AROUND)
+    # AFTER hooks run in registration order: features register in FEATURES order, this one after
+    # fa4_startup_warmup's (FA4 kernels compiled first)
+    registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, internvl_graphs.capture_after_load_model, hook_type.AFTER)
+
+
 def _register_qwen2_5_vit_forward(registry, hook_type) -> None:
     # one AROUND hook for both features that need it (budget routing, host metadata): not REPLACE,
     # the CUDA-graph path and non-CUDA devices call the original
@@ -56,4 +63,5 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "fa4_startup_warmup": (_register_startup_warmup,),
     "vit_graph_budgets": (_register_vit_graph_budgets, _register_qwen2_5_vit_forward),
     "vit_host_metadata": (_register_qwen2_5_vit_forward,),
+    "vit_graph_internvl_startup": (_register_vit_graph_internvl_startup,),
 }

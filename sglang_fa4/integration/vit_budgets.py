@@ -45,6 +45,11 @@ from sglang_fa4.integration.vit_budget_layouts import (
     pick_budget,
     segment_capacity,
 )
+from sglang_fa4.integration.vit_capture_guard import (  # noqa: F401 - GraphCaptureAfterStartup re-exported
+    GraphCaptureAfterStartup,
+    enable_batch_invariant_first,
+    flag_capture_after_startup,
+)
 from sglang_fa4.integration.vit_graph_outputs import owned
 from sglang_fa4.integration.vit_host_metadata import grid_rows, pinned_copy
 from sglang_fa4.selection import FA4
@@ -55,10 +60,6 @@ logger = logging.getLogger("sglang_fa4")
 #: the graph-key tag of budget graphs in the runner's dicts
 BUDGET_TAG = "sglang_fa4_budget"
 STATE_ATTR = "_sglang_fa4_budgets"
-
-
-class GraphCaptureAfterStartup(RuntimeError):
-    """SGLANG_FA4_JIT_MONITOR=raise: a ViT graph was captured after the startup budgets."""
 
 
 def enabled() -> bool:
@@ -287,13 +288,8 @@ def create_graph_around(original, self, *args, **kwargs):
     state = budget_state(self)
     if state is not None and state.sealed:
         state.captures_after_startup += 1
-        mode = envs.SGLANG_FA4_JIT_MONITOR.get()
-        message = (f"sglang-fa4: ViT CUDA graph captured after the startup budgets "
-                   f"(#{state.captures_after_startup}); budgets {list(state.budgets)}")
-        if mode == "raise":
-            raise GraphCaptureAfterStartup(message)
-        if mode == "warn":
-            logger.warning(message)
+        flag_capture_after_startup(f"sglang-fa4: ViT CUDA graph captured after the startup budgets "
+                                   f"(#{state.captures_after_startup}); budgets {list(state.budgets)}")
     return original(self, *args, **kwargs)
 
 
@@ -358,15 +354,9 @@ def capture_model_budgets(model) -> list[BudgetState]:
 
 def capture_budgets_after_load_model(result, self, *args, **kwargs):
     """AFTER ModelRunner.load_model (after the FA4 startup warmup hook): capture the ViT budget
-    graphs before serving. Returns None: SGLang keeps load_model's own result.
-
-    With ``--enable-deterministic-inference`` SGLang turns its batch-invariant GEMM/softmax/mean
-    kernels on right after load_model (``ModelRunner.maybe_enable_batch_invariant_mode``,
-    idempotent); graphs captured before that would replay cuBLAS GEMMs while every eager forward
-    uses the batch-invariant ones, so it is turned on first, as SGLang is about to."""
+    graphs before serving. Returns None: SGLang keeps load_model's own result. SGLang's
+    batch-invariant kernels are turned on first (``vit_capture_guard.enable_batch_invariant_first``)."""
     if enabled() and envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get():
-        enable_batch_invariant = getattr(self, "maybe_enable_batch_invariant_mode", None)
-        if callable(enable_batch_invariant):
-            enable_batch_invariant()
+        enable_batch_invariant_first(self)
         capture_model_budgets(getattr(self, "model", None))
     return None
