@@ -96,9 +96,14 @@ def generic_runner_replay_owned(original, self, graph_key, *args, **kwargs):
 
 
 def internvl_runner_run_owned(original, self, x):
-    """AROUND InternViTCudaGraphRunner.run: the output owns its memory (see above)."""
+    """AROUND InternViTCudaGraphRunner.run: the output owns its memory (see above); on a runner
+    sealed by the startup capture, a shape without a graph runs eagerly instead of capturing one."""
+    from sglang_fa4.integration import internvl_graphs
     from sglang_fa4.integration.vit_graph_outputs import owned
 
+    state = internvl_graphs.startup_state(self)
+    if state is not None and state.sealed and self._graph_key(x) not in self.graphs:
+        return internvl_graphs.run_eagerly(self, state, x)
     return owned(original(self, x), *self.out.values())
 
 

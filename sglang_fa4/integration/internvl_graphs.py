@@ -71,6 +71,7 @@ class StartupState:
     graph_bytes: Optional[int] = None  # measured on CUDA
     sealed: bool = False
     captures_after_startup: int = 0
+    eager_runs: int = 0  # batches of a shape the startup graphs do not hold
 
 
 def enabled() -> bool:
@@ -212,3 +213,28 @@ def create_graph_around(original, self, x):
             f"(#{state.captures_after_startup}); startup tiles {list(state.shapes.batches)} of "
             f"{state.shapes.tokens} tokens")
     return original(self, x)
+
+
+def run_eagerly(runner, state: StartupState, x):
+    """A batch of a shape the startup graphs do not hold (e.g. two 12-tile images in one encoder
+    call), on a sealed runner: the encoder's layers run eagerly with the runner's own seqlens layout,
+    so serving never captures (a capture on the request path costs a graph's memory for good, and
+    raises under SGLANG_FA4_JIT_MONITOR=raise)."""
+    import torch
+
+    x = x.contiguous()
+    batch, tokens, _ = x.shape
+    if state.eager_runs == 0:
+        logger.info("sglang-fa4: InternVL ViT batch of shape %s is outside the startup graphs %s: "
+                    "it runs eagerly (no capture while serving)", (batch, tokens), list(state.shapes.batches))
+    state.eager_runs += 1
+    cu = runner._build_cu(batch, tokens, device=x.device)
+    if runner._attn_backend == "triton_attn":
+        layout = [cu, cu[1:] - cu[:-1], tokens]
+    else:  # fa3 / fa4: [cu_seqlens, max_seqlen]
+        layout = [cu, tokens]
+    with torch.no_grad():
+        y = x
+        for layer in runner.encoder.layers:
+            y = layer(y, cu_seqlens=layout)
+    return y
