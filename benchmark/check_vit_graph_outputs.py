@@ -58,20 +58,15 @@ def hold_pass(forward, inputs) -> dict:
 
 
 def copy_cost_ms(shape, dtype, rounds: int = 50) -> float:
+    """GPU time of one clone of a tensor of ``shape`` (CUDA events around each, median)."""
     import torch
+
+    from sglang_fa4.bench.timing import event_time_ms
 
     src = torch.randn(shape, device="cuda").to(dtype)
     for _ in range(5):
         src.clone()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        src.clone()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(event_time_ms(src.clone, 1) for _ in range(rounds))
 
 
 def check_qwen(model: str, args, seed: int) -> dict:

@@ -17,6 +17,7 @@ import pytest
 from sglang_fa4.integration import internvl_graphs as ig
 from sglang_harness import run_with_sglang
 from test_vit_budgets import MODEL
+from test_vit_graph_outputs import INTERNVL_LAYERS
 
 
 def config(tiles=12, thumbnail=True, image=448, patch=14, hidden=1024, force=None):
@@ -46,7 +47,7 @@ def test_memory_estimate_from_the_shapes():
     assert 1.5 * 2**30 < est < 2.5 * 2**30  # ~1.8 GiB for 13 graphs in bf16
 
 
-SNIPPET = MODEL + r"""
+SNIPPET = MODEL + INTERNVL_LAYERS + r"""
 import os
 from types import SimpleNamespace as NS
 from sglang.srt.multimodal import internvl_vit_cuda_graph_runner as ir
@@ -56,19 +57,6 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 
 logging.getLogger("sglang_fa4").setLevel(logging.INFO)
 S = 17  # tiles of 8 px, 2 px patches: 4^2 + 1 class token
-class Outer(nn.Module):
-    def __init__(self, backend):
-        super().__init__(); self.attn = Attn(); self.attn.qkv_backend_name = backend
-
-class Layer(nn.Module):  # InternViT: [B, S, H] tiles, attention over each tile
-    def __init__(self, backend):
-        super().__init__(); self.attn = Outer(backend); self.proj = nn.Linear(C, C)
-    def forward(self, x, cu_seqlens=None, output_ws=None):
-        b, s, h = x.shape
-        q = x.reshape(b * s, H, D)
-        o = self.attn.attn.backend.forward(q, q, q, cu_seqlens=cu_seqlens, bsz=b, seq_len=s)
-        return x + self.proj(o.reshape(x.shape))
-
 class Encoder(nn.Module):
     def __init__(self, backend):
         super().__init__(); self.layers = nn.ModuleList([Layer(backend) for _ in range(2)])

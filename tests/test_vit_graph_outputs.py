@@ -86,22 +86,25 @@ def test_generic_runner_outputs_survive_later_replays(sglang_version, tower, pat
     assert r["changed"] == 0, r  # ... and no later replay changed a held output
 
 
-INTERNVL_HOLD = MODEL + r"""
+# InternViT-shaped layers for SGLang's InternVL runner (it reads layers[0].attn.attn's backend name)
+INTERNVL_LAYERS = r"""
 from sglang.srt.multimodal import internvl_vit_cuda_graph_runner as ir
 
-class Outer(nn.Module):
-    def __init__(self):
-        super().__init__(); self.attn = Attn()
+class Outer(nn.Module):  # InternAttention: VisionAttention as .attn
+    def __init__(self, backend="fa4"):
+        super().__init__(); self.attn = Attn(); self.attn.qkv_backend_name = backend
 
 class Layer(nn.Module):  # InternViT: [B, S, H] tiles, attention over each tile
-    def __init__(self):
-        super().__init__(); self.attn = Outer(); self.proj = nn.Linear(C, C)
+    def __init__(self, backend="fa4"):
+        super().__init__(); self.attn = Outer(backend); self.proj = nn.Linear(C, C)
     def forward(self, x, cu_seqlens=None, output_ws=None):
         b, s, h = x.shape
         q = x.reshape(b * s, H, D)
         o = self.attn.attn.backend.forward(q, q, q, cu_seqlens=cu_seqlens, bsz=b, seq_len=s)
         return x + self.proj(o.reshape(x.shape))
+"""
 
+INTERNVL_HOLD = MODEL + INTERNVL_LAYERS + r"""
 class Encoder(nn.Module):
     def __init__(self):
         super().__init__(); self.layers = nn.ModuleList([Layer() for _ in range(3)])
