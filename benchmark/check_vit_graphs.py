@@ -303,7 +303,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from sglang_fa4.environ import envs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -312,12 +312,18 @@ def main(argv=None) -> int:
     ap.add_argument("--mixes", type=int, default=20)
     ap.add_argument("--pictures", nargs="+", default=list(PICTURES))
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--budgets", default=envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.default,
+    budgets_var = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS
+    # the env var's own text form (its default is a typed tuple)
+    ap.add_argument("--budgets", default=budgets_var.format(budgets_var.default),
                     help="token budgets (default: SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--upstream-mixes", type=int, default=3,
                     help="mixes also run through SGLang's own per-layout graph, for comparison")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     from sglang_towers import prepare_sglang
 

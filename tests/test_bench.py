@@ -381,3 +381,19 @@ def test_tmem_red_max_script_skips_off_sm103():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("skipped: ") and "sm_103" in lines[0]
+
+
+def test_check_vit_graphs_default_budgets_parse():
+    """The GPU check hands its --budgets default to the plugin as SGLANG_FA4_VIT_GRAPH_BUDGETS: it
+    must be the variable's own text form (the typed default's repr '(1024, ...)' made the plugin
+    reject its environment and the check capture no budget graph)."""
+    import importlib.util
+
+    from sglang_fa4.environ import envs
+
+    spec = importlib.util.spec_from_file_location("check_vit_graphs", ROOT / "benchmark" / "check_vit_graphs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    budgets = mod.build_parser().parse_args(["--out", "x"]).budgets
+    var = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS
+    assert var.parse(budgets) == var.default
