@@ -111,6 +111,54 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
     return {k: round(statistics.median(v), 3) for k, v in times.items()}
 
 
+#: fixed mixes of the batch-invariance check (pictures of sglang_fa4.bench.layouts.PICTURES): one
+#: inside a budget, two whose sum is above the largest budget although each image fits one alone
+INVARIANCE_MIXES = (("448", "720p"), ("1080p", "1080p"), ("1080p", "448", "720p"))
+
+
+def batch_invariance(tower, model: str, state, rng: random.Random, n_random: int) -> list[dict]:
+    """Each image's rows of a batched tower call against the same image sent alone, in graph mode
+    and in eager mode: what a server gives a request must not depend on the requests it was
+    batched with (the server check compares greedy outputs; this finds which path differs).
+    Returns per mix and mode: the paths taken (budget replay / eager) and the largest |difference|
+    of any image's rows (0 = bitwise)."""
+    import torch
+
+    from sglang_fa4.bench.layouts import PICTURES as SIZES
+    from sglang_towers import grid_of, pixels, set_graph_mode
+
+    mixes = [[grid_of(model, *SIZES[name]) for name in names] for names in INVARIANCE_MIXES]
+    while len(mixes) < len(INVARIANCE_MIXES) + n_random:
+        grids = random_mix(rng, model, max(state.budgets) * 2)
+        if len(grids) >= 2:
+            mixes.append(grids)
+    rows_out = []
+    for i, grids in enumerate(mixes):
+        x, grid = pixels(tower, grids, seed=5000 + i)
+        sizes = [t * h * w for t, h, w in grids]
+        starts = [sum(sizes[:j]) for j in range(len(sizes))]
+        row = {"grids": [list(g) for g in grids], "tokens": sum(sizes)}
+        for graph in (True, False):
+            set_graph_mode(tower, graph)
+            with torch.no_grad():
+                r0 = state.replays
+                batched = tower(x, grid).clone()
+                path = "replay" if state.replays > r0 else "eager"
+                merge = sum(sizes) // batched.shape[0]
+                diffs, alone_paths = [], []
+                for start, size, g in zip(starts, sizes, grids):
+                    r0 = state.replays
+                    alone = tower(x[start:start + size].clone(), torch.tensor([g], dtype=torch.int64))
+                    alone_paths.append("replay" if state.replays > r0 else "eager")
+                    mine = batched[start // merge:(start + size) // merge]
+                    diffs.append(float((mine.float() - alone.float()).abs().max()))
+            row["graph" if graph else "eager"] = {"batched_path": path, "alone_paths": alone_paths,
+                                                  "max_abs_diff": max(diffs)}
+        rows_out.append(row)
+    set_graph_mode(tower, False)
+    return rows_out
+
+
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
@@ -236,6 +284,7 @@ def check_model(model: str, args, seed: int) -> dict:
                         "graph_all_ms": [round(v, 3) for v in times["graph"]],
                         "blocks_ms": blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, n)})
     res["latency"] = latency
+    res["batch_invariance"] = batch_invariance(tower, model, state, random.Random(seed + 1), args.invariance_mixes)
 
     # SGLang's own per-layout graph (budgets unsealed: upstream's run captures one for this layout)
     # on a few mixes: how far upstream's graph forward is from its eager one, against ours
@@ -300,6 +349,16 @@ def markdown(result: dict) -> str:
                          f"{r['graph_ms']:.2f} | {r['eager_over_graph']:.2f}x | {b['budget_graph']:.2f} | "
                          f"{b['sglang_exact_graph']:.2f} | {b['eager_blocks']:.2f} |")
         lines.append("")
+        if m.get("batch_invariance"):
+            lines += ["Batch invariance: each image's rows of a batched call vs the image alone "
+                      "(max |difference|; 0 = bitwise), paths batched / alone.", "",
+                      "| mix (t,h,w) | tokens | graph mode | paths | eager mode | paths |", "|---|---|---|---|---|---|"]
+            for r in m["batch_invariance"]:
+                g, e = r["graph"], r["eager"]
+                lines.append(f"| {r['grids']} | {r['tokens']} | {g['max_abs_diff']:.3g} | {g['batched_path']} / "
+                             f"{','.join(g['alone_paths'])} | {e['max_abs_diff']:.3g} | {e['batched_path']} / "
+                             f"{','.join(e['alone_paths'])} |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -317,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budgets", default=budgets_var.format(budgets_var.default),
                     help="token budgets (default: SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--invariance-mixes", type=int, default=3,
+                    help="random multi-image mixes of the batch-invariance check (besides the fixed ones)")
     ap.add_argument("--upstream-mixes", type=int, default=3,
                     help="mixes also run through SGLang's own per-layout graph, for comparison")
     return ap
