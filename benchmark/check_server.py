@@ -305,6 +305,9 @@ def evaluate(runs: list[dict], kv_bytes_per_token: dict) -> dict:
         c["fa4_compiles_after_ready"] = f.get("after_ready", {}).get("fa4_compiles")
         c["graph_captures_after_ready"] = f.get("after_ready", {}).get("graph_captures")
         c["stand_ins_called"] = f.get("stand_ins_called")
+        vit = f.get("vit_calls")
+        if vit and vit.get("calls"):  # logged by the check's plugin (servers run before it had none)
+            c["vit_same_image_same_output"] = vit["with_several_outputs"] == 0
         checks[r["run"]] = c
     pairs = {}
     for on in (r for r in runs if r["mode"] == "on" and r.get("ready")):
@@ -373,6 +376,12 @@ def markdown(res: dict) -> str:
                      + (f"; {b['graphs']} budget graphs {b['budgets']}, {b['graph_mib']} MiB" if b else "")
                      + (f"; KV cache {kv['tokens']} tokens, {kv['k_gb'] + kv['v_gb']:.2f} GB" if kv else ""))
         lines.append(f"- sglang_fa4 hooks applied in the scheduler: {', '.join(c.get('scheduler_hooks') or []) or 'none seen'}")
+        vit = f.get("vit_calls")
+        if vit and vit.get("calls"):
+            lines.append(f"- vision tower calls {vit['calls']}, distinct images {vit['images']} "
+                         f"({vit['seen_in_several_calls']} seen in several calls, alone and batched): images whose "
+                         f"output rows differ between calls: {vit['with_several_outputs']}"
+                         + (f" {vit['differing']}" if vit["differing"] else ""))
         lines.append(f"- 50 random requests: {r.get('concurrent_s')} s concurrently ({res['meta']['concurrency']} at a time), "
                      f"{r.get('alone_s')} s one by one; distinct outputs {len({tuple(x['alone'].get('output_ids') or ()) for x in r.get('random', [])})}"
                      f"/{len(r.get('random', []))}; prefill batches by requests in them "

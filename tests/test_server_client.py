@@ -214,3 +214,26 @@ def test_run_estimate_uses_warm_startups():
     second = {"ready": True, "startup_s": 40.0, "wall_s": 90.0}
     assert check_server.run_estimate([first, second]) == 55.0 + 40.0
     assert check_server.run_estimate([{"ready": False, "wall_s": 27.0}]) == 27.0
+
+
+def test_vit_call_hashes_find_an_image_whose_output_changed(caplog):
+    """The check plugin's per-call line (what a tower returned for each image) and the log reader
+    that flags an image whose rows differ between calls -- alone vs batched."""
+    import torch
+
+    from serve_check import check_plugin
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 6).bfloat16(), torch.randn(8, 6).bfloat16()   # patch rows, grids below
+    out_a, out_b = torch.randn(4, 3).bfloat16(), torch.randn(2, 3).bfloat16()  # merge 4
+    ga, gb = [1, 4, 4], [1, 2, 4]
+    with caplog.at_level("WARNING", logger="sglang_fa4_serve_check"):
+        check_plugin.after_tower_forward(torch.cat([out_a, out_b]), None, torch.cat([a, b]), torch.tensor([ga, gb]))
+        check_plugin.after_tower_forward(out_a.clone(), None, a.clone(), grid_thw=torch.tensor([ga]))
+        check_plugin.after_tower_forward(out_b + 1, None, b.clone(), grid_thw=torch.tensor([gb]))  # b changed alone
+    lines = [r.getMessage() for r in caplog.records if "vit call" in r.getMessage()]
+    assert len(lines) == 3
+    v = logcheck.analyse("\n".join(lines))["vit_calls"]
+    assert v["calls"] == 3 and v["images"] == 2 and v["seen_in_several_calls"] == 2
+    assert v["with_several_outputs"] == 1 and v["differing"][0]["grid"] == gb
+    assert sorted(v["differing"][0]["images_per_call_by_output"].values()) == [[1], [2]]

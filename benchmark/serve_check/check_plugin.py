@@ -15,6 +15,11 @@ Two things, both in the process that loads the model (the scheduler):
 2. Evidence. One log line (logged after SGLang configured the scheduler's logging) with the process
    title, pid, the hooks SGLang's HookRegistry applied per plugin, and sglang_fa4's plan:
    ``serve-check: hooks in <title> pid N: {...}``.
+3. Per vision-tower call (AFTER hook on the Qwen2.5-VL / Qwen3-VL tower's ``forward``), one line
+   ``serve-check: vit call {...}``: per image its grid, a hash of its input patch rows and a hash
+   of its output rows (bits of the bf16 values; one device sync per call, the check's cost only).
+   The same image must give the same output hash in every call, alone or batched with others: this
+   separates the vision tower from the language model when a request's greedy tokens differ.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import zlib
 logger = logging.getLogger("sglang_fa4_serve_check")
 
 LOADER_TARGET = "sglang.srt.model_loader.loader.DummyModelLoader.load_model"
+TOWER_TARGETS = ("sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward",
+                 "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel.forward")
 STD = 0.02
 
 
@@ -105,7 +112,33 @@ def after_dummy_load(result, *args, **kwargs):
     return None
 
 
+def _bits_hash(t) -> str:
+    import torch
+
+    raw = t.detach().contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+    return format(zlib.crc32(raw.cpu().numpy().tobytes()), "08x")
+
+
+def after_tower_forward(result, self, x, grid_thw, *args, **kwargs):
+    """AFTER the vision tower's forward: the per-image hashes line (see the module docstring)."""
+    try:
+        grids = [[int(v) for v in g] for g in (grid_thw.tolist() if hasattr(grid_thw, "tolist") else grid_thw)]
+        sizes = [t * h * w for t, h, w in grids]
+        merge = sum(sizes) // int(result.shape[0])
+        images, start = [], 0
+        for g, n in zip(grids, sizes):
+            images.append({"grid": g, "in": _bits_hash(x[start:start + n]),
+                           "out": _bits_hash(result[start // merge:(start + n) // merge])})
+            start += n
+        logger.warning("serve-check: vit call %s", json.dumps({"images": images}))
+    except Exception as exc:  # noqa: BLE001 - evidence only; never break the server
+        logger.warning("serve-check: vit call not hashed: %s", exc)
+    return None
+
+
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(LOADER_TARGET, after_dummy_load, HookType.AFTER)
+    for target in TOWER_TARGETS:
+        HookRegistry.register(target, after_tower_forward, HookType.AFTER)

@@ -21,6 +21,7 @@ PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+)")
 RUNNING = re.compile(r"#running-req: (\d+)")
 BUDGETS_FAILED = "ViT graph budgets not captured"
 STUB_CALLED = re.compile(r"(\S+) is a stand-in \(cuda_only_stubs\)")
+VIT_CALL = re.compile(r"serve-check: vit call (\{.*\})\s*$")
 
 
 def analyse(text: str) -> dict:
@@ -73,7 +74,30 @@ def analyse(text: str) -> dict:
     out["budget_capture_failed"] = sum(1 for line in lines if BUDGETS_FAILED in line)
     out["tracebacks"] = sum(1 for line in lines if line.startswith("Traceback"))
     out["stand_ins_called"] = sorted({m[1] for line in lines if (m := STUB_CALLED.search(line))})
+    out["vit_calls"] = vit_call_consistency(lines)
     return out
+
+
+def vit_call_consistency(lines: list[str]) -> dict:
+    """From the check plugin's per-call hashes: every image (by the hash of its input rows) seen in
+    several tower calls must have one output hash; lists the images that did not, with the sizes
+    of the calls they were in."""
+    outputs: dict[str, dict] = {}
+    calls = 0
+    for line in lines:
+        m = VIT_CALL.search(line)
+        if not m:
+            continue
+        calls += 1
+        images = json.loads(m[1])["images"]
+        for img in images:
+            seen = outputs.setdefault(img["in"], {"grid": img["grid"], "outputs": {}})
+            seen["outputs"].setdefault(img["out"], []).append(len(images))
+    differing = [{"grid": v["grid"], "images_per_call_by_output": v["outputs"]}
+                 for v in outputs.values() if len(v["outputs"]) > 1]
+    return {"calls": calls, "images": len(outputs),
+            "seen_in_several_calls": sum(1 for v in outputs.values() if sum(map(len, v["outputs"].values())) > 1),
+            "with_several_outputs": len(differing), "differing": differing[:10]}
 
 
 def scheduler_hooks(facts: dict) -> dict | None:
