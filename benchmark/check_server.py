@@ -219,11 +219,16 @@ def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str) -> dict:
 
     version, model, mode = spec["version"], spec["model"], spec["mode"]
     graphs = mode == "on"
-    tag = f"{version}-{model}-{mode}" + ("" if a.deterministic else "-nodet")
+    variant = spec.get("variant")
+    tag = f"{version}-{model}-{mode}" + (f"-{variant}" if variant else "") + ("" if a.deterministic else "-nodet")
     port = free_port()
     model_dir = str(ckpt_root / model)
     argv = [sys.executable, "-m", "sglang.launch_server", *server_args(model_dir, port, deterministic=a.deterministic)]
     env = server_env(graphs, pythonpath)
+    if variant == "nooverlap":
+        argv.append("--disable-overlap-schedule")
+    elif variant == "upstream":
+        env.update(SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE="0", SGLANG_FA4_JIT_MONITOR="warn")
     log_path = a.log_dir / f"server-{tag}.log"
     result: dict = {"run": tag, **spec, "command": " ".join(
         [f"{k}={env[k]}" for k in SERVER_ENV_KEYS] + [shlex.quote(x) for x in argv])}
@@ -310,8 +315,8 @@ def evaluate(runs: list[dict], kv_bytes_per_token: dict) -> dict:
             c["vit_same_image_same_output"] = vit["with_several_outputs"] == 0
         checks[r["run"]] = c
     pairs = {}
-    for on in (r for r in runs if r["mode"] == "on" and r.get("ready")):
-        off = next((r for r in runs if r["mode"] == "off" and r["version"] == on["version"]
+    for on in (r for r in runs if r["mode"] == "on" and not r.get("variant") and r.get("ready")):
+        off = next((r for r in runs if r["mode"] == "off" and not r.get("variant") and r["version"] == on["version"]
                     and r["model"] == on["model"] and r.get("ready")), None)
         if off is None:
             continue
@@ -368,6 +373,8 @@ def markdown(res: dict) -> str:
         f = r.get("log_facts", {})
         c = ev["per_run"][r["run"]]
         lines += ["", f"### {r['run']}", ""]
+        if r.get("variant"):
+            lines.append(f"- diagnostic variant `{r['variant']}`: {VARIANTS[r['variant']]}")
         w = (f.get("warmup") or [{}])[0]
         b = (f.get("budgets") or [None])[0]
         kv = f.get("kv_alloc")
@@ -426,11 +433,29 @@ def run_estimate(done: list[dict]) -> float:
     return phase + (min(startups[1:]) if len(startups) > 1 else 0.6 * startups[0])
 
 
+#: diagnostic server variants (a run's optional 4th field): what each changes against a plain run
+VARIANTS = {
+    "nooverlap": "--disable-overlap-schedule (SGLang's scheduler does not overlap batch preparation with the forward)",
+    "upstream": "graphs on, sglang-fa4's budget graphs off: SGLang's own per-layout ViT graphs (captured on the "
+                "request path, so the JIT monitor only warns)",
+}
+
+
 def parse_run(s: str) -> dict:
-    version, model, mode = s.split(":")
-    if model not in checkpoints.MODELS or mode not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"bad run {s!r}: VERSION:MODEL:on|off, MODEL in {checkpoints.MODELS}")
-    return {"version": version, "model": model, "mode": mode}
+    parts = s.split(":")
+    if len(parts) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"bad run {s!r}: VERSION:MODEL:on|off[:VARIANT]")
+    version, model, mode = parts[:3]
+    variant = parts[3] if len(parts) == 4 else None
+    if model not in checkpoints.MODELS or mode not in ("on", "off") or (variant and variant not in VARIANTS):
+        raise argparse.ArgumentTypeError(f"bad run {s!r}: VERSION:MODEL:on|off[:VARIANT], MODEL in "
+                                         f"{checkpoints.MODELS}, VARIANT in {sorted(VARIANTS)}")
+    if variant == "upstream" and mode != "on":
+        raise argparse.ArgumentTypeError(f"bad run {s!r}: the 'upstream' variant needs graphs on")
+    spec = {"version": version, "model": model, "mode": mode}
+    if variant:
+        spec["variant"] = variant
+    return spec
 
 
 def version_pythonpath(a, version: str) -> str:

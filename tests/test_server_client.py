@@ -237,3 +237,11 @@ def test_vit_call_hashes_find_an_image_whose_output_changed(caplog):
     assert v["calls"] == 3 and v["images"] == 2 and v["seen_in_several_calls"] == 2
     assert v["with_several_outputs"] == 1 and v["differing"][0]["grid"] == gb
     assert sorted(v["differing"][0]["images_per_call_by_output"].values()) == [[1], [2]]
+
+
+def test_run_specs_and_diagnostic_variants():
+    assert check_server.parse_run("0.5.23:qwen3_vl:on") == {"version": "0.5.23", "model": "qwen3_vl", "mode": "on"}
+    assert check_server.parse_run("0.5.23:qwen3_vl:on:nooverlap")["variant"] == "nooverlap"
+    for bad in ("0.5.23:qwen3_vl", "0.5.23:qwen3_vl:on:fast", "0.5.23:qwen3_vl:off:upstream", "0.5.23:llama:on"):
+        with pytest.raises(Exception, match="bad run"):
+            check_server.parse_run(bad)
