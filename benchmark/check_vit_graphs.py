@@ -378,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--invariance-mixes", type=int, default=3,
                     help="random multi-image mixes of the batch-invariance check (besides the fixed ones)")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="turn SGLang's batch-invariant kernels on before the startup (what a server with "
+                         "--enable-deterministic-inference runs)")
     ap.add_argument("--upstream-mixes", type=int, default=3,
                     help="mixes also run through SGLang's own per-layout graph, for comparison")
     return ap
@@ -391,10 +394,14 @@ def main(argv=None) -> int:
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise"}
     info = prepare_sglang("fa4", env)
+    if args.batch_invariant:
+        from sglang.srt.batch_invariant_ops import enable_batch_invariant_mode
+
+        enable_batch_invariant_mode()
     from sglang_fa4.bench.meta import base_meta
 
     meta = base_meta("vit_graphs", sys.argv if argv is None else ["check_vit_graphs.py", *argv])
-    meta.update(sglang=info, budgets=args.budgets, env=env, rel_tol=REL_TOL)
+    meta.update(sglang=info, budgets=args.budgets, env=env, rel_tol=REL_TOL, batch_invariant=args.batch_invariant)
     result = {"meta": meta, "models": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
