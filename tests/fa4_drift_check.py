@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 CONFIGS = (
     ("qwen2_5_vl_full_d80", 80, 16, (0, 1024, 3520, 784), None, False),
     ("qwen3_vl_full_d72", 72, 16, (2304, 4096), None, False),
-    ("many_segments_d80", 80, 16, (64,) * 300, None, False),
+    ("many_segments_d80", 80, 16, (96,) * 300, None, False),  # > 64: FA4, not the short-window route
     ("mimo_window_sinks_d80", 80, 16, (1024, 2048), (64, 64), True),
 )
 
