@@ -164,6 +164,8 @@ def run_pass(requests, forward, *, counters=None, memory=None, sync=None) -> dic
         "mismatches": sum(any(not v["ok"] for v in r["first"].values()) for r in rows),
         "non_finite": sum(any(v.get("finite") is False for v in r["first"].values()) for r in rows),
         "changed_after_return": changed, "recheck_mismatches": recheck_bad,
+        "mismatches_by_ref": {name: sum(not r["first"][name]["ok"] for r in rows)
+                              for name in (rows[0]["first"] if rows else {})},
         "bitwise_equal": {name: sum(r["first"][name].get("bitwise", False) for r in rows)
                           for name in (rows[0]["first"] if rows else {})},
         "max_rel_err": {name: max(r["first"][name].get("rel_err", math.inf) for r in rows)
@@ -191,6 +193,11 @@ def summarize(passes: list, planned: int) -> dict:
     total = {k: sum(p[k] for p in passes) for k in ("completed", "mismatches", "non_finite",
                                                      "changed_after_return", "recheck_mismatches")}
     total["raised"] = sum(len(p["raised"]) for p in passes)
+    by_ref: dict = {}
+    for p in passes:
+        for k, v in p.get("mismatches_by_ref", {}).items():
+            by_ref[k] = by_ref.get(k, 0) + v
+    total["mismatches_by_ref"] = by_ref
     counters: dict = {}
     for p in passes:
         for k, v in p["counters"].items():
@@ -351,8 +358,9 @@ def markdown(result: dict) -> str:
             for k, v in p["bitwise_equal"].items():
                 bitwise[k] = bitwise.get(k, 0) + v
         a = s["after_startup"]
+        by_ref = ", ".join(f"{k} {v}" for k, v in s.get("mismatches_by_ref", {}).items())
         lines.append(f"| {m['model']} | {s['forwards']} ({s['planned']}) | {paths.get('replay', 0)} / {paths.get('eager', 0)} "
-                     f"| **{s['mismatches']}** | **{s['non_finite']}** | **{s['changed_after_return']}** "
+                     f"| **{s['mismatches']}**{f' ({by_ref})' if by_ref else ''} | **{s['non_finite']}** | **{s['changed_after_return']}** "
                      f"| {s['recheck_mismatches']} | {s['raised']} | {a.get('fa4_compiles', 0) + a.get('jit_monitor_compiles', 0)}"
                      f" / {a.get('graph_captures', 0)} | " + ", ".join(f"{k} {v}/{s['completed']}" for k, v in bitwise.items())
                      + f" | {s['memory_flat']} |")

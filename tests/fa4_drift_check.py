@@ -132,6 +132,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=90, help="FA4 kernel class (90: SM90, 100: SM100)")
     ap.add_argument("--gpu", action="store_true", help="run for real on the GPU")
+    ap.add_argument("--out", type=Path, help="also write the JSON object here")
     args = ap.parse_args()
     if not args.gpu:
         os.environ.setdefault("FLASH_ATTENTION_ARCH", f"sm_{args.arch}")
@@ -150,7 +151,8 @@ def main() -> int:
     import torch
     import flash_attn.cute.interface as iface
 
-    result = {"flash_attn_file": iface.__file__, "installed_version": fa4_b36.installed_version(),
+    result = {"command": "python " + " ".join(["tests/fa4_drift_check.py"] + sys.argv[1:]),
+              "flash_attn_file": iface.__file__, "installed_version": fa4_b36.installed_version(),
               "written_against": fa4_b36.FA4_VERSION, "arch": args.arch, "gpu": args.gpu,
               "doctor_fa4": doctor._fa4_report()}
     kernels = _NoLaunch()
@@ -206,7 +208,11 @@ def main() -> int:
     result["warnings"] = handler.messages
     result["version_warnings"] = sum("is installed; sglang-fa4 is written against" in m for m in handler.messages)
     result["layout_fallback_warnings"] = sum("run through FA4's public API" in m for m in handler.messages)
+    if args.gpu:
+        result["gpu_name"] = torch.cuda.get_device_name()
     print(json.dumps(result))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -6,7 +6,9 @@ recognised, FA4's public API with one warning and no error per call; ``doctor`` 
 Needs .cache/fa4-drift (tests/setup_fa4_drift_layer.sh, ~13 MB) and the CUTLASS DSL layer
 .cache/cutlass-dsl-4.8.1 (tests/setup_fp8_xcompile_layer.sh); skips when either is absent, unless
 SGLANG_FA4_TEST_FA4_DRIFT=1, which builds them. ~25 s per kernel class (importing FA4 + the DSL).
-The output of a run is committed in benchmark/results/cpu/fa4_drift-4.0.0b30.json.
+The outputs of a run are committed: benchmark/results/cpu/fa4_drift-4.0.0b30-sm90.json and -sm100.json
+(``tests/fa4_drift_check.py --arch 90|100 --out FILE``); the H200 run of ``--gpu``:
+benchmark/results/h200/fa4_drift-4.0.0b30-h200.json.
 """
 
 from __future__ import annotations
