@@ -102,6 +102,7 @@ def test_cli_help_lists_doctor():
     (None, "none (flash-attn-4 not installed)"),
     ("4.0.0b36", "direct cached-kernel launch"),
     ("4.0.0b31", "FA4's public API for configurations where it does not"),
+    ("4.0.0b30", "4.0.0b30's kernel call was checked to match 4.0.0b36's layout (sm90, sm100)"),
 ])
 def test_doctor_reports_the_fa4_version_and_launch_path(monkeypatch, installed, expect):
     from sglang_fa4 import doctor

@@ -35,6 +35,10 @@ logger = logging.getLogger("sglang_fa4")
 
 #: the flash-attn-4 release everything below was read from
 FA4_VERSION = "4.0.0b36"
+#: other flash-attn-4 releases whose forward-kernel call was checked to be the layout below, and
+#: on which kernel classes (tests/test_fa4_version_drift.py: the recorded-call check on a CPU; the
+#: H200 run of tests/fa4_drift_check.py --gpu)
+CALL_LAYOUT_CHECKED = {"4.0.0b30": ("sm90", "sm100")}
 #: FA4's varlen scheduler switches to a block-cumsum lookup above this many segments
 #: (``BIN_BATCH_SEARCH_THRESH`` in flash_attn/cute/interface.py)
 MANY_SEGMENTS = 256
