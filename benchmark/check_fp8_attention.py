@@ -140,6 +140,7 @@ def make_cu(lens):
 
 
 JSON_NAME = "fp8_attention.json"
+ARGS_CHILD = False
 
 
 def save(out_dir: Path):
@@ -147,8 +148,8 @@ def save(out_dir: Path):
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / JSON_NAME).write_text(json.dumps(RESULT, indent=1, default=str))
-    if JSON_NAME == "fp8_attention.json":
-        (out_dir / "fp8_attention.md").write_text(markdown())
+    if not ARGS_CHILD:
+        (out_dir / JSON_NAME).with_suffix(".md").write_text(markdown())
 
 
 def markdown() -> str:
@@ -171,6 +172,22 @@ def markdown() -> str:
             lines.append(f"| {f['case']} | | **device fault ({f['kernel']})**: {f['error']} | |")
         if RESULT["sections"].get("skipped_after_bringup_fault"):
             lines += ["", "The full kernel faulted in bring-up, so correctness and speed were not run in this call."]
+        lines.append("")
+    var = RESULT["sections"].get("variants", [])
+    if var:
+        lines += ["## Kernel variants side by side (same process; fp8 us, speedup vs FA4 bf16 of the same run)", "",
+                  "Variant flags are `Fp8AttentionForwardSm90` switches (see forward.py). Quick correctness: "
+                  "rel. err vs fp32 on dequantized inputs, worst of the variant's cases.", ""]
+        shapes = [r["shape_key"] for r in var[0].get("speed", [])]
+        lines.append("| variant | flags | worst err | " + " | ".join(shapes) + " | geomean speedup |")
+        lines.append("|---|---|---|" + "---|" * len(shapes) + "---|")
+        for v in var:
+            cells = [f"{r.get('fp8_us', float('nan')):.1f} us ({r.get('speedup', float('nan')):.2f}x)" for r in v.get("speed", [])]
+            lines.append(f"| {v['name']} | `{v['flags'] or '-'}` | {v.get('worst_err', float('nan')):.2e} | "
+                         + " | ".join(cells) + f" | {v.get('geomean_speedup', float('nan')):.3f} |")
+        if RESULT.get("winner"):
+            lines += ["", f"Winner (fastest geomean among variants passing quick correctness): **{RESULT['winner']['name']}** "
+                          f"(`{RESULT['winner']['flags'] or '-'}`); the correctness and speed sections below ran with it."]
         lines.append("")
     corr = RESULT["sections"].get("correctness", [])
     if corr:
@@ -568,6 +585,89 @@ def section_speed():
     log("ceilings", RESULT["sections"]["other"]["ceilings_8192"])
 
 
+VARIANTS = "base="  # name=flags;name=flags (flags: comma list of Fp8AttentionForwardSm90 switches)
+VARIANT_CASES = [  # quick correctness per variant: (name, lens, heads, d, causal)
+    ("2seq", [1000, 3000], 16, 128, False),
+    ("1x16384", [16384], 2, 128, False),
+    ("2seq d64", [1000, 3000], 16, 64, False),
+    ("24,1000 d64 causal", [24, 1000], 4, 64, True),
+]
+VARIANT_SHAPES = [("8x4096", [4096] * 8, 16, 128), ("1x16384", [16384], 16, 128),
+                  ("8x4096", [4096] * 8, 16, 64), ("1x16384", [16384], 16, 64)]
+
+
+def section_variants():
+    """Main-loop variants side by side in one process: quick correctness, then fp8 speed on the
+    d128 / d64 non-causal shapes against FA4 bf16 (timed once per shape).  The fastest variant
+    that passes (geometric mean of the speedups) becomes launch.DEBUG_FLAGS for the later sections."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+
+    specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
+    bf16_us = {}
+    kernels = {}  # flags -> that variant's compiled kernels, so the winner is not compiled again
+    rows = RESULT["sections"].setdefault("variants", [])
+    for name, flags in specs:
+        launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
+        launch._compiled.clear()
+        v = {"name": name, "flags": flags, "cases": [], "speed": []}
+        for cname, lens, h, d, causal in VARIANT_CASES:
+            try:
+                r = run_case(f"{cname} [{name}]", lens, lens, h, h, d, causal)
+            except Exception as e:  # noqa: BLE001
+                r = {"case": cname, "error": f"{type(e).__name__}: {e}"[:200], "ok": False}
+            v["cases"].append(r)
+        v["ok"] = all(r.get("ok") for r in v["cases"])
+        v["worst_err"] = max((r.get("err_ref", float("nan")) for r in v["cases"]), default=float("nan"))
+        logs = []
+        for sname, lens, h, d in VARIANT_SHAPES:
+            cu = make_cu(lens)
+            t = sum(lens)
+            q, k, vv = (torch.randn(t, h, d, device=DEV).bfloat16() for _ in range(3))
+            res = quantize.quantize_qkv(q, k, vv, cu)
+            out8 = torch.empty(t, h, d, dtype=torch.bfloat16, device=DEV)
+            m = max(lens)
+            flops = 4 * sum(n * n for n in lens) * h * d
+            key = f"{sname} d{d}"
+            row = {"shape_key": key}
+            try:
+                row["fp8_us"] = bench_graph(lambda: launch.fp8_varlen_attention(
+                    res.q, res.k, None, cu, cu, m, m, descale=res.descale, out=out8, vt=res.vt), iters=30)
+                row["fp8_tflops"] = flops / row["fp8_us"] / 1e6
+            except Exception as e:  # noqa: BLE001
+                row["fp8_error"] = f"{type(e).__name__}: {e}"[:200]
+            fault_guard("fp8", f"variant {name} {key}")
+            if key not in bf16_us:
+                bf16_us[key] = bench_graph(lambda: flash_attn_varlen_func(
+                    q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m), iters=30)
+            row["bf16_us"] = bf16_us[key]
+            if "fp8_us" in row:
+                row["speedup"] = row["bf16_us"] / row["fp8_us"]
+            v["speed"].append(row)
+            logs.append((key, round(row.get("fp8_us", float("nan")), 1), round(row.get("speedup", float("nan")), 3)))
+            del q, k, vv, res, out8
+        sp = [r["speedup"] for r in v["speed"] if "speedup" in r]
+        v["geomean_speedup"] = math.exp(sum(math.log(x) for x in sp) / len(sp)) if len(sp) == len(v["speed"]) else float("nan")
+        kernels[flags] = dict(launch._compiled)
+        rows.append(v)
+        log("variant", name, flags, "ok", v["ok"], "worst", round(v["worst_err"], 5), logs, "geomean", round(v["geomean_speedup"], 3))
+        RESULT["sections"]["variants"] = rows
+        save(OUT_DIR)
+    good = [v for v in rows if v["ok"] and v["geomean_speedup"] == v["geomean_speedup"]]
+    if good:
+        best = max(good, key=lambda v: v["geomean_speedup"])
+        RESULT["winner"] = {"name": best["name"], "flags": best["flags"]}
+        launch.DEBUG_FLAGS = frozenset(f for f in best["flags"].split(",") if f)
+        RESULT["debug_flags"] = sorted(launch.DEBUG_FLAGS)
+        launch._compiled.clear()
+        launch._compiled.update(kernels[best["flags"]])
+    else:
+        launch.DEBUG_FLAGS = frozenset()
+        launch._compiled.clear()
+    log("winner", RESULT.get("winner"))
+
+
 def section_speed_parts():
     """Where the fp8 kernel's time goes, without counters: the same launch with one stage left out
     (bring-up switches, compiled separately), d128 non-causal 1x16384 16 heads."""
@@ -740,7 +840,7 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
 
 
 def main():
-    global SPEED_WHAT, JSON_NAME, OUT_DIR
+    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
     ap.add_argument("--sections", default="bringup,speed,speed_parts,host,quantize,correctness")
@@ -757,6 +857,9 @@ def main():
     ap.add_argument("--speed-what", default="both", choices=["both", "fp8", "bf16"])
     ap.add_argument("--json-name", default="fp8_attention.json")
     ap.add_argument("--render", help="only rewrite the markdown beside this result JSON")
+    ap.add_argument("--variants", default=None,
+                    help="section 'variants': name=flags;name=flags (kernel switches, e.g. 'base=;pin=pin_wait')")
+    ap.add_argument("--note", action="append", default=[], help="a line for the markdown's header")
     args = ap.parse_args()
     if args.render:
         RESULT.update(json.loads(Path(args.render).read_text()))
@@ -764,6 +867,11 @@ def main():
         return
     SPEED_WHAT = args.speed_what
     JSON_NAME = args.json_name
+    ARGS_CHILD = args.child
+    if args.variants is not None:
+        VARIANTS = args.variants
+    if args.note:
+        RESULT["analysis_after_run"] = list(args.note)
     out_dir = OUT_DIR = Path(args.out_dir)
     if args.debug_flags:
         from sglang_fa4.kernels.fp8_sm90 import launch
@@ -848,7 +956,7 @@ def main():
         try:
             {"compile": section_compile, "quantize": section_quantize_exact, "bringup": lambda: section_bringup(args.start, args.stop),
              "bringup_bisect": lambda: section_bringup(args.start, args.stop, bisect=True),
-             "speed_parts": section_speed_parts,
+             "speed_parts": section_speed_parts, "variants": section_variants,
              "correctness": lambda: section_correctness(args.quick, args.start), "speed": section_speed,
              "host": section_host}[sec]()
         except Exception as e:  # noqa: BLE001

@@ -32,6 +32,8 @@ def facts(ptx: str) -> dict:
         "setmaxnreg": re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx),
         "named_bar_arrive": len(re.findall(r"\bbar\.arrive\s+[12],\s*256;", ptx)),
         "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)),
+        # the no-op behind a branch that keeps ptxas from hoisting the PV wait (forward.pin_wait)
+        "warp_sync": len(re.findall(r"\bbar\.warp\.sync\b", ptx)),
         "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1],
     }
 
@@ -40,6 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump-dir", required=True)
     ap.add_argument("--variant", action="append", required=True)
+    ap.add_argument("--flags", default="", help="Fp8AttentionForwardSm90 debug/variant switches, comma list")
     args = ap.parse_args()
     from sglang_fa4.kernels.fp8_sm90.launch import compile_variant
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
@@ -50,7 +53,7 @@ def main() -> None:
         d, causal, local = (int(x) for x in spec.split(","))
         before = set(dump.glob("*.ptx"))
         t = time.perf_counter()
-        compile_variant(Fp8Variant(d, bool(causal), bool(local)))
+        compile_variant(Fp8Variant(d, bool(causal), bool(local)), debug=frozenset(f for f in args.flags.split(",") if f))
         new = sorted(set(dump.glob("*.ptx")) - before)
         out[spec] = {"seconds": round(time.perf_counter() - t, 1), "ptx_files": [p.name for p in new]}
         if new:

@@ -48,15 +48,18 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
         # two consumer warpgroups, producer with fewer registers
         assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
         assert v["tma_loads"] >= 3  # Q, K, V^T
-    # S = Q K^T: m64n128k32 over d/32 steps; O = P V: m64n<d>k32 over 128/32 key steps; the
+    # S = Q K^T: m64n128k32 over d/32 steps; O = P V: m64n<d>k32 over 128/32 key steps, and with
+    # it the row sums as P x ones, m64n8k32 over the same steps (forward.rowsum_mma); the
     # overlapped main loop holds each GEMM twice (QK: first tile + loop; PV: loop + last tile)
-    assert d128["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3"]
-    assert d128["wgmma_count"] == 2 * (128 // 32 + 128 // 32)
-    assert d64["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n64k32.e4m3.e4m3"]
-    assert d64["wgmma_count"] == 2 * (64 // 32 + 128 // 32)
+    assert d128["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"]
+    assert d128["wgmma_count"] == 2 * (128 // 32 + 128 // 32 + 128 // 32)
+    assert d64["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n64k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"]
+    assert d64["wgmma_count"] == 2 * (64 // 32 + 128 // 32 + 128 // 32)
     for v in (d128, d64):
-        # the softmax of tile i runs while P_{i-1} V_{i-1} is in flight: wait for 1 group, not 0
+        # the softmax of tile i runs while P_{i-1} V_{i-1} is in flight: wait for 1 group, not 0,
+        # and the wait for 0 sits behind a branch (bar.warp.sync) so ptxas keeps it there
         assert v["wgmma_wait_1"] >= 1
+        assert v["warp_sync"] == 1
         # ping-pong of the consumer warpgroups (named barriers 1/2) is off by default: it measured
         # no gain on the H200 (results/h200/fp8_attention.md)
         assert v["named_bar_arrive"] == 0

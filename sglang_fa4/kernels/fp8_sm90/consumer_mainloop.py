@@ -23,9 +23,11 @@ class ConsumerMainLoop:
         self,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
+        tiled_mma_sum: cute.TiledMma,
         sQ_wg: cute.Tensor,
         sK: cute.Tensor,
         sVt: cute.Tensor,
+        sOnes_wg: cute.Tensor,
         pipe_q,
         pipe_kv,
         mO: cute.Tensor,
@@ -54,6 +56,13 @@ class ConsumerMainLoop:
         tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))  # (MMA, 1, tile_n/32, stages)
         acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
         acc_o.fill(0.0)
+        # rowsum_mma: row sums as P x ones (m64n8: every column of a row holds its sum)
+        thr_sum = tiled_mma_sum.get_slice(tid)
+        tSrOnes = thr_sum.make_fragment_B(thr_sum.partition_B(sOnes_wg))  # (MMA, 1, tile_n/32)
+        acc_so = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))  # fp32, folded
+        acc_st = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))  # this tile's
+        acc_so.fill(0.0)
+        acc_st.fill(0.0)
         # (m, n) coordinates of this thread's accumulator values, for masking
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         row_max = cute.make_rmem_tensor((2,), Float32)
@@ -112,6 +121,12 @@ class ConsumerMainLoop:
             # FA3-style intra-warpgroup overlap: S_i = Q K_i^T and O_t = P_{i-1} V_{i-1} are issued
             # together; the softmax of S_i runs while the PV GEMM of the previous tile is in flight.
             f_prev = cute.make_rmem_tensor((2,), Float32)
+            # fold_early: O += PV_{i-2} runs while S_i = Q K_i^T is in flight (see forward.fold_early)
+            f_fold = cute.make_rmem_tensor((2,), Float32)
+            if cutlass.const_expr(self.fold_early):
+                acc_t.fill(0.0)
+                for r in cutlass.range_constexpr(2):
+                    f_fold[r] = 1.0
             if n_iters > 0:
                 if cutlass.const_expr(self.pingpong):
                     # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
@@ -151,26 +166,47 @@ class ConsumerMainLoop:
                             tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                             cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
                     warpgroup.commit_group()
+                    if cutlass.const_expr(self.fold_early):
+                        self.rescale_add(acc_o, acc_t, f_fold)  # PV_{i-2}, waited for last iteration
+                        if cutlass.const_expr(self.rowsum_mma):
+                            self.rescale_add(acc_so, acc_st, f_fold)
+                        warpgroup.fence()  # acc_t read above, written by the PV GEMM below
                     if cutlass.const_expr("skip_pv" in self.debug):
                         acc_t.fill(0.0)
                     else:
                         for kb in cutlass.range_constexpr(tile_n // 32):
                             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
                             cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+                    if cutlass.const_expr(self.rowsum_mma):
+                        for kb in cutlass.range_constexpr(tile_n // 32):
+                            tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
                     warpgroup.commit_group()
                     if cutlass.const_expr(self.pingpong):
                         self.pass_turn(wg, i == n_iters - 1)
                     warpgroup.wait_group(1)  # S_i ready (groups complete in order)
                     self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
                     self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                    if cutlass.const_expr(self.pin_wait):
+                        self.pin_below(acc_s[cute.size(acc_s) - 1])  # P's last value (>= 0)
                     warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
                     pipe_kv.consumer_release(prev_state)
-                    self.rescale_add(acc_o, acc_t, f_prev)
+                    if cutlass.const_expr(self.fold_early):
+                        for r in cutlass.range_constexpr(2):
+                            f_fold[r] = f_prev[r]
+                    else:
+                        self.rescale_add(acc_o, acc_t, f_prev)
+                        if cutlass.const_expr(self.rowsum_mma):
+                            self.rescale_add(acc_so, acc_st, f_prev)
                     for r in cutlass.range_constexpr(2):
                         f_prev[r] = factor[r]
                     self.p_to_operand(acc_s, tOrP)
                     prev_state = kv_state.clone()
                     kv_state.advance()
+                if cutlass.const_expr(self.fold_early):
+                    self.rescale_add(acc_o, acc_t, f_fold)
+                    if cutlass.const_expr(self.rowsum_mma):
+                        self.rescale_add(acc_so, acc_st, f_fold)
                 warpgroup.fence()
                 if cutlass.const_expr("skip_pv" in self.debug):
                     acc_t.fill(0.0)
@@ -178,17 +214,26 @@ class ConsumerMainLoop:
                     for kb in cutlass.range_constexpr(tile_n // 32):
                         tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+                if cutlass.const_expr(self.rowsum_mma):
+                    for kb in cutlass.range_constexpr(tile_n // 32):
+                        tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 pipe_kv.consumer_release(prev_state)
                 self.rescale_add(acc_o, acc_t, f_prev)
+                if cutlass.const_expr(self.rowsum_mma):
+                    self.rescale_add(acc_so, acc_st, f_prev)
 
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         out_scale = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             s = row_sum[r]
-            s += cute.arch.shuffle_sync_bfly(s, offset=1)
-            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            if cutlass.const_expr(self.rowsum_mma):
+                s = acc_so[2 * r]  # already the whole row's
+            else:
+                s += cute.arch.shuffle_sync_bfly(s, offset=1)
+                s += cute.arch.shuffle_sync_bfly(s, offset=2)
             out_scale[r] = Float32(0.0)
             if s > 0.0:
                 out_scale[r] = v_descale * cute.arch.rcp_approx(s)
@@ -210,6 +255,14 @@ class ConsumerMainLoop:
         """O = O * factor + O_tile (two-level accumulation; ``factor`` per row, 2 rows a thread)."""
         for v in range(cute.size(acc_o)):
             acc_o[v] = acc_o[v] * factor[(v // 2) % 2] + acc_t[v]
+
+    @cute.jit
+    def pin_below(self, x: Float32):
+        """A branch on ``x`` (a late softmax result) around a no-op: it ends the basic block, and
+        ptxas does not schedule the instructions after it (the PV GEMM's wait) above the softmax
+        (see forward.pin_wait)."""
+        if x > Float32(-1.0):
+            cute.arch.sync_warp()
 
     @cute.jit
     def pass_turn(self, wg: Int32, last: cutlass.Boolean):

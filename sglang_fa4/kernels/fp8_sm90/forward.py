@@ -13,11 +13,16 @@ Shape of the kernel (one CTA per 128 query rows of one head of one sequence, 3 w
   O_tile = P V (V^T K-major from shared memory), then O = O * rescale + O_tile in fp32 (two-level
   accumulation: Hopper's FP8 MMA accumulates with reduced precision, so each tile starts from zero).
   Main loop (default, ``overlap``): S_i = Q K_i^T is issued together with O_t = P_{i-1} V_{i-1}
-  and the softmax of S_i runs while that PV GEMM is in flight (FA3's intra-warpgroup overlap).
-  Options measured on the H200 and left off: ``pingpong`` (the two consumer warpgroups take turns
-  issuing GEMMs through named barriers) and ``tree_reduce`` (pairwise row max/sum); ``no_overlap``
-  is the one-tile-at-a-time loop.  The kernel is bound by the softmax path (MUFU exp2 + FP32 work),
-  not by the GEMMs: see benchmark/results/h200/fp8_attention.md.
+  and the softmax of S_i runs while that PV GEMM is in flight (FA3's intra-warpgroup overlap);
+  the fp32 O update of PV_{i-2} runs while S_i is in flight (``fold_early``), a branch keeps
+  ptxas from hoisting the PV wait above the softmax (``pin_wait``), the row sums come from the
+  tensor cores as P x ones with the PV GEMM (``rowsum_mma``) and the row max is 4 interleaved
+  chains (``ilp``).  Measured side by side on the H200 (benchmark/results/h200/
+  fp8_attention_speed2.md): d64 11-16% faster than without these four, d128 unchanged (+-2%).
+  Options measured and left off: ``pingpong`` (the consumer warpgroups take turns issuing GEMMs),
+  ``tree_reduce`` (pairwise row max/sum), ``emu`` (part of the exp2s on the FMA pipe);
+  ``no_overlap`` is the one-tile-at-a-time loop.  d128 is bound by neither the GEMMs nor the
+  per-tile instruction count we removed: see the results file.
 
 V^T comes from global memory already transposed, with its keys permuted inside groups of 16
 (``layout.KEY_PERM``) so that P needs no register shuffles, each sequence starting at a 16-aligned
@@ -64,6 +69,11 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         overlap: bool = True,
         pingpong: bool = False,
         tree_reduce: bool = False,
+        fold_early: bool = True,
+        pin_wait: bool = True,
+        ilp: int = 4,
+        emu: int = 0,
+        rowsum_mma: bool = True,
     ):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
@@ -91,6 +101,25 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         # Pairwise (tree) row max / row sum instead of serial chains.  Off: measured slower on the
         # H200 (more live registers in the overlapped loop), kept for experiments.
         self.tree_reduce = (tree_reduce or "tree_reduce" in self.debug) and "no_tree_reduce" not in self.debug
+        # Overlap loop: a branch on P's last value (a late softmax result) before the PV GEMM's wait.
+        # Why: ptxas's scheduler otherwise places that wait (WARPGROUP.DEPBAR, cheap in its model) in
+        # the first latency gap of the row-max chain, i.e. before the softmax, so the PV GEMM never
+        # overlaps the softmax (sm_90a SASS of the default: DEPBAR 0 before the first MUFU.EX2).
+        self.pin_wait = self.overlap and (pin_wait or "pin_wait" in self.debug) and "no_pin_wait" not in self.debug
+        # Row max / row sum as this many interleaved serial chains (shorter dependent chains, few
+        # live partials); 1 = one chain per row.
+        self.ilp = next((int(f[3:]) for f in self.debug if f.startswith("ilp") and f[3:].isdigit()), ilp or 1)
+        # Every emu-th exp2 of a row on the FMA pipe (tile_softmax.exp2_on_fma), the rest on the MUFU
+        # (16/clk/SM: a 128x128 tile's exp2s alone take as long as its FP8 MMAs at peak); 0 = none.
+        self.emu = next((int(f[3:]) for f in self.debug if f.startswith("emu") and f[3:].isdigit()), emu)
+        # Overlap loop: add PV_{i-2} into the fp32 O while S_i = Q K_i^T is in flight, just before
+        # PV_{i-1} is issued, instead of right after PV_{i-1}'s wait (same sums, same order), so
+        # that nothing but P's conversion waits for the PV GEMM.
+        # Row sums from the tensor cores: P x (a block of ones) as a third small WGMMA (m64n8) with
+        # the PV GEMM, folded into fp32 like O, instead of 64 FADDs per tile (the sum is then of
+        # the E4M3 P that also multiplies V).  Overlap loop only.
+        self.rowsum_mma = self.overlap and (rowsum_mma or "rowsum_mma" in self.debug) and "no_rowsum_mma" not in self.debug
+        self.fold_early = self.overlap and (fold_early or "fold_early" in self.debug) and "no_fold_early" not in self.debug
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
@@ -132,6 +161,12 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         sQ_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, 2)
         sK_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, self.num_stages)
         sVt_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, d, self.tile_n), F8, self.num_stages)
+        # rowsum_mma: P times a constant 8 x tile_n block of E4M3 ones (its content is uniform, so
+        # its swizzle does not matter) gives the row sums in an m64n8 accumulator
+        tiled_mma_sum = sm90_utils.make_trivial_tiled_mma(
+            F8, F8, _K_MAJOR, _K_MAJOR, Float32, (1, 1, 1), (WG_ROWS, 8), warpgroup.OperandSource.RMEM
+        )
+        sOnes_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, 8, self.tile_n), F8, 2)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (WG_ROWS, d))
@@ -150,6 +185,17 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
 
+        @cute.struct
+        class SharedStorageOnes:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
+            sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
+            sOnes: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sOnes_layout)], 1024]  # one per consumer
+
+        if cutlass.const_expr(self.rowsum_mma):
+            SharedStorage = SharedStorageOnes  # noqa: F811
         self.shared_storage = SharedStorage
         num_m_blocks = (max_seqlen_q + self.tile_m - 1) // self.tile_m
         num_heads = mQ_u8.shape[1]
@@ -174,6 +220,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
             sQ_layout,
             sK_layout,
             sVt_layout,
+            tiled_mma_sum,
+            sOnes_layout,
         ).launch(
             grid=[num_m_blocks, num_heads, batch],
             block=[NUM_THREADS, 1, 1],

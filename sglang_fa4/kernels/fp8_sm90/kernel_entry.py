@@ -12,7 +12,7 @@ import cutlass.utils as utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, PRODUCER_REGS, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, ONES_BAR, PRODUCER_REGS, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN
 
 
@@ -41,6 +41,8 @@ class KernelEntry:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sVt_layout: cute.ComposedLayout,
+        tiled_mma_sum: cute.TiledMma,
+        sOnes_layout: cute.ComposedLayout,
     ):
         d = self.head_dim
         tile_m = self.tile_m
@@ -74,6 +76,9 @@ class KernelEntry:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
+        sOnes = sVt  # unused unless rowsum_mma
+        if cutlass.const_expr(self.rowsum_mma):
+            sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
 
         offset_q = mCuQ[batch]
         seqlen_q = mCuQ[batch + 1] - offset_q
@@ -170,12 +175,23 @@ class KernelEntry:
                 tid = tidx - 128 * wg_idx
                 scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv] * mDescale[1, batch, head_kv]
                 v_descale = mDescale[2, batch, head_kv]
+                if cutlass.const_expr(self.rowsum_mma):
+                    # this warpgroup's 8 x tile_n block of E4M3 ones (0x38), then made visible to
+                    # the tensor cores (async proxy) before its first WGMMA
+                    ones32 = storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout) // 4), dtype=Int32)
+                    per_wg = cute.cosize(sOnes_layout) // 8
+                    for k in cutlass.range_constexpr(per_wg // 128):
+                        ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
                 self.consume(
                     tiled_mma_qk,
                     tiled_mma_pv,
+                    tiled_mma_sum,
                     sQ[None, None, wg],
                     sK,
                     sVt,
+                    sOnes[None, None, wg],
                     pipe_q,
                     pipe_kv,
                     mO,

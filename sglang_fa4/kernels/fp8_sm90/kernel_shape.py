@@ -16,3 +16,5 @@ WG_ROWS = 64  # query rows per consumer warpgroup
 
 #: Named barriers PINGPONG_BAR (+0: warpgroup 0's GEMM turn, +1: warpgroup 1's); 0 is __syncthreads.
 PINGPONG_BAR = 1
+#: Named barriers ONES_BAR + consumer warpgroup: its block of ones is written (rowsum_mma).
+ONES_BAR = 3

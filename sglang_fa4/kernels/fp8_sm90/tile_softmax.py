@@ -8,6 +8,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import P_LOG2_OFFSET
@@ -24,6 +26,45 @@ def _tree_reduce(vals: list, op):
     return vals[0]
 
 
+# 2^f on [0, 1) as c0 + c1 f + c2 f^2 (fitted here for least maximum relative error: 1.7e-3, far
+# below E4M3's 2^-4 step; the row sum sees the same value as P's fp32 before rounding).
+_EXP2_POLY = ("0f3F8038B1", "0f3F285A60", "0f3EACA2E6")  # 1.00173, 0.657629, 0.337180
+
+
+@dsl_user_op
+def exp2_on_fma(x: Float32, *, loc=None, ip=None) -> Float32:
+    """2^x without the MUFU: floor by a round-down add of 1.5*2^23 (integer part lands in the low
+    mantissa bits), a degree-2 polynomial for the fraction, the integer part shifted into the
+    exponent.  x is clamped at -127 (-inf from masking gives ~2^-127, zero once in E4M3)."""
+    c0, c1, c2 = _EXP2_POLY
+    return Float32(llvm.inline_asm(
+        T.f32(),
+        [Float32(x).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .f32 c, r, b, f, p;\n\t.reg .b32 ri, pi, e;\n\t"
+        "max.f32 c, $1, 0fC2FE0000;\n\t"
+        "add.rm.f32 r, c, 0f4B400000;\n\t"
+        "sub.f32 b, r, 0f4B400000;\n\t"
+        "sub.f32 f, c, b;\n\t"
+        f"fma.rn.f32 p, f, {c2}, {c1};\n\t"
+        f"fma.rn.f32 p, p, f, {c0};\n\t"
+        "mov.b32 ri, r;\n\tmov.b32 pi, p;\n\t"
+        "shl.b32 e, ri, 23;\n\t"
+        "add.s32 pi, pi, e;\n\t"
+        "mov.b32 $0, pi;\n\t}",
+        "=f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def _chains_reduce(vals: list, op, chains: int):
+    """``chains`` independent serial reductions over interleaved values, then a pairwise finish: the
+    dependent chain is len/chains long (latency) while only ``chains`` partials are live."""
+    parts = list(vals[:chains])
+    for k in range(chains, len(vals)):
+        parts[k % chains] = op(parts[k % chains], vals[k])
+    return _tree_reduce(parts, op)
 
 class TileSoftmax:
     """Register-level steps of one key tile, called from ``consume``."""
@@ -57,7 +98,11 @@ class TileSoftmax:
         P = exp2(s*scale - max*scale + 8), factor the rescale of everything before this tile."""
         for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
             mx = row_max[r]
-            if cutlass.const_expr(self.tree_reduce):
+            if cutlass.const_expr(self.ilp > 1):
+                mx = cute.arch.fmax(mx, _chains_reduce(
+                    [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                    cute.arch.fmax, self.ilp))
+            elif cutlass.const_expr(self.tree_reduce):
                 mx = cute.arch.fmax(mx, _tree_reduce(
                     [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)], cute.arch.fmax))
             else:
@@ -76,10 +121,18 @@ class TileSoftmax:
             for j in cutlass.range_constexpr(self.tile_n // 8):
                 for e in cutlass.range_constexpr(2):
                     v = e + 2 * r + 4 * j
-                    acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias, fastmath=True)
-                    if cutlass.const_expr(not self.tree_reduce):
+                    if cutlass.const_expr(self.emu > 0 and (2 * j + e) % self.emu == self.emu - 1):
+                        acc_s[v] = exp2_on_fma(acc_s[v] * scale_log2 - bias)  # FMA pipe, not MUFU
+                    else:
+                        acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias, fastmath=True)
+                    if cutlass.const_expr(not self.tree_reduce and self.ilp <= 1 and not self.rowsum_mma):
                         s += acc_s[v]
-            if cutlass.const_expr(self.tree_reduce):
+            if cutlass.const_expr(self.rowsum_mma):
+                pass  # the PV GEMM's companion P x ones sums the row (consumer_mainloop)
+            elif cutlass.const_expr(self.ilp > 1):
+                s = _chains_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                                   lambda a, b: a + b, self.ilp)
+            elif cutlass.const_expr(self.tree_reduce):
                 s = _tree_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
                                  lambda a, b: a + b)
             row_sum[r] = row_sum[r] * factor[r] + s
