@@ -8,7 +8,8 @@ Sections (``--sections``):
   CUDA-graph replay, median of CUDA events; also the quantize alone (chunked vs the per-sequence
   kernel) and the FP8 forward alone; rel. error of each vs an fp32 reference (small layouts) and
   fp8 vs bf16. From the single-segment rows: L* per head dim = the shortest length from which
-  every longer one has bf16/fp8 >= MARGIN: the table of ``sglang_fa4/kernels/vit_attn_dtype.py``.
+  every longer one (at least two lengths) has bf16/fp8 >= MARGIN: the table of
+  ``sglang_fa4/kernels/vit_attn_dtype.py`` (confirmed by the towers' speed before it is committed).
 * ``towers`` (SGLang importable, benchmark/sglang_on_gpu): SGLang's real Qwen2.5-VL-7B and
   Qwen3-VL-8B towers (random bf16 weights, q/k/v projections scaled like a trained ViT: see
   ``scale_like_trained``), sglang_fa4 loaded by SGLang's plugin loader, fa4. Startup as the plugin
@@ -19,7 +20,7 @@ Sections (``--sections``):
   eager and graph, bf16 vs fp8 (measured table); compiles after startup (FA4, FP8 forward, quantize).
 
 usage (GPU machine): python3 benchmark/check_vit_fp8.py --out DIR [--sections crossover towers]
-Writes DIR/vit_fp8.json and .md.
+Writes DIR/vit_fp8.json and .md (``--tag T``: vit_fp8-T.*).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def crossover(args) -> dict:
         single = sorted((r for r in rows if r["head_dim"] == d and r["segments"] == 1 and "error" not in r),
                         key=lambda r: r["seg_len"])
         start = None
-        for i, r in enumerate(single):
+        for i, r in enumerate(single[:-1]):  # at least two lengths: the longest alone is no trend
             if all(s["bf16_over_fp8"] >= MARGIN for s in single[i:]):
                 start = r["seg_len"]
                 break
@@ -330,7 +331,8 @@ def markdown(result: dict) -> str:
     if cx:
         lines += ["## Attention calls: FA4 bf16 vs the FP8 path (quantize + FP8 forward), 16 heads, graph replay",
                   "", f"Table derived (head dim -> L*, bf16/fp8 >= {cx['margin']} for every single segment "
-                  f"at least that long): `{cx['table']}`", "",
+                  f"at least that long, two lengths at least): `{cx['table']}`; the towers below ran with "
+                  f"`{result.get('table_used')}`", "",
                   "| d | segments x len | bf16 ms | fp8 path ms | bf16/fp8 | FP8 fwd ms | bf16/FP8 fwd | quantize ms "
                   "(chunked) | quantize ms (per seq) | fp8 vs bf16 rel | fp8 vs fp32 | bf16 vs fp32 | quant equal |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -382,6 +384,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mix-tokens", type=int, default=12000)
     ap.add_argument("--pictures", nargs="+", default=list(PICTURES))
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     out = Path(args.out)
@@ -402,7 +405,7 @@ def main(argv=None) -> int:
     result["meta"] = meta
 
     def save():
-        (out / "vit_fp8.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"vit_fp8{'-' + args.tag if args.tag else ''}.json").write_text(json.dumps(result, indent=1, default=str))
 
     from sglang_fa4.kernels import vit_attn_dtype
 
@@ -429,7 +432,7 @@ def main(argv=None) -> int:
             print(f"[towers] {model} done ({time.perf_counter() - t0:.0f} s)", flush=True)
             save()
     save()
-    (out / "vit_fp8.md").write_text(markdown(result))
+    (out / f"vit_fp8{'-' + args.tag if args.tag else ''}.md").write_text(markdown(result))
     print(markdown(result))
     return 0 if not result.get("failures") else 1
 

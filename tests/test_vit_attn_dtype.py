@@ -250,3 +250,15 @@ def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, c
         quantize_chunked._note_launch(object(), "quantize amax", 72, torch.bfloat16, 0.0)  # a new one
     assert jit_monitor.compiles_after_warmup() == 1
     assert any("quantize (Triton) compiled" in r.getMessage() and "d=72" in r.getMessage() for r in caplog.records)
+
+
+def test_quantize_kernels_specialize_on_nothing_that_varies_per_layout():
+    """A Triton specialization (an int's value 1 / divisibility by 16, a pointer's 16-byte
+    alignment) not seen at the warmup compiles on the request path: every int argument and the
+    cu_seqlens pointers (views at any int32 offset: seen on the H200 with Qwen2.5-VL's split host
+    layouts) are exempt; only q/k/v/outputs keep their alignment (vectorized access)."""
+    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
+
+    for fn in (qc._amax_pass, qc._quant_pass):
+        specialized = {p.name for p in fn.params if not p.do_not_specialize and not p.is_constexpr}
+        assert specialized <= {"q", "k", "v", "q8", "k8", "vt", "desc", "part"}, specialized

@@ -8,8 +8,8 @@ per call only where it was measured faster than bf16, so ``fp8`` is never slower
 Quantizing costs time linear in the tokens, while FP8 saves time quadratic in each segment's
 length. For n segments of one length L, FP8 (quantize included) wins from one length ``L*`` on,
 whatever n; :data:`FP8_MIN_SEGMENT` holds ``L*`` per head dim, measured on the H200
-(``benchmark/check_vit_fp8.py --sections crossover``; results in
-``benchmark/results/h200/vit_fp8.md``). For a general layout the call knows, on the host, T tokens
+(``benchmark/check_vit_fp8.py``: a sweep of lengths, then the towers' speed with the derived
+table; results in ``benchmark/results/h200/vit_fp8*.md``). Today it is empty: see its comment. For a general layout the call knows, on the host, T tokens
 (q's rows), S segments (cu_seqlens' length - 1) and the longest segment M (max_seqlen), so the
 attention work sum(len^2) is at least ``M^2 + (T - M)^2 / (S - 1)`` (the rest spread evenly);
 FP8 is taken when that lower bound is at least ``L* * T`` -- exactly ``L >= L*`` for equal
@@ -17,10 +17,12 @@ segments, and never a loss for uneven ones (it underestimates FP8's gain). No de
 decision is host-only and the same for every replay of a captured graph (a budget graph's
 max_seqlen is its budget, so its decision is the budget's).
 
-Not routed to FP8 (stay bf16): head dims without a measured ``L*`` (d64, where the FP8 kernel
-itself is slower, and any dim not measured), attention sinks, sliding windows / causal, fp32
-inputs, CPU tensors, GPUs other than SM90. Qwen2.5-VL's 64-token window layers never reach
-``L*`` and stay on the short-window route (measured faster there: see the results file).
+Not routed to FP8 (stay bf16): head dims without a measured ``L*`` (today all; d64's FP8 kernel
+alone is 0.8-0.9x FA4), attention sinks, sliding windows / causal, fp32 inputs, CPU tensors, GPUs
+other than SM90. Qwen2.5-VL's 64-token window layers stay on the short-window route: measured
+5-10x faster than the FP8 path there (its quantize alone costs more than the whole bf16 call).
+Accuracy (same results): E4M3 q/k dominate the error (rel. 0.09-0.2 per layer at trained-like
+logit scales; benchmark/fp8_error_budget.py), so the FP8 path is also an accuracy trade-off.
 On SM100/SM103, FA4 4.0.0b36's own FP8 forward exists only behind its private ``_flash_attn_fwd``
 (the public ``flash_attn_varlen_func`` takes no descales) and is neither validated nor measured
 here: one log line, bf16.
@@ -41,8 +43,15 @@ BF16, FP8 = "bf16", "fp8"
 #: compute capabilities (major*10+minor) with a native FP8 forward wired in
 FP8_ARCHS = (90,)
 #: Head dim -> shortest segment length from which quantize + FP8 forward beat FA4 bf16 (H200,
-#: graph replay, 16 heads). Measured: benchmark/results/h200/vit_fp8.json ("crossover").
-FP8_MIN_SEGMENT: dict[int, int] = {72: 8192, 80: 6144}
+#: 16 heads). Empty: measured, FP8 wins nowhere the Qwen ViTs run (benchmark/results/h200/
+#: vit_fp8-run1.md, graph replay): d80 (Qwen2.5-VL, padded to 96) 0.50-0.82x from 1k to 16k-token
+#: segments (the FP8 forward alone 0.91-1.34x, the quantize 0.04-0.36 ms on top), 1.08x only at
+#: one 42196-token segment (a 4K picture) -- and with that entry the same run's 4K Qwen2.5-VL tower
+#: was not faster (eager 0.995x; budget graph 0.891x: the FP8 launches also span the graph's 64
+#: empty segment slots); d72 (Qwen3-VL) 0.51-0.99x everywhere; 64-token windows 0.10-0.18x (they
+#: stay on the short-window route). Re-measure with ``check_vit_fp8.py --sections crossover
+#: towers`` when the FP8 kernel or the quantize changes.
+FP8_MIN_SEGMENT: dict[int, int] = {}
 
 _table: dict[int, int] = dict(FP8_MIN_SEGMENT)
 _logged: set = set()

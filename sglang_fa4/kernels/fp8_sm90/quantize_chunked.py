@@ -16,8 +16,9 @@ tokens of each sequence, so the work is bandwidth-bound whatever the layout:
 The chunk count comes from the host ``max_seqlen`` (it only sizes the grid; programs past a
 sequence's end exit), so nothing reads device memory on the host: no sync, CUDA-graph capturable.
 ``max_seqlen`` below the longest sequence leaves its tail unquantized: the caller's contract, as
-for the attention kernels. Integer arguments are not specialized by Triton (``do_not_specialize``):
-one compile per (dtype, head dim), whatever the layout, so a startup warmup covers every call.
+for the attention kernels. Integer arguments and the cu_seqlens pointers are not specialized by
+Triton (``do_not_specialize``): one compile per (dtype, head dim), whatever the layout, so a
+startup warmup covers every call.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def num_chunks(max_seqlen: int) -> tuple[int, int]:
 
 
 if triton is not None:
-    _INTS = ["sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "batch", "hkv", "group", "nch"]
+    # cu_seqlens too: callers pass views at any int32 offset (the Qwen2.5-VL host layouts are split
+    # from one upload), and a pointer's 16-byte alignment is otherwise part of Triton's cache key
+    # (a new compile after the warmup, seen on the H200); q/k/v keep it (vectorized loads)
+    _INTS = ["cuq", "cuk", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "batch", "hkv", "group", "nch"]
 
     @triton.jit
     def _chunk_amax(src, start, lo, hi, h0, nh, s_t, s_h, D: tl.constexpr, DP2: tl.constexpr,
