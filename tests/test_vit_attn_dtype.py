@@ -262,3 +262,11 @@ def test_quantize_kernels_specialize_on_nothing_that_varies_per_layout():
     for fn in (qc._amax_pass, qc._quant_pass):
         specialized = {p.name for p in fn.params if not p.do_not_specialize and not p.is_constexpr}
         assert specialized <= {"q", "k", "v", "q8", "k8", "vt", "desc", "part"}, specialized
+
+
+def test_explicit_fp8_warmup_covers_every_fp8_shape_the_table_does_not(monkeypatch, fake_fp8):
+    vit_attn_dtype.set_min_segment_table({})  # nothing routed: the env-driven warmup has no FP8 work
+    fp8_mode(monkeypatch)
+    assert warmup.warm_model(qwen3_vl()).fp8.variants == []
+    report = warmup.warm_model(qwen3_vl(), fp8=True)  # explicit: every FP8-capable shape
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1

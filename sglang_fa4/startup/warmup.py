@@ -168,18 +168,23 @@ def warm_fp8_variants(variants: list) -> WarmupReport:
     return report
 
 
-def warm_fp8_vit(model, device=None) -> WarmupReport:
+def warm_fp8_vit(model, device=None, *, every_shape: bool = False) -> WarmupReport:
     """The FP8 ViT path's startup work (``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on SM90): the FP8
     forward variants of the model's shapes that the measured table can route to FP8
     (:mod:`sglang_fa4.kernels.vit_attn_dtype`), then per shape one small FP8 attention call on the
     GPU, which compiles the Triton quantize kernels and loads the forward's module, so neither
-    happens on the request path or inside a graph capture. Without CUDA only the variants."""
+    happens on the request path or inside a graph capture. Without CUDA only the variants.
+    ``every_shape``: every shape the FP8 forward can take (head dims up to 128, no sinks), not
+    only those the table routes."""
     import torch
 
     from sglang_fa4.kernels import vit_attn_dtype
     from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
 
-    shapes = enumerate_fp8_vit_shapes(model, vit_attn_dtype.min_segment_table())
+    from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS
+
+    dims = range(1, SUPPORTED_HEAD_DIMS[-1] + 1) if every_shape else vit_attn_dtype.min_segment_table()
+    shapes = enumerate_fp8_vit_shapes(model, dims)
     kernels = sorted({s.kernel for s in shapes})
     report = warm_fp8_variants(kernels)
     device = torch.device(device) if device is not None else None
@@ -208,8 +213,9 @@ def warm_model(model, *, arch: Optional[int] = None, fp8: Optional[bool] = None)
     """The plugin's startup warmup: enumerate and compile ``model``'s FA4 variants, then arm the
     JIT monitor. Nothing (and no FA4 import) when ``SGLANG_FA4_WARMUP`` is off or the model has no
     fa4 ViT attention. ``fp8``: the ViT will run FP8 attention (issue #16's opt-in), so also
-    compile its SM90 FP8 variants and quantize kernels (report.fp8); None (the plugin's hook):
-    ``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on an SM90 GPU (elsewhere that setting logs one line)."""
+    compile its SM90 FP8 variants and quantize kernels for every FP8-capable shape (report.fp8);
+    None (the plugin's hook): ``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on an SM90 GPU (elsewhere that
+    setting logs one line), for the shapes the measured table routes to FP8."""
     if not envs.SGLANG_FA4_WARMUP.get():
         return None
     modules = towers.find_fa4_attention(model)
@@ -228,11 +234,12 @@ def warm_model(model, *, arch: Optional[int] = None, fp8: Optional[bool] = None)
     variants = enumerate_variants(model, arch)
     device = towers.module_device(modules[0][1])
     report = run_warmup(variants, device)
+    every_shape = fp8 is True
     if fp8 is None:
         from sglang_fa4.kernels import vit_attn_dtype
 
         fp8 = vit_attn_dtype.fp8_enabled(arch)
     if fp8:
-        report.fp8 = warm_fp8_vit(model, device)
+        report.fp8 = warm_fp8_vit(model, device, every_shape=every_shape)
     jit_monitor.arm_jit_monitor()
     return report
