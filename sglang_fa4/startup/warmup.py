@@ -179,9 +179,8 @@ def warm_fp8_vit(model, device=None, *, every_shape: bool = False) -> WarmupRepo
     import torch
 
     from sglang_fa4.kernels import vit_attn_dtype
-    from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
-
     from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS
+    from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
 
     dims = range(1, SUPPORTED_HEAD_DIMS[-1] + 1) if every_shape else vit_attn_dtype.min_segment_table()
     shapes = enumerate_fp8_vit_shapes(model, dims)
