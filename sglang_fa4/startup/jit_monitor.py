@@ -104,16 +104,33 @@ def _on_fp8_compile(event: dict) -> None:
     )
 
 
+def _on_quantize_compile(event: dict) -> None:
+    """Listener on the FP8 ViT path's Triton quantize launches (``quantize_chunked``: kernel,
+    head_dim, dtype, seconds, capturing)."""
+    count = _count_after_warmup()
+    if count is None:
+        return
+    capture = " during CUDA-graph capture" if event.get("capturing") else ""
+    _flag(
+        f"sglang-fa4: the FP8 q/k/v quantize (Triton) compiled a kernel after the startup "
+        f"warmup{capture} ({event['seconds']:.2f} s, #{count} after warmup): {event['kernel']} "
+        f"d={event['head_dim']} {event['dtype']}"
+    )
+
+
 def arm_fp8_monitor() -> None:
-    """Listen on the FP8 forward's compile cache (idempotent; :func:`arm_jit_monitor` calls it).
-    Imports torch but not cutlass."""
+    """Listen on the FP8 forward's compile cache and the quantize kernels' compiles (idempotent;
+    :func:`arm_jit_monitor` calls it). Imports torch but not cutlass."""
     global _fp8_remover
     from sglang_fa4.kernels.fp8_sm90 import launch as fp8_launch
+    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked
 
     with _state_lock:
         if _fp8_remover is not None:
             return
-        _fp8_remover = fp8_launch.add_compile_listener(_on_fp8_compile)
+        removers = (fp8_launch.add_compile_listener(_on_fp8_compile),
+                    quantize_chunked.add_compile_listener(_on_quantize_compile))
+        _fp8_remover = lambda: [remove() for remove in removers]  # noqa: E731
 
 
 def arm_jit_monitor() -> bool:

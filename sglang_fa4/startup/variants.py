@@ -213,3 +213,41 @@ def enumerate_fp8_variants(model) -> list[Fp8Variant]:
         if getattr(m, "sinks", None) is None and int(m.head_size) <= FP8_HEAD_DIMS[-1]
     }
     return [Fp8Variant(d, False, False) for d in sorted(dims)]
+
+
+@dataclass(frozen=True)
+class Fp8VitShape:
+    """One (head dim, heads, dtype) the FP8 ViT path (``SGLANG_FA4_VIT_ATTN_DTYPE=fp8``) will run:
+    its quantize kernels (Triton, compiled per head dim and dtype) and its FP8 forward variant."""
+
+    head_dim: int
+    num_heads: int
+    num_kv_heads: int
+    dtype: str
+
+    @property
+    def kernel(self) -> Fp8Variant:
+        return Fp8Variant(padded_head_dim(self.head_dim), False, False)
+
+    def describe(self) -> str:
+        return (f"fp8 quantize + forward d={self.head_dim}->{self.kernel.head_dim} "
+                f"heads={self.num_heads}/{self.num_kv_heads} {self.dtype}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"head_dim": self.head_dim, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
+                "dtype": self.dtype, "kernel": self.kernel.as_dict()}
+
+
+def enumerate_fp8_vit_shapes(model, head_dims) -> list[Fp8VitShape]:
+    """What the FP8 ViT path can hit in ``model``: its fa4 attention modules without sinks whose
+    head dim is in ``head_dims`` (the dims the measured table routes to FP8; the others never run
+    FP8), 16-bit dtypes only."""
+    shapes = set()
+    for _name, m in towers.find_fa4_attention(model):
+        d = int(m.head_size)
+        dt = towers.module_dtype(m)
+        if getattr(m, "sinks", None) is None and d in head_dims and d <= FP8_HEAD_DIMS[-1] \
+                and dt in ("bfloat16", "float16"):
+            shapes.add(Fp8VitShape(d, int(m.num_attention_heads_per_partition),
+                                   int(m.num_attention_kv_heads_per_partition), dt))
+    return sorted(shapes, key=lambda s: (s.head_dim, s.num_heads, s.num_kv_heads, s.dtype))

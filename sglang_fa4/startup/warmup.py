@@ -13,8 +13,11 @@ restart loads every variant from disk in milliseconds. After the warmup,
 
 The SM90 FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`) compiles one kernel per head dim x
 causal/local: :func:`warm_fp8_variants` compiles a list of them with the same bookkeeping (a log
-line per variant, counted as warmup by the JIT monitor); ``warm_model(..., fp8=True)`` adds the
-model's FP8 variants (:func:`sglang_fa4.startup.variants.enumerate_fp8_variants`).
+line per variant, counted as warmup by the JIT monitor). With ``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on
+SM90 (or ``warm_model(..., fp8=True)``), :func:`warm_fp8_vit` adds the FP8 ViT path's work: the
+forward variants of the shapes the measured table routes to FP8
+(:func:`sglang_fa4.startup.variants.enumerate_fp8_vit_shapes`) and one small FP8 call per shape
+(the Triton quantize kernels compile there), all before any graph capture.
 
 Importing this module imports neither flash_attn nor cutlass (nor SGLang).
 """
@@ -31,7 +34,7 @@ from sglang_fa4.environ import envs
 from sglang_fa4.kernels import fa4_b36
 from sglang_fa4.kernels.fa4_config import FA4Config
 from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, towers
-from sglang_fa4.startup.variants import Variant, enumerate_fp8_variants, enumerate_variants
+from sglang_fa4.startup.variants import Variant, enumerate_variants
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -165,11 +168,53 @@ def warm_fp8_variants(variants: list) -> WarmupReport:
     return report
 
 
-def warm_model(model, *, arch: Optional[int] = None, fp8: bool = False) -> Optional[WarmupReport]:
+def warm_fp8_vit(model, device=None, *, every_shape: bool = False) -> WarmupReport:
+    """The FP8 ViT path's startup work (``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on SM90): the FP8
+    forward variants of the model's shapes that the measured table can route to FP8
+    (:mod:`sglang_fa4.kernels.vit_attn_dtype`), then per shape one small FP8 attention call on the
+    GPU, which compiles the Triton quantize kernels and loads the forward's module, so neither
+    happens on the request path or inside a graph capture. Without CUDA only the variants.
+    ``every_shape``: every shape the FP8 forward can take (head dims up to 128, no sinks), not
+    only those the table routes."""
+    import torch
+
+    from sglang_fa4.kernels import vit_attn_dtype
+    from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS
+    from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
+
+    dims = range(1, SUPPORTED_HEAD_DIMS[-1] + 1) if every_shape else vit_attn_dtype.min_segment_table()
+    shapes = enumerate_fp8_vit_shapes(model, dims)
+    kernels = sorted({s.kernel for s in shapes})
+    report = warm_fp8_variants(kernels)
+    device = torch.device(device) if device is not None else None
+    if not shapes or device is None or device.type != "cuda":
+        return report
+
+    def warm_one(shape: Fp8VitShape) -> str:
+        # two segments (one over a quantize chunk) of random data: a real call, checked finite
+        lens = (300, 45)
+        cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=device)
+        g = torch.Generator(device="cpu").manual_seed(0)
+        dt = getattr(torch, shape.dtype)
+        q, k, v = (torch.randn(sum(lens), h, shape.head_dim, generator=g).to(device=device, dtype=dt)
+                   for h in (shape.num_heads, shape.num_kv_heads, shape.num_kv_heads))
+        with torch.no_grad():
+            out = vit_attn_dtype.fp8_attention(q, k, v, cu, max(lens))
+        if not bool(torch.isfinite(out).all()):
+            raise RuntimeError("FP8 ViT attention returned non-finite values on random input")
+        return "compiled/loaded"
+
+    _warm_each(report, shapes, warm_one)
+    return report
+
+
+def warm_model(model, *, arch: Optional[int] = None, fp8: Optional[bool] = None) -> Optional[WarmupReport]:
     """The plugin's startup warmup: enumerate and compile ``model``'s FA4 variants, then arm the
     JIT monitor. Nothing (and no FA4 import) when ``SGLANG_FA4_WARMUP`` is off or the model has no
     fa4 ViT attention. ``fp8``: the ViT will run FP8 attention (issue #16's opt-in), so also
-    compile its SM90 FP8 variants (report.fp8)."""
+    compile its SM90 FP8 variants and quantize kernels for every FP8-capable shape (report.fp8);
+    None (the plugin's hook): ``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on an SM90 GPU (elsewhere that
+    setting logs one line), for the shapes the measured table routes to FP8."""
     if not envs.SGLANG_FA4_WARMUP.get():
         return None
     modules = towers.find_fa4_attention(model)
@@ -186,8 +231,14 @@ def warm_model(model, *, arch: Optional[int] = None, fp8: bool = False) -> Optio
     if arch is None:
         arch = dispatch.kernel_cache().arch
     variants = enumerate_variants(model, arch)
-    report = run_warmup(variants, towers.module_device(modules[0][1]))
+    device = towers.module_device(modules[0][1])
+    report = run_warmup(variants, device)
+    every_shape = fp8 is True
+    if fp8 is None:
+        from sglang_fa4.kernels import vit_attn_dtype
+
+        fp8 = vit_attn_dtype.fp8_enabled(arch)
     if fp8:
-        report.fp8 = warm_fp8_variants(enumerate_fp8_variants(model))
+        report.fp8 = warm_fp8_vit(model, device, every_shape=every_shape)
     jit_monitor.arm_jit_monitor()
     return report

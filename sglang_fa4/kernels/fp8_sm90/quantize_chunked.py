@@ -1,0 +1,240 @@
+"""bf16/fp16 q, k, v -> E4M3 + per-(sequence, kv head) descales, spread over token chunks.
+
+Same outputs as :func:`sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv` (bitwise: the same
+amax, the same ``x * (1 / descale)`` rounding), but that kernel runs one program per
+(sequence, kv head, tensor): a single 4K image (one sequence, 16 heads) is 48 programs on a
+132-SM GPU, each streaming 40k tokens twice. Here the grid also spans chunks of ``CHUNK``
+tokens of each sequence, so the work is bandwidth-bound whatever the layout:
+
+1. ``_amax_pass``: grid (sequences, 3 x kv heads, chunks): each program writes its chunk's amax
+   to a (3, sequences, kv heads, chunks) float32 buffer (every slot written, 0 past a sequence's
+   end: no memset, no atomics);
+2. ``_quant_pass``: grid (sequences, 3 x kv heads, chunks of V^T columns): each program reduces
+   its (tensor, sequence, head)'s chunk amaxes, writes the descale (chunk 0), and quantizes its
+   chunk (v straight into the permuted V^T buffer, zero columns past the keys).
+
+The chunk count comes from the host ``max_seqlen`` (it only sizes the grid; programs past a
+sequence's end exit), so nothing reads device memory on the host: no sync, CUDA-graph capturable.
+``max_seqlen`` below the longest sequence leaves its tail unquantized: the caller's contract, as
+for the attention kernels. Integer arguments and the cu_seqlens pointers are not specialized by
+Triton (``do_not_specialize``): one compile per (dtype, head dim), whatever the layout, so a
+startup warmup covers every call.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN, padded_head_dim, vt_columns
+from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, _check
+
+#: Tokens (q/k rows, V^T columns) per program; BLOCK_T rows per loaded tile.
+CHUNK = 256
+BLOCK_T = 64
+#: V^T regions are up to 3 * VT_ALIGN columns longer than their sequence (aligned start + pad)
+_VT_EXTRA = 3 * VT_ALIGN
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only environments without triton: the module still imports
+    triton = None
+
+
+def num_chunks(max_seqlen: int) -> tuple[int, int]:
+    """(amax chunks, quantize chunks) for a longest sequence of ``max_seqlen`` tokens."""
+    m = max(int(max_seqlen), 1)
+    return -(-m // CHUNK), -(-(m + _VT_EXTRA) // CHUNK)
+
+
+if triton is not None:
+    # cu_seqlens too: callers pass views at any int32 offset (the Qwen2.5-VL host layouts are split
+    # from one upload), and a pointer's 16-byte alignment is otherwise part of Triton's cache key
+    # (a new compile after the warmup, seen on the H200); q/k/v keep it (vectorized loads)
+    _INTS = ["cuq", "cuk", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "batch", "hkv", "group", "nch"]
+
+    @triton.jit
+    def _chunk_amax(src, start, lo, hi, h0, nh, s_t, s_h, D: tl.constexpr, DP2: tl.constexpr,
+                    BLOCK_T: tl.constexpr):
+        dd = tl.arange(0, DP2)
+        tt = tl.arange(0, BLOCK_T)
+        acc = tl.zeros((BLOCK_T, DP2), dtype=tl.float32)
+        for hh in range(0, nh):
+            for t0 in range(lo, hi, BLOCK_T):
+                t = t0 + tt
+                x = tl.load(src + (start + t).to(tl.int64)[:, None] * s_t + (h0 + hh) * s_h + dd[None, :],
+                            mask=(t < hi)[:, None] & (dd < D)[None, :], other=0.0).to(tl.float32)
+                acc = tl.maximum(acc, tl.abs(x))
+        return tl.max(tl.max(acc, axis=1), axis=0)
+
+    @triton.jit(do_not_specialize=_INTS)
+    def _amax_pass(q, k, v, part, cuq, cuk, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, hkv, group, nch,
+                   D: tl.constexpr, DP2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr):
+        b = tl.program_id(0)
+        which = tl.program_id(1) // hkv  # 0: q, 1: k, 2: v
+        h = tl.program_id(1) % hkv
+        c = tl.program_id(2)
+        if which == 0:
+            start = tl.load(cuq + b)
+            hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)
+            a = _chunk_amax(q, start, c * CHUNK, hi, h * group, group, sq_t, sq_h, D, DP2, BLOCK_T)
+        elif which == 1:
+            start = tl.load(cuk + b)
+            hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
+            a = _chunk_amax(k, start, c * CHUNK, hi, h, 1, sk_t, sk_h, D, DP2, BLOCK_T)
+        else:
+            start = tl.load(cuk + b)
+            hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
+            a = _chunk_amax(v, start, c * CHUNK, hi, h, 1, sv_t, sv_h, D, DP2, BLOCK_T)
+        tl.store(part + ((which * batch + b) * hkv + h).to(tl.int64) * nch + c, a)
+
+    @triton.jit
+    def _chunk_quant(src, dst, start, lo, hi, h0, nh, s_t, s_h, d_t, d_h, inv, D: tl.constexpr,
+                     DP: tl.constexpr, DP2: tl.constexpr, BLOCK_T: tl.constexpr):
+        dd = tl.arange(0, DP2)
+        tt = tl.arange(0, BLOCK_T)
+        for hh in range(0, nh):
+            for t0 in range(lo, hi, BLOCK_T):
+                t = t0 + tt
+                row = (start + t).to(tl.int64)[:, None]
+                x = tl.load(src + row * s_t + (h0 + hh) * s_h + dd[None, :],
+                            mask=(t < hi)[:, None] & (dd < D)[None, :], other=0.0).to(tl.float32)
+                y = tl.clamp(x * inv, -448.0, 448.0).to(tl.float8e4nv)
+                tl.store(dst + row * d_t + (h0 + hh) * d_h + dd[None, :], y,
+                         mask=(t < hi)[:, None] & (dd < DP)[None, :])
+
+    @triton.jit(do_not_specialize=_INTS + ["s8q_t", "s8q_h", "s8k_t", "s8k_h", "svt_h", "svt_d", "cols", "nch_v"])
+    def _quant_pass(q, k, v, q8, k8, vt, desc, part, cuq, cuk, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
+                    s8q_t, s8q_h, s8k_t, s8k_h, svt_h, svt_d, batch, hkv, group, nch, cols, nch_v,
+                    D: tl.constexpr, DP: tl.constexpr, DP2: tl.constexpr, ALIGN: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK_T: tl.constexpr):
+        b = tl.program_id(0)
+        which = tl.program_id(1) // hkv
+        h = tl.program_id(1) % hkv
+        c = tl.program_id(2)
+        slot = (which * batch + b) * hkv + h
+        jj = tl.arange(0, 128)
+        amax = tl.zeros((128,), dtype=tl.float32)
+        for j0 in range(0, nch, 128):  # this (tensor, sequence, head)'s chunk amaxes
+            amax = tl.maximum(amax, tl.load(part + slot.to(tl.int64) * nch + j0 + jj, mask=j0 + jj < nch, other=0.0))
+        a = tl.max(amax, axis=0)
+        ds = tl.where(a > 0, a / 448.0, 1.0)
+        if c == 0:
+            tl.store(desc + slot, ds)
+        inv = 1.0 / ds
+        if which == 0:
+            start = tl.load(cuq + b)
+            hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)
+            _chunk_quant(q, q8, start, c * CHUNK, hi, h * group, group, sq_t, sq_h, s8q_t, s8q_h, inv,
+                         D, DP, DP2, BLOCK_T)
+        elif which == 1:
+            start = tl.load(cuk + b)
+            hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
+            _chunk_quant(k, k8, start, c * CHUNK, hi, h, 1, sk_t, sk_h, s8k_t, s8k_h, inv, D, DP, DP2, BLOCK_T)
+        else:
+            start = tl.load(cuk + b)
+            nxt = tl.load(cuk + b + 1)
+            seqlen = nxt - start
+            base = (start + ALIGN - 1) // ALIGN * ALIGN + ALIGN * b  # layout.vt_column_offset
+            end = tl.where(b == batch - 1, cols, (nxt + ALIGN - 1) // ALIGN * ALIGN + ALIGN * (b + 1))
+            dd = tl.arange(0, DP2)
+            tt = tl.arange(0, BLOCK_T)
+            # grid-stride over this region's chunks: the last region also spans k's rows past
+            # cu_seqlens[-1] (zeros), which max_seqlen does not bound
+            for c0 in range(c * CHUNK, end - base, nch_v * CHUNK):
+                hi = tl.minimum(end - base, c0 + CHUNK)
+                for r0 in range(c0, hi, BLOCK_T):
+                    r = r0 + tt
+                    lane = r % 16
+                    # layout.key_perm: slot 4q+i holds key 8*(i//2) + 2q + i%2
+                    src = (r // 16) * 16 + 8 * ((lane % 4) // 2) + 2 * (lane // 4) + (lane % 2)
+                    x = tl.load(v + (start + src).to(tl.int64)[:, None] * sv_t + h * sv_h + dd[None, :],
+                                mask=(src < seqlen)[:, None] & (dd < D)[None, :], other=0.0).to(tl.float32)
+                    y = tl.clamp(x * inv, -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+                    tl.store(vt + h * svt_h + dd[:, None] * svt_d + (base + r).to(tl.int64)[None, :],
+                             tl.trans(y), mask=(r < hi)[None, :] & (dd < DP)[:, None])
+
+
+def quantize_qkv_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen: int,
+    out: Optional[Fp8QKV] = None,
+) -> Fp8QKV:
+    """:func:`~sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv`'s result in two bandwidth-bound
+    launches; ``max_seqlen`` (host int, at least the longest q and k sequence) sizes the grid."""
+    if cu_seqlens_k is None:
+        cu_seqlens_k = cu_seqlens_q
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if triton is None:
+        raise RuntimeError("quantize_qkv_chunked needs triton")
+    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
+        raise TypeError(f"max_seqlen must be a non-negative Python int (it sizes the grid), got {max_seqlen!r}")
+    d = q.shape[2]
+    dp = padded_head_dim(d)
+    batch = cu_seqlens_q.shape[0] - 1
+    hq, hkv = q.shape[1], k.shape[1]
+    if out is None:
+        q8 = torch.empty((q.shape[0], hq, dp), dtype=torch.float8_e4m3fn, device=q.device)
+        k8 = torch.empty((k.shape[0], hkv, dp), dtype=torch.float8_e4m3fn, device=q.device)
+        cols, padded = vt_columns(k.shape[0], batch)
+        vt = torch.empty((hkv, dp, padded), dtype=torch.uint8, device=q.device)[:, :, :cols]
+        descale = torch.empty((3, batch, hkv), dtype=torch.float32, device=q.device)
+    else:
+        q8, k8, vt, descale = out.q, out.k, out.vt, out.descale
+    nch, nch_v = num_chunks(max_seqlen)
+    part = torch.empty((3, batch, hkv, nch), dtype=torch.float32, device=q.device)
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
+    dp2 = triton.next_power_of_2(dp)
+    t0 = time.perf_counter()
+    kernel = _amax_pass[(batch, 3 * hkv, nch)](
+        q, k, v, part, cu_seqlens_q, cu_seqlens_k, *strides, batch, hkv, hq // hkv, nch,
+        D=d, DP2=dp2, CHUNK=CHUNK, BLOCK_T=BLOCK_T,
+    )
+    _note_launch(kernel, "quantize amax", d, q.dtype, t0)
+    t0 = time.perf_counter()
+    kernel = _quant_pass[(batch, 3 * hkv, nch_v)](
+        q, k, v, q8, k8, vt, descale, part, cu_seqlens_q, cu_seqlens_k, *strides,
+        q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), vt.stride(0), vt.stride(1),
+        batch, hkv, hq // hkv, nch, vt.shape[2], nch_v,
+        D=d, DP=dp, DP2=dp2, ALIGN=VT_ALIGN, CHUNK=CHUNK, BLOCK_T=BLOCK_T,
+    )
+    _note_launch(kernel, "quantize", d, q.dtype, t0)
+    return Fp8QKV(q8, k8, vt, descale, d)
+
+
+# Compile bookkeeping for the JIT monitor: a Triton launch returns its compiled kernel, a new
+# object the first time a specialization is compiled (or loaded from Triton's disk cache).
+_seen: dict[int, object] = {}  # id -> kernel (kept alive, so ids are not reused)
+_events: list[dict] = []
+_listeners: list = []
+
+
+def _note_launch(kernel, name: str, head_dim: int, dtype, t0: float) -> None:
+    if kernel is None or id(kernel) in _seen:  # None: Triton's interpreter
+        return
+    _seen[id(kernel)] = kernel
+    event = {"kernel": name, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
+             "seconds": time.perf_counter() - t0,
+             "capturing": torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()}
+    _events.append(event)
+    for callback in list(_listeners):
+        callback(event)
+
+
+def compile_events() -> list[dict]:
+    """Specializations of the two launches first seen in this process (each a compile or a load
+    from Triton's cache), in order."""
+    return list(_events)
+
+
+def add_compile_listener(callback) -> "callable":
+    """Call ``callback(event)`` on each new specialization; returns a remover."""
+    _listeners.append(callback)
+    return lambda: _listeners.remove(callback) if callback in _listeners else None

@@ -1,0 +1,160 @@
+"""Which precision a ViT attention call runs in: bf16 (FA4 and its short-window route) or FP8.
+
+``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` (default ``bf16``) opts the fa4 ViT backend into the SM90 FP8
+forward (:mod:`sglang_fa4.kernels.fp8_sm90`): q/k/v quantized on the device per (sequence, head)
+by :mod:`~sglang_fa4.kernels.fp8_sm90.quantize_chunked`, the E4M3 forward, bf16 out. FP8 is used
+per call only where it was measured faster than bf16, so ``fp8`` is never slower than ``bf16``:
+
+Quantizing costs time linear in the tokens, while FP8 saves time quadratic in each segment's
+length. For n segments of one length L, FP8 (quantize included) wins from one length ``L*`` on,
+whatever n; :data:`FP8_MIN_SEGMENT` holds ``L*`` per head dim, measured on the H200
+(``benchmark/check_vit_fp8.py``: a sweep of lengths, then the towers' speed with the derived
+table; results in ``benchmark/results/h200/vit_fp8*.md``). Today it is empty: see its comment. For a general layout the call knows, on the host, T tokens
+(q's rows), S segments (cu_seqlens' length - 1) and the longest segment M (max_seqlen), so the
+attention work sum(len^2) is at least ``M^2 + (T - M)^2 / (S - 1)`` (the rest spread evenly);
+FP8 is taken when that lower bound is at least ``L* * T`` -- exactly ``L >= L*`` for equal
+segments, and never a loss for uneven ones (it underestimates FP8's gain). No device read: the
+decision is host-only and the same for every replay of a captured graph (a budget graph's
+max_seqlen is its budget, so its decision is the budget's).
+
+Not routed to FP8 (stay bf16): head dims without a measured ``L*`` (today all; d64's FP8 kernel
+alone is 0.8-0.9x FA4), attention sinks, sliding windows / causal, fp32 inputs, CPU tensors, GPUs
+other than SM90. Qwen2.5-VL's 64-token window layers stay on the short-window route: measured
+5-10x faster than the FP8 path there (its quantize alone costs more than the whole bf16 call).
+Accuracy (same results): E4M3 q/k dominate the error (rel. 0.09-0.2 per layer at trained-like
+logit scales; benchmark/fp8_error_budget.py), so the FP8 path is also an accuracy trade-off.
+On SM100/SM103, FA4 4.0.0b36's own FP8 forward exists only behind its private ``_flash_attn_fwd``
+(the public ``flash_attn_varlen_func`` takes no descales) and is neither validated nor measured
+here: one log line, bf16.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Optional
+
+from sglang_fa4.environ import envs
+from sglang_fa4.kernels.fa4_config import normalize_window
+
+logger = logging.getLogger("sglang_fa4")
+
+BF16, FP8 = "bf16", "fp8"
+#: compute capabilities (major*10+minor) with a native FP8 forward wired in
+FP8_ARCHS = (90,)
+#: Head dim -> shortest segment length from which quantize + FP8 forward beat FA4 bf16 (H200,
+#: 16 heads). Empty: measured, FP8 wins nowhere the Qwen ViTs run (benchmark/results/h200/
+#: vit_fp8-run1.md, graph replay): d80 (Qwen2.5-VL, padded to 96) 0.50-0.82x from 1k to 16k-token
+#: segments (the FP8 forward alone 0.91-1.34x, the quantize 0.04-0.36 ms on top), 1.08x only at
+#: one 42196-token segment (a 4K picture) -- and with that entry the same run's 4K Qwen2.5-VL tower
+#: was not faster (eager 0.995x; budget graph 0.891x: the FP8 launches also span the graph's 64
+#: empty segment slots); d72 (Qwen3-VL) 0.51-0.99x everywhere; 64-token windows 0.10-0.18x (they
+#: stay on the short-window route). Re-measure with ``check_vit_fp8.py --sections crossover
+#: towers`` when the FP8 kernel or the quantize changes.
+FP8_MIN_SEGMENT: dict[int, int] = {}
+
+_table: dict[int, int] = dict(FP8_MIN_SEGMENT)
+_logged: set = set()
+
+
+class VitAttnDtypeError(ValueError):
+    """SGLANG_FA4_VIT_ATTN_DTYPE holds a value the fa4 ViT backend does not accept."""
+
+
+@lru_cache(maxsize=1)
+def mode() -> str:
+    """``bf16`` or ``fp8`` from SGLANG_FA4_VIT_ATTN_DTYPE (read once per process)."""
+    try:
+        return envs.SGLANG_FA4_VIT_ATTN_DTYPE.get()
+    except ValueError as exc:  # the registry's EnvValueError names the variable and what it accepts
+        raise VitAttnDtypeError(str(exc)) from exc
+
+
+def min_segment_table() -> dict[int, int]:
+    """The table in use (head dim -> L*)."""
+    return dict(_table)
+
+
+def set_min_segment_table(table: Optional[dict[int, int]]) -> dict[int, int]:
+    """Replace the table (the measuring script installs the one it just measured; None restores
+    :data:`FP8_MIN_SEGMENT`); returns the previous one."""
+    global _table
+    previous, _table = _table, dict(FP8_MIN_SEGMENT if table is None else table)
+    for d, length in _table.items():
+        if not (isinstance(d, int) and isinstance(length, int) and length > 0):
+            raise ValueError(f"FP8 min-segment table entries must be int head dim -> positive int, got {d}: {length}")
+    return previous
+
+
+def fp8_enabled(arch: int) -> bool:
+    """``fp8`` asked for and available on ``arch``; on any other GPU one log line per process."""
+    if mode() != FP8:
+        return False
+    if arch in FP8_ARCHS:
+        return True
+    if arch not in _logged:
+        _logged.add(arch)
+        why = ("FA4 4.0.0b36's FP8 forward is reachable only through its private _flash_attn_fwd and "
+               "is not validated here" if arch // 10 in (10, 11) else "no FP8 attention forward for it")
+        logger.warning("sglang-fa4: SGLANG_FA4_VIT_ATTN_DTYPE=fp8 is for SM90 (Hopper); this GPU is "
+                       "sm_%d (%s): the ViT attention stays bf16", arch, why)
+    return False
+
+
+def work_lower_bound(max_seqlen: int, tokens: int, segments: int) -> float:
+    """Smallest sum of squared segment lengths for ``tokens`` in ``segments`` segments, the longest
+    ``max_seqlen`` long."""
+    m = min(max_seqlen, tokens)
+    rest = tokens - m
+    return float(m) * m + (float(rest) * rest / (segments - 1) if segments > 1 and rest > 0 else 0.0)
+
+
+def fp8_faster(head_dim: int, max_seqlen: Optional[int], tokens: int, segments: int) -> bool:
+    """The table's verdict for a layout (host ints only)."""
+    length = _table.get(head_dim)
+    if length is None or max_seqlen is None or max_seqlen < length or tokens <= 0:
+        return False
+    return work_lower_bound(max_seqlen, tokens, max(segments, 1)) >= float(length) * tokens
+
+
+def on_cuda(q) -> bool:
+    return bool(getattr(q, "is_cuda", False))
+
+
+def use_fp8(arch, q, cu_seqlens, max_seqlen: Optional[int], window_size=(None, None), sinks=None) -> bool:
+    """Whether this ViT attention call runs FP8: the mode, the call's kind (full, non-causal
+    attention without sinks on 16-bit CUDA tensors), the GPU (``arch``: an int, or a callable
+    asked only when everything else allows FP8) and the measured table. Host-only."""
+    if mode() != FP8 or sinks is not None or not on_cuda(q):
+        return False
+    import torch
+
+    if q.dtype not in (torch.bfloat16, torch.float16) or normalize_window(window_size) != (False, None, None):
+        return False
+    if not fp8_faster(q.shape[-1], max_seqlen, q.shape[0], cu_seqlens.shape[0] - 1):
+        return False
+    return fp8_enabled(arch() if callable(arch) else arch)
+
+
+def fp8_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None):
+    """Quantize q/k/v on the device, run the SM90 FP8 forward, return bf16 (tokens, heads,
+    head_dim) (a view dropping the zero-padded head dims, e.g. 80 of 96)."""
+    from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+    from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    head_dim = q.shape[-1]
+    qkv = quantize_qkv_chunked(q, k, v, cu_seqlens, cu_seqlens, max_seqlen)
+    out = fp8_varlen_attention(
+        qkv.q, qkv.k, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, descale=qkv.descale, vt=qkv.vt,
+        softmax_scale=head_dim ** -0.5 if softmax_scale is None else softmax_scale,
+    )
+    return out if out.shape[-1] == head_dim else out[..., :head_dim]
+
+
+def reset() -> None:
+    """Forget the cached mode, the log-once set and any replaced table (tests)."""
+    global _table
+    mode.cache_clear()
+    _logged.clear()
+    _table = dict(FP8_MIN_SEGMENT)

@@ -1,0 +1,272 @@
+"""SGLANG_FA4_VIT_ATTN_DTYPE (issue #16): the env var, the measured FP8-vs-bf16 table, the routing
+of the fa4 ViT backend (FP8 only where the table says), the startup warmup of the FP8 path, and
+the one-line fallback off SM90. CPU only: the FP8 path itself and FA4 are replaced by recorders."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_fa4.integration import vision_fa4
+from sglang_fa4.kernels import dispatch, vit_attn_dtype
+from sglang_fa4.kernels.fp8_sm90 import launch
+from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+from sglang_fa4.startup import warmup
+from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
+from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401,F811 (fixture)
+
+ENV = "SGLANG_FA4_VIT_ATTN_DTYPE"
+TABLE = {80: 4096, 72: 8192}
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    vit_attn_dtype.reset()
+    vit_attn_dtype.set_min_segment_table(TABLE)
+    yield
+    vit_attn_dtype.reset()
+
+
+def fp8_mode(monkeypatch, value="fp8"):
+    monkeypatch.setenv(ENV, value)
+    vit_attn_dtype.mode.cache_clear()
+
+
+def cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+# -- the env var ---------------------------------------------------------------------------------
+
+
+def test_default_is_bf16_and_fp8_parses(monkeypatch):
+    assert vit_attn_dtype.mode() == "bf16"
+    fp8_mode(monkeypatch)
+    assert vit_attn_dtype.mode() == "fp8"
+
+
+@pytest.mark.parametrize("bad", ["FP8", "e4m3", "fp16", "1"])
+def test_bad_value_is_a_clear_error(monkeypatch, bad):
+    fp8_mode(monkeypatch, bad)
+    with pytest.raises(vit_attn_dtype.VitAttnDtypeError, match=f"{ENV}.*{bad}|{bad}.*{ENV}") as info:
+        vit_attn_dtype.mode()
+    assert "'bf16'" in str(info.value) and "'fp8'" in str(info.value)
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+
+def test_committed_table_covers_the_qwen_head_dims_only():
+    assert set(vit_attn_dtype.FP8_MIN_SEGMENT) <= {72, 80}
+    assert all(v > 64 for v in vit_attn_dtype.FP8_MIN_SEGMENT.values())  # windows never FP8
+
+
+def test_equal_segments_switch_exactly_at_the_measured_length():
+    for n in (1, 4, 32):
+        assert not vit_attn_dtype.fp8_faster(80, 4095, n * 4095, n)
+        assert vit_attn_dtype.fp8_faster(80, 4096, n * 4096, n)
+    assert vit_attn_dtype.fp8_faster(72, 8192, 8192, 1) and not vit_attn_dtype.fp8_faster(72, 8191, 8191, 1)
+
+
+def test_uneven_layouts_use_the_work_lower_bound():
+    # one 4096-token image next to 4096 one-token segments: sum(len^2) ~ 4096^2 + 4096 < 4096 * 8192
+    assert not vit_attn_dtype.fp8_faster(80, 4096, 8192, 4097)
+    # next to one equally long image it is exactly two segments of L*
+    assert vit_attn_dtype.fp8_faster(80, 4096, 8192, 2)
+    assert vit_attn_dtype.work_lower_bound(10, 30, 3) == 100 + 200  # 10^2 + 20^2 / 2
+
+
+@pytest.mark.parametrize("head_dim,max_seqlen", [(64, 10**6), (128, 10**6), (96, 10**6), (80, None), (80, 64)])
+def test_unmeasured_dims_windows_and_unknown_lengths_stay_bf16(head_dim, max_seqlen):
+    assert not vit_attn_dtype.fp8_faster(head_dim, max_seqlen, 10**6, 1)
+
+
+def test_set_table_checks_entries_and_restores():
+    with pytest.raises(ValueError, match="positive int"):
+        vit_attn_dtype.set_min_segment_table({80: 0})
+    vit_attn_dtype.set_min_segment_table(None)
+    assert vit_attn_dtype.min_segment_table() == vit_attn_dtype.FP8_MIN_SEGMENT
+
+
+# -- routing through the fa4 ViT backend ---------------------------------------------------------
+
+
+class Calls(list):
+    arch = 90
+
+
+@pytest.fixture
+def recorders(monkeypatch):
+    calls = Calls()
+    monkeypatch.setattr(vit_attn_dtype, "on_cuda", lambda q: True)
+    monkeypatch.setattr(vision_fa4, "_arch", lambda: calls.append("arch") or calls.arch)
+    monkeypatch.setattr(dispatch, "fa4_varlen_attention",
+                        lambda q, k, v, c, m, **kw: calls.append(("bf16", m, kw["window_size"])) or q)
+    monkeypatch.setattr(vit_attn_dtype, "fp8_attention",
+                        lambda q, k, v, c, m, scale=None: calls.append(("fp8", m, scale)) or q)
+    return calls
+
+
+def forward(lens, d=80, dtype=torch.bfloat16, **kw):
+    q = torch.randn(sum(lens), 2, d).to(dtype)
+    return vision_fa4.vision_fa4_forward(q, q, q, [cu(lens), max(lens)], 1, sum(lens), softmax_scale=0.1, **kw)
+
+
+def test_bf16_mode_never_takes_the_fp8_path(recorders):
+    forward([8192])
+    assert recorders == [("bf16", 8192, (None, None))]
+
+
+def test_fp8_mode_routes_only_where_the_table_says(monkeypatch, recorders):
+    fp8_mode(monkeypatch)
+    forward([8192])  # long full-attention segment, d80: FP8
+    forward([1024, 1024])  # short: bf16
+    forward([64] * 20)  # Qwen2.5-VL windows: bf16 (short-window route)
+    forward([8192], d=64)  # d64: not in the table
+    forward([8192], dtype=torch.float32)
+    forward([8192], window_size=(64, 64))
+    forward([8192], s_aux=torch.zeros(2))
+    assert recorders == ["arch", ("fp8", 8192, 0.1), ("bf16", 1024, (None, None)), ("bf16", 64, (None, None)),
+                         ("bf16", 8192, (None, None)), ("bf16", 8192, (None, None)), ("bf16", 8192, (64, 64)),
+                         ("bf16", 8192, (None, None))]
+
+
+def test_bad_mode_fails_the_call_clearly(monkeypatch, recorders):
+    fp8_mode(monkeypatch, "half")
+    with pytest.raises(vit_attn_dtype.VitAttnDtypeError, match=ENV):
+        forward([128])
+
+
+@pytest.mark.parametrize("arch", [100, 103, 120])
+def test_off_sm90_one_log_line_and_bf16(monkeypatch, recorders, caplog, arch):
+    fp8_mode(monkeypatch)
+    recorders.arch = arch
+    with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
+        forward([8192])
+        forward([16384])
+    assert [c for c in recorders if c != "arch"] == [("bf16", 8192, (None, None)), ("bf16", 16384, (None, None))]
+    lines = [r.getMessage() for r in caplog.records if ENV in r.getMessage()]
+    assert len(lines) == 1 and f"sm_{arch}" in lines[0] and "stays bf16" in lines[0]
+    if arch in (100, 103):
+        assert "_flash_attn_fwd" in lines[0]
+
+
+# -- warmup --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_warmup
+    compiled = []
+    monkeypatch.setattr(launch, "compile_variant", lambda v, options="", debug=frozenset(): compiled.append(v))
+    monkeypatch.setattr(launch, "_compiled", {})
+    monkeypatch.setattr(launch, "_compile_events", [])
+    monkeypatch.setattr(launch, "_listeners", [])
+    monkeypatch.setattr("sglang_fa4.kernels.fa4_b36.fa4_available", lambda: True)
+    return compiled
+
+
+def test_fp8_shapes_follow_the_table():
+    assert enumerate_fp8_vit_shapes(qwen25_vl(), TABLE) == [Fp8VitShape(80, 16, 16, "bfloat16")]
+    assert enumerate_fp8_vit_shapes(qwen3_vl(), TABLE)[0].kernel == Fp8Variant(96, False, False)
+    assert enumerate_fp8_vit_shapes(qwen3_vl(), {80: 4096}) == []  # d72 never routed: nothing to warm
+    assert enumerate_fp8_vit_shapes(internvl(), TABLE) == []  # d64
+    assert enumerate_fp8_vit_shapes(VLM(MiMoTower()), {64: 100}) == [Fp8VitShape(64, 16, 16, "bfloat16")]
+    assert enumerate_fp8_vit_shapes(internvl(backend="triton_attn"), {64: 100}) == []
+
+
+def test_warm_model_warms_the_fp8_path_when_the_env_asks(monkeypatch, fake_fp8):
+    assert warmup.warm_model(qwen25_vl()).fp8 is None  # bf16: no FP8 work
+    fp8_mode(monkeypatch)
+    report = warmup.warm_model(qwen25_vl())
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
+    assert report.as_dict()["fp8"]["variants"][0]["head_dim"] == 96
+
+
+def test_warm_model_off_sm90_logs_and_warms_nothing(monkeypatch, fake_fp8, caplog):
+    fp8_mode(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
+        report = warmup.warm_model(qwen25_vl(), arch=100)
+    assert report.fp8 is None and fake_fp8 == []
+    assert sum(ENV in r.getMessage() for r in caplog.records) == 1
+
+
+def test_chunked_quantize_equals_the_per_sequence_kernel_bitwise():
+    """Triton's CPU interpreter: the token-chunked two-pass kernel gives exactly the per-sequence
+    kernel's E4M3 q/k, V^T and descales (multi-chunk sequences, an empty one, k/v rows past
+    cu_seqlens[-1], GQA, d72/d80 padded to 96)."""
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import torch\n"
+        "from sglang_fa4.kernels.fp8_sm90.quantize import quantize_qkv\n"
+        "from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked\n"
+        "torch.manual_seed(0)\n"
+        "for d, hq, hkv, lens, extra in ((80, 2, 2, [300, 5, 0, 530], 0), (72, 4, 2, [17, 260], 7)):\n"
+        "    total = sum(lens)\n"
+        "    c = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)\n"
+        "    q = (torch.randn(total + extra, hq, d) * 3).to(torch.bfloat16)\n"
+        "    k = (torch.randn(total + extra, hkv, d) * 3).to(torch.bfloat16)\n"
+        "    v = torch.randn(total + extra, hkv, d).to(torch.bfloat16)\n"
+        "    a, b = quantize_qkv_chunked(q, k, v, c, c, max(lens)), quantize_qkv(q, k, v, c, c)\n"
+        "    for x, y in ((a.q, b.q), (a.k, b.k)):\n"
+        "        assert torch.equal(x[:total].view(torch.uint8), y[:total].view(torch.uint8))\n"
+        "    assert torch.equal(a.vt, b.vt) and torch.equal(a.descale, b.descale)\n"
+        "    assert a.descale.min() > 0 and a.q.shape[-1] == 96\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+
+
+def test_chunked_quantize_rejects_a_tensor_max_seqlen():
+    from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+
+    q = torch.randn(8, 2, 80).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="max_seqlen must be a non-negative Python int"):
+        quantize_qkv_chunked(q, q, q, cu([8]), None, torch.tensor(8))
+
+
+def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, caplog):
+    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked
+    from sglang_fa4.startup import jit_monitor
+
+    monkeypatch.setattr(quantize_chunked, "_seen", {})
+    monkeypatch.setattr(quantize_chunked, "_events", [])
+    monkeypatch.setattr(quantize_chunked, "_listeners", [])
+    kernel = object()
+    with jit_monitor.expected_compiles(finishes_warmup=True):
+        quantize_chunked._note_launch(kernel, "quantize", 80, torch.bfloat16, 0.0)  # startup work
+    jit_monitor.arm_jit_monitor()
+    quantize_chunked._note_launch(kernel, "quantize", 80, torch.bfloat16, 0.0)  # known: no event
+    assert jit_monitor.compiles_after_warmup() == 0 and len(quantize_chunked.compile_events()) == 1
+    with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
+        quantize_chunked._note_launch(object(), "quantize amax", 72, torch.bfloat16, 0.0)  # a new one
+    assert jit_monitor.compiles_after_warmup() == 1
+    assert any("quantize (Triton) compiled" in r.getMessage() and "d=72" in r.getMessage() for r in caplog.records)
+
+
+def test_quantize_kernels_specialize_on_nothing_that_varies_per_layout():
+    """A Triton specialization (an int's value 1 / divisibility by 16, a pointer's 16-byte
+    alignment) not seen at the warmup compiles on the request path: every int argument and the
+    cu_seqlens pointers (views at any int32 offset: seen on the H200 with Qwen2.5-VL's split host
+    layouts) are exempt; only q/k/v/outputs keep their alignment (vectorized access)."""
+    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
+
+    for fn in (qc._amax_pass, qc._quant_pass):
+        specialized = {p.name for p in fn.params if not p.do_not_specialize and not p.is_constexpr}
+        assert specialized <= {"q", "k", "v", "q8", "k8", "vt", "desc", "part"}, specialized
+
+
+def test_explicit_fp8_warmup_covers_every_fp8_shape_the_table_does_not(monkeypatch, fake_fp8):
+    vit_attn_dtype.set_min_segment_table({})  # nothing routed: the env-driven warmup has no FP8 work
+    fp8_mode(monkeypatch)
+    assert warmup.warm_model(qwen3_vl()).fp8.variants == []
+    report = warmup.warm_model(qwen3_vl(), fp8=True)  # explicit: every FP8-capable shape
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
