@@ -86,18 +86,21 @@ def gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens):
 
 
 def gather_paged_kv_reference(k_cache, v_cache, page_table, cache_seqlens):
-    """Loop reference of :func:`gather_paged_kv` (CPU tests): the valid rows only."""
+    """Per-sequence reference of :func:`gather_paged_kv` (tests): the valid rows only, built from
+    SGLang's page arithmetic directly (no cumulative offsets, no search)."""
     _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
+    k_flat = k_cache.view(torch.uint8).reshape(-1, hkv, d)
+    v_flat = v_cache.view(torch.uint8).reshape(-1, hkv, d)
     ks, vs = [], []
     for b, n in enumerate(cache_seqlens.tolist()):
-        for t in range(n):
-            page = int(page_table[b, t // page_size])
-            ks.append(k_cache[page, t % page_size].view(torch.uint8))
-            vs.append(v_cache[page, t % page_size].view(torch.uint8))
+        t = torch.arange(n, device=k_cache.device)
+        slots = page_table[b].to(torch.int64)[t // page_size] * page_size + t % page_size
+        ks.append(k_flat[slots])
+        vs.append(v_flat[slots])
     if not ks:
-        empty = torch.empty((0, hkv, d), dtype=torch.uint8)
+        empty = torch.empty((0, hkv, d), dtype=torch.uint8, device=k_cache.device)
         return empty, empty.clone()
-    return torch.stack(ks), torch.stack(vs)
+    return torch.cat(ks), torch.cat(vs)
 
 
 def descales(k_descale, v_descale, batch: int, hkv: int, device) -> torch.Tensor:
