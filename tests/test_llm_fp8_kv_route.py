@@ -45,9 +45,9 @@ def make_pool(lens, page_size, hkv=4, d=128, seed=0, spare_pages=3):
 @pytest.mark.parametrize("lens", [[37], [5, 300, 1, 64], [128, 128, 128]])
 def test_gather_matches_the_loop_reference(page_size, lens):
     k_cache, v_cache, table, seqlens = make_pool(lens, page_size)
-    k, v, cu_k, bound = gather_paged_kv(k_cache, v_cache, table, seqlens)
+    k, v, cu_k, bound = gather_paged_kv(k_cache, v_cache, table, seqlens, fp8_paged_kv.exact_sizes(seqlens))
     assert cu_k.dtype == torch.int32 and cu_k.tolist() == [0] + torch.tensor(lens).cumsum(0).tolist()
-    assert bound == table.shape[1] * page_size and k.shape[0] >= sum(lens) and k.dtype == torch.uint8
+    assert bound == max(lens) and k.shape[0] == sum(lens) and k.dtype == torch.uint8
     k_ref, v_ref = gather_paged_kv_reference(k_cache, v_cache, table, seqlens)
     assert torch.equal(k[: sum(lens)], k_ref) and torch.equal(v[: sum(lens)], v_ref)
     # independent of the reference: token t of sequence b is at page table[b, t // P], offset t % P
@@ -126,7 +126,23 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, page_siz
                                     softmax_scale=0.09, causal=True)
     err = (out.float() - ref).norm() / ref.norm()
     assert err < 1e-2, err
-    assert fake_kernel[-1]["max_q"] == max(new) and fake_kernel[-1]["max_k"] == table.shape[1] * page_size
+    assert fake_kernel[-1]["max_q"] == max(new) and fake_kernel[-1]["max_k"] == max(lens)
+
+
+def test_exact_sizes_once_per_tensor_version_and_the_bound_without_them():
+    k_cache, v_cache, table, seqlens = make_pool([5, 300, 1], 16)
+    assert fp8_paged_kv.exact_sizes(seqlens) == (306, 300)
+    seqlens._sglang_fa4_sizes = (seqlens._sglang_fa4_sizes[0], (7, 7))  # a cached answer is reused ...
+    assert fp8_paged_kv.exact_sizes(seqlens) == (7, 7)
+    seqlens.add_(1)  # ... until the tensor changes in place (SGLang's graph buffers are updated so)
+    assert fp8_paged_kv.exact_sizes(seqlens) == (309, 301)
+    k, v, cu_k, max_k = gather_paged_kv(k_cache, v_cache, table, seqlens, (309, 301))
+    assert k.shape[0] == 309 and max_k == 301
+    kb, vb, cu_b, max_b = gather_paged_kv(k_cache, v_cache, table, seqlens)  # capture: host bound
+    assert kb.shape[0] == 3 * table.shape[1] * 16 and max_b == table.shape[1] * 16
+    assert torch.equal(cu_b, cu_k) and torch.equal(kb[:309], k) and torch.equal(vb[:309], v)
+    with pytest.raises(PagedKVError, match="does not fit"):
+        gather_paged_kv(k_cache, v_cache, table, seqlens, (309, 10_000))
 
 
 def test_route_dispatches_only_ver4_fp8_on_sm90(monkeypatch, fake_kernel):

@@ -5,11 +5,13 @@ tensor and V as the permuted V^T buffer, both by TMA; a paged cache is neither. 
 first gathers the pages the batch uses into that layout:
 
 * ``gather_paged_kv``: page table + per-sequence lengths -> contiguous K and V rows (sequence b at
-  rows ``cu_seqlens_k[b] ..``), plus ``cu_seqlens_k``.  Pure torch (CPU-testable), no host sync:
-  the output is sized by a host bound, ``batch * page_table.shape[1] * page_size`` rows (SGLang's
-  eager page table is as wide as the longest sequence, so the bound is tight for one sequence or
-  equal lengths; in its CUDA-graph path the table is as wide as the context length, and so is the
-  buffer);
+  rows ``cu_seqlens_k[b] ..``), plus ``cu_seqlens_k``.  Pure torch (CPU-testable).  The buffer is
+  sized exactly from one read-back of the lengths per forward (``exact_sizes``: SGLang hands every
+  layer the same ``cache_seqlens`` tensor, so one device sync per forward, not per layer); while a
+  CUDA graph is captured (SGLang's decode graphs) no sync is possible and it is sized by the host
+  bound ``batch * page_table.shape[1] * page_size`` rows -- SGLang's graph page table is as wide as
+  the context length, so that buffer is batch x context length rows (graph-pool memory that SGLang's
+  KV sizing does not know about);
 * the V rows are then packed into V^T (``vt_pack.pack_vt``, one Triton launch).
 
 Cost per call: read K and V pages once and write them twice (rows, then V^T): ~4x the KV bytes the
@@ -57,16 +59,40 @@ def check_paged(k_cache, v_cache, page_table, cache_seqlens) -> tuple[int, int, 
     return pages, page_size, hkv, d
 
 
-def gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens):
+def exact_sizes(cache_seqlens) -> Optional[tuple[int, int]]:
+    """(total, longest) of ``cache_seqlens`` read back once per tensor version (SGLang passes the
+    same tensor to every layer of a forward: one device sync per forward, not per layer); None
+    while a CUDA graph is being captured (no sync possible: the host bound is used)."""
+    if cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    key = (cache_seqlens._version, cache_seqlens.data_ptr(), cache_seqlens.shape[0])
+    hit = getattr(cache_seqlens, "_sglang_fa4_sizes", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    if cache_seqlens.numel() == 0:
+        sizes = (0, 0)
+    else:
+        total, longest = torch.stack([cache_seqlens.sum(dtype=torch.int64), cache_seqlens.max().to(torch.int64)]).tolist()
+        sizes = (int(total), int(longest))
+    cache_seqlens._sglang_fa4_sizes = (key, sizes)
+    return sizes
+
+
+def gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens, sizes: Optional[tuple[int, int]] = None):
     """Contiguous (rows, Hkv, d) K and V (uint8 storage of E4M3) of every sequence's first
     ``cache_seqlens[b]`` cached tokens, sequence b at rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``;
-    returns (k, v, cu_seqlens_k, max_seqlen_k_bound).  Rows past ``cu_seqlens_k[-1]`` hold page 0's
-    first token (never read by the kernel).  Token t of sequence b lives in page
-    ``page_table[b, t // page_size]`` at offset ``t % page_size`` (SGLang's layout)."""
+    returns (k, v, cu_seqlens_k, max_seqlen_k).  ``sizes`` = (total, longest) from
+    :func:`exact_sizes` sizes the buffer exactly; without it the host bound
+    ``batch * page_table.shape[1] * page_size`` is used (no sync) and rows past
+    ``cu_seqlens_k[-1]`` hold page 0's first token (never read by the kernel).  Token t of sequence
+    b lives in page ``page_table[b, t // page_size]`` at offset ``t % page_size`` (SGLang's layout)."""
     _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
     batch, width = page_table.shape
     per_seq = width * page_size  # host bound on any sequence's length
     rows = max(batch * per_seq, 1)
+    if sizes is not None:
+        _need(sizes[1] <= per_seq, f"a sequence of {sizes[1]} tokens does not fit the page table's {per_seq}")
+        rows, per_seq = max(sizes[0], 1), max(sizes[1], 1)
     device = k_cache.device
     lens = cache_seqlens.to(torch.int64)
     cu_k = torch.zeros(batch + 1, dtype=torch.int64, device=device)
@@ -145,7 +171,7 @@ def paged_fp8_attention(
           "cu_seqlens_q must be an int32 tensor (batch + 1,)")
     _need(cu_seqlens_q.shape[0] == page_table.shape[0] + 1,
           f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries for a page table of {page_table.shape[0]} sequences")
-    k, v, cu_k, max_k = gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens)
+    k, v, cu_k, max_k = gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens, exact_sizes(cache_seqlens))
     batch, hkv = page_table.shape[0], k.shape[1]
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
 
