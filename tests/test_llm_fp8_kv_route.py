@@ -272,3 +272,25 @@ def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
             assert r["q_dtype"] == "torch.float8_e4m3fn", (mode, P, r)
             assert r["descale"][:2] == pytest.approx([0.05, 0.04]) and r["descale"][2] == [2 if mode == "extend" else 3, 4]
             assert r["err"] < 1e-2, (mode, P, r)
+
+
+def test_backend_init_warms_the_fp8_variants(monkeypatch):
+    import types
+
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+    from sglang_fa4.startup import warmup
+
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_fp8_variants", lambda variants: warmed.append(list(variants)))
+    backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
+                                    device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095)
+    assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    assert warmed == [[Fp8Variant(128, True, False), Fp8Variant(128, False, True)]]
+    for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=256)):
+        llm_fp8_kv.warm_fp8_after_backend_init(None, types.SimpleNamespace(**{**vars(backend), **change}))
+    monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    assert len(warmed) == 1
+    assert llm_fp8_kv.fp8_variants_for(64, None) == [Fp8Variant(64, True, False)]

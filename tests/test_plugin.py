@@ -106,9 +106,10 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
         (llm_fp8_kv.FA_DISPATCH, FakeHookType.AROUND),
         (llm_fp8_kv.PREPARE_QUERY, FakeHookType.AROUND),
+        (llm_fp8_kv.BACKEND_INIT, FakeHookType.AFTER),
     }
-    assert len(fake_sglang.registered) == 14  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 14  # idempotent
+    assert len(fake_sglang.registered) == 15  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 15  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -118,7 +119,7 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL,
         hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
-        llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY,
+        llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT,
     ]
 
 
@@ -130,7 +131,8 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
-        hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD, llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY]
+        hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD, llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY,
+        llm_fp8_kv.BACKEND_INIT]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

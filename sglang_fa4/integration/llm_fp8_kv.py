@@ -104,6 +104,9 @@ def is_sm90(device) -> bool:
         return False
     import torch
 
+    if not torch.cuda.is_available():
+        return False
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     hit = _sm90_devices.get(index)
     if hit is None:
@@ -205,3 +208,36 @@ def route_fp8(call: dict):
 def _short(value) -> str:
     shape = getattr(value, "shape", None)
     return f"<tensor {tuple(shape)}>" if shape is not None else repr(value)[:60]
+
+
+BACKEND_INIT = f"{FA_BACKEND}.__init__"
+
+
+def fp8_variants_for(head_dim: int, sliding_window: Optional[int]) -> list:
+    """The FP8 kernel variants a FlashAttentionBackend on the route will launch: causal (extend and
+    decode, bottom-right aligned), and the local one for sliding-window layers."""
+    from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, variant_for
+
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return []
+    variants = [variant_for(head_dim, True)]
+    if sliding_window is not None and sliding_window > -1:
+        variants.append(variant_for(head_dim, True, (sliding_window, 0)))
+    return variants
+
+
+def warm_fp8_after_backend_init(result, self, *args, **kwargs):
+    """AFTER FlashAttentionBackend.__init__ (every scheduler process, before CUDA-graph capture and
+    serving): on the FP8 route, compile its kernel variants now (10-20 s each on an H200, otherwise
+    paid by the first request with --disable-cuda-graph), as startup work for the JIT monitor."""
+    from sglang_fa4.environ import envs
+
+    if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
+        return None
+    window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
+    variants = fp8_variants_for(int(getattr(self, "head_dim", 0) or 0), window)
+    if variants:
+        from sglang_fa4.startup import warmup
+
+        warmup.warm_fp8_variants(variants)
+    return None

@@ -59,6 +59,7 @@ def _register_llm_fp8_kv_upgrade(registry, hook_type) -> None:
 def _register_llm_fa4_fp8_kv_sm90(registry, hook_type) -> None:
     registry.register(llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.flash_attn_with_kvcache, hook_type.AROUND)
     registry.register(llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.prepare_paged_mha_query, hook_type.AROUND)
+    registry.register(llm_fp8_kv.BACKEND_INIT, llm_fp8_kv.warm_fp8_after_backend_init, hook_type.AFTER)
 
 
 # feature -> what registers it. A registrar shared by features is called once.
