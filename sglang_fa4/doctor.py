@@ -9,7 +9,7 @@ import json
 from importlib import metadata
 from typing import Any, Optional
 
-from sglang_fa4 import features, plugin, selection
+from sglang_fa4 import features, llm_selection, plugin, selection
 from sglang_fa4.environ import envs
 from sglang_fa4.sglang_version import installed_sglang_version
 
@@ -99,6 +99,7 @@ def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
         "fa4": _fa4_report(),
         "gpu": gpu,
         "vit_backend": backend,
+        "llm_fp8_kv": llm_selection.describe_rule(tuple(gpu["capability"]) if gpu["capability"] else None),
         "env": envs.snapshot(),
     }
 
@@ -140,6 +141,8 @@ def format_text(report: dict[str, Any]) -> str:
     lines.append(f"GPU:          {gpu['name'] or '-'}  capability {cap}  ({gpu['source']})")
     vb = report["vit_backend"]
     lines.append(f"ViT backend:  {vb['backend'] or '(SGLang default)'} - {vb['reason']}")
+    kv = report["llm_fp8_kv"]
+    lines.append(f"LLM, fp8 KV:  {'fa4 upgrade' if kv['upgrade'] else 'no upgrade'} - {kv['reason']}")
     lines.append("environment:")
     for name, entry in report["env"].items():
         value = entry.get("error") or repr(entry["value"])

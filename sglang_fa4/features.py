@@ -84,6 +84,19 @@ FEATURES = (
         "non-blocking H2D copy, no device->host sync (SGLANG_FA4_VIT_HOST_METADATA)",
         None,
     ),
+    Feature(
+        "llm_fp8_kv_upgrade",
+        "SGLANG_FA4_FP8_KV_UPGRADE=1: on SM90 with --kv-cache-dtype fp8_e4m3 and no --attention-backend, SGLang's fa3 "
+        "becomes fa4 (SM90 FP8 kernel) for head dims the kernel runs, equal K/V head dims, no softcap, not MLA, "
+        "not deterministic",
+        None,
+    ),
+    Feature(
+        "llm_fa4_fp8_kv_sm90",
+        "SGLang's fa4 LLM attention on an fp8_e4m3 KV pool on SM90 (FA4 refuses FP8 there): extend and decode run "
+        "sglang-fa4's SM90 FP8 kernel, q cast like the fa3 path, the pool's scales as descales",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

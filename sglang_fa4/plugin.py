@@ -43,6 +43,10 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
     if feature.name == "vit_graph_internvl_startup":
         return bool(envs.SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP.get())
+    if feature.name == "llm_fp8_kv_upgrade":
+        return bool(envs.SGLANG_FA4_FP8_KV_UPGRADE.get())
+    if feature.name == "llm_fa4_fp8_kv_sm90":
+        return bool(envs.SGLANG_FA4_FP8_KV_ROUTE.get())
     if feature.name == "vit_host_metadata":
         return bool(envs.SGLANG_FA4_VIT_HOST_METADATA.get())
     return True

@@ -9,7 +9,7 @@ from enum import Enum
 import pytest
 
 from sglang_fa4 import features, plugin
-from sglang_fa4.integration import hooks, registration
+from sglang_fa4.integration import hooks, llm_fp8_kv, registration
 from sglang_fa4.environ import EnvValueError
 
 
@@ -55,6 +55,7 @@ def test_plan_0_5_20_hooks_everything():
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
         "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_graph_internvl_startup", "vit_host_metadata",
+        "llm_fa4_fp8_kv_sm90",
     }
     assert plan.upstream == []
 
@@ -62,13 +63,23 @@ def test_plan_0_5_20_hooks_everything():
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
-                           "vit_graph_internvl_startup", "vit_host_metadata"]
+                           "vit_graph_internvl_startup", "vit_host_metadata", "llm_fa4_fp8_kv_sm90"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
 def test_env_override_feature_only_when_set(monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", "triton_attn")
     assert "backend_default_env_override" in plugin.make_plan("0.5.23").hooked
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_llm_fp8_kv_upgrade_is_opt_in_and_the_route_opt_out(monkeypatch, version):
+    monkeypatch.delenv("SGLANG_FA4_FP8_KV_UPGRADE", raising=False)
+    assert "llm_fp8_kv_upgrade" not in plugin.make_plan(version).hooked
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_UPGRADE", "1")
+    assert "llm_fp8_kv_upgrade" in plugin.make_plan(version).hooked
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_ROUTE", "0")
+    assert "llm_fa4_fp8_kv_sm90" not in plugin.make_plan(version).hooked
 
 
 @pytest.mark.parametrize("version", ["0.5.19", "0.5.21", "0.6.0", None])
@@ -93,9 +104,12 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.BEFORE),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
         (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
+        (llm_fp8_kv.FA_DISPATCH, FakeHookType.AROUND),
+        (llm_fp8_kv.PREPARE_QUERY, FakeHookType.AROUND),
+        (llm_fp8_kv.BACKEND_INIT, FakeHookType.AFTER),
     }
-    assert len(fake_sglang.registered) == 12  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 12  # idempotent
+    assert len(fake_sglang.registered) == 15  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 15  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -105,6 +119,7 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL,
         hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
+        llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT,
     ]
 
 
@@ -116,7 +131,8 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     plugin.register()
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
-        hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD]
+        hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD, llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY,
+        llm_fp8_kv.BACKEND_INIT]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_fa4.integration import hooks, internvl_graphs, vit_budgets
+from sglang_fa4.integration import hooks, internvl_graphs, llm_fp8_kv, vit_budgets
 
 
 def _register_backend_selection(registry, hook_type) -> None:
@@ -52,6 +52,16 @@ def _register_qwen2_5_vit_forward(registry, hook_type) -> None:
     registry.register(hooks.QWEN2_5_VIT_FORWARD, hooks.qwen2_5_vit_forward, hook_type.AROUND)
 
 
+def _register_llm_fp8_kv_upgrade(registry, hook_type) -> None:
+    registry.register(llm_fp8_kv.DEFAULT_ATTN_BACKEND, llm_fp8_kv.default_attn_backend, hook_type.AROUND)
+
+
+def _register_llm_fa4_fp8_kv_sm90(registry, hook_type) -> None:
+    registry.register(llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.flash_attn_with_kvcache, hook_type.AROUND)
+    registry.register(llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.prepare_paged_mha_query, hook_type.AROUND)
+    registry.register(llm_fp8_kv.BACKEND_INIT, llm_fp8_kv.warm_fp8_after_backend_init, hook_type.AFTER)
+
+
 # feature -> what registers it. A registrar shared by features is called once.
 REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "backend_default_table": (_register_backend_selection,),
@@ -64,4 +74,6 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "vit_graph_budgets": (_register_vit_graph_budgets, _register_qwen2_5_vit_forward),
     "vit_host_metadata": (_register_qwen2_5_vit_forward,),
     "vit_graph_internvl_startup": (_register_vit_graph_internvl_startup,),
+    "llm_fp8_kv_upgrade": (_register_llm_fp8_kv_upgrade,),
+    "llm_fa4_fp8_kv_sm90": (_register_llm_fa4_fp8_kv_sm90,),
 }

@@ -1,0 +1,311 @@
+"""Issue #17 items 2-3 on an H200: SGLang's fa4 LLM attention on an fp8_e4m3 paged KV cache, routed
+to sglang-fa4's SM90 FP8 kernel.
+
+SGLang itself does not travel with this run (its bundle and the FA4 bundle together exceed one
+call's 64 MiB), so the routed function -- ``integration.llm_fp8_kv.flash_attn_with_kvcache``, the
+AROUND hook on SGLang's dispatcher -- is called with the tensors SGLang's FlashAttentionBackend
+passes it (the CPU tests check those against SGLang 0.5.20/0.5.23's real backend methods and
+MHATokenToKVPool):
+
+* the pool: fp8 (tokens, Hkv, d) K and V buffers viewed as (pages, page_size, Hkv, d)
+  (``get_paged_mha_kv_cache``), written as ``set_kv_buffer`` does (bf16 / k_scale -> E4M3);
+* the page table ``req_to_token[:, ::P] // P`` of shuffled whole pages, ``cache_seqlens`` int32,
+  ``cu_seqlens_q``, host ``max_seqlen_q``; q cast to E4M3 (``prepare_paged_mha_query``) and
+  ``layer.k_scale.expand(batch, Hkv)`` as descales; ``causal=True``, ``ver=4``.
+
+Correctness: fp32 attention on the dequantized cache, output poisoned first; Qwen2.5-7B-like layer
+(28 q heads, 4 kv heads, d=128), page sizes 1, 16, 64, extend with a cached prefix and decode.
+Speed (CUDA-graph replay, medians): prefill 8k tokens and decode (batch 64, 4k context) for the
+routed fa4-fp8 call (gather + V^T pack + kernel), the FP8 kernel alone on already-contiguous K/V^T,
+and FA4 4.0.0b36 bf16 through its public API (contiguous K/V; and paged like SGLang's bf16 fa4 call
+where FA4 takes it).
+
+    python3 benchmark/check_fp8_kv_route.py --out DIR      (writes fp8_kv_route.json / .md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+DEV = "cuda"
+FP8 = torch.float8_e4m3fn
+HQ, HKV, D = 28, 4, 128
+RESULT: dict = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv), "correctness": [], "speed": [],
+                "notes": []}
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def save(out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fp8_kv_route.json").write_text(json.dumps(RESULT, indent=1))
+    (out / "fp8_kv_route.md").write_text(markdown(RESULT))
+
+
+def make_cache(lens, page_size, k_scale, v_scale, seed):
+    """SGLang-shaped fp8 pool + page table for sequences of ``lens`` cached tokens."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n_pages = [-(-n // page_size) for n in lens]
+    total_pages = sum(n_pages) + 8
+    pages = (torch.randperm(total_pages - 1, generator=g)[: sum(n_pages)] + 1).tolist()  # page 0 reserved
+    k_bf = torch.randn(total_pages * page_size, HKV, D, device=DEV, dtype=torch.bfloat16)
+    v_bf = torch.randn(total_pages * page_size, HKV, D, device=DEV, dtype=torch.bfloat16)
+    k_buf = (k_bf / k_scale).to(FP8)  # MHATokenToKVPool.set_kv_buffer: div_(scale), .to(dtype)
+    v_buf = (v_bf / v_scale).to(FP8)
+    width = -(-max(lens) // page_size)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(n_pages):
+        table[b, :n] = torch.tensor(pages[at:at + n], dtype=torch.int32)
+        at += n
+    return (k_buf.view(-1, page_size, HKV, D), v_buf.view(-1, page_size, HKV, D), table.to(DEV),
+            torch.tensor(lens, dtype=torch.int32, device=DEV))
+
+
+def sglang_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=None):
+    """forward_extend's / forward_decode's flash_attn_with_kvcache call, through the plugin's hook."""
+    from sglang_fa4.integration import llm_fp8_kv
+
+    def upstream(q, k_cache, v_cache, k=None, v=None, qv=None, cache_seqlens=None, page_table=None,
+                 cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, q_descale=None, k_descale=None,
+                 v_descale=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                 num_splits=0, return_softmax_lse=False, ver=3, out=None):
+        # SGLang's dispatcher's parameters (the ones its FA calls use); reaching it means no route
+        raise AssertionError("the fp8 route was not taken")
+
+    return llm_fp8_kv.flash_attn_with_kvcache(
+        upstream, q=q8, k_cache=k_cache, v_cache=v_cache, page_table=table, cache_seqlens=seqlens,
+        cu_seqlens_q=cu_q, cu_seqlens_k_new=None, max_seqlen_q=max_q, softmax_scale=D ** -0.5, causal=True,
+        window_size=(-1, -1), softcap=0.0, return_softmax_lse=False, num_splits=0, out=out, ver=4,
+        k_descale=kd, v_descale=vd)
+
+
+def cu_of(lens):
+    return torch.nn.functional.pad(torch.tensor(lens).cumsum(0), (1, 0)).to(torch.int32).to(DEV)
+
+
+def section_correctness():
+    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+
+    cases = [("extend+prefix", [1000, 3000, 517], [200, 3000, 17]), ("decode", [100, 777, 2048, 1, 129, 4096, 33, 640], [1] * 8)]
+    for page_size in (1, 16, 64):
+        for name, lens, new in cases:
+            torch.manual_seed(page_size)
+            k_scale, v_scale = torch.tensor([0.02], device=DEV), torch.tensor([0.015], device=DEV)
+            kc, vc, table, seqlens = make_cache(lens, page_size, k_scale, v_scale, seed=page_size)
+            cu_q = cu_of(new)
+            q8 = (torch.randn(sum(new), HQ, D, device=DEV) * 0.5).to(torch.bfloat16).to(FP8)  # q.to(fp8)
+            kd, vd = k_scale.expand(len(lens), HKV), v_scale.expand(len(lens), HKV)
+            out = torch.full((sum(new), HQ, D), float("nan"), device=DEV, dtype=torch.bfloat16)
+            sglang_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out)
+            torch.cuda.synchronize()
+            ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
+                                            softmax_scale=D ** -0.5, causal=True)
+            err = float((out.float() - ref).norm() / ref.norm())
+            row = {"page_size": page_size, "case": name, "cached": lens, "new": new, "rel_err": err,
+                   "finite": bool(torch.isfinite(out.float()).all()), "pass": err < 3e-2}
+            RESULT["correctness"].append(row)
+            log("correct", row)
+
+
+def graph_ms(fn, replays=20):
+    """Median ms of CUDA-graph replays of fn (after warmup on a side stream); None if capture fails."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def eager_ms(fn, iters=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def timed(label, fn, row):
+    try:
+        row[label] = graph_ms(fn)
+        row[label + "_how"] = "graph"
+    except Exception as exc:  # noqa: BLE001 - recorded, then timed eagerly
+        torch.cuda.synchronize()
+        row[label + "_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        try:
+            row[label] = eager_ms(fn)
+            row[label + "_how"] = "eager events"
+        except Exception as exc2:  # noqa: BLE001
+            row[label] = None
+            row[label + "_error"] = f"{type(exc2).__name__}: {str(exc2)[:300]}"
+    log(label, row.get(label), row.get(label + "_how"))
+
+
+def section_speed(budget_s):
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from sglang_fa4.kernels.fp8_paged_kv import descales, gather_paged_kv
+    from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+    from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
+
+    shapes = [("prefill 8k", [8192], [8192], 16), ("decode b64 ctx4k", [4096] * 64, [1] * 64, 16),
+              ("decode b64 ctx4k", [4096] * 64, [1] * 64, 1)]
+    for name, lens, new, page_size in shapes:
+        if time.time() - T0 > budget_s:
+            RESULT["notes"].append(f"skipped {name} P={page_size}: time budget")
+            continue
+        torch.manual_seed(0)
+        k_scale, v_scale = torch.tensor([0.02], device=DEV), torch.tensor([0.015], device=DEV)
+        kc, vc, table, seqlens = make_cache(lens, page_size, k_scale, v_scale, seed=1)
+        cu_q, cu_k = cu_of(new), cu_of(lens)
+        B, tq, tk = len(lens), sum(new), sum(lens)
+        q8 = torch.randn(tq, HQ, D, device=DEV).to(FP8)
+        kd, vd = k_scale.expand(B, HKV), v_scale.expand(B, HKV)
+        out = torch.empty(tq, HQ, D, device=DEV, dtype=torch.bfloat16)
+        row = {"shape": name, "page_size": page_size, "batch": B, "new_tokens": tq, "kv_tokens": tk,
+               "hq": HQ, "hkv": HKV, "d": D}
+        timed("fa4_fp8_routed_ms", lambda: sglang_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out), row)
+        # the same kernel on K / V^T already contiguous (what the gather costs is the difference)
+        k, v, cu_kg, bound = gather_paged_kv(kc, vc, table, seqlens)
+        vt = pack_vt(v, cu_kg, bound)
+        desc = descales(kd, vd, B, HKV, q8.device)
+        timed("fp8_kernel_only_ms", lambda: fp8_varlen_attention(
+            q8, k.view(FP8), None, cu_q, cu_kg, max(new), bound, descale=desc, softmax_scale=D ** -0.5,
+            causal=True, vt=vt, out=out), row)
+        timed("gather_pack_ms", lambda: pack_vt(gather_paged_kv(kc, vc, table, seqlens)[1], cu_kg, bound), row)
+        # FA4 bf16, contiguous K/V (its best case) and paged as SGLang's bf16 fa4 call passes it
+        qb = torch.randn(tq, HQ, D, device=DEV, dtype=torch.bfloat16)
+        kb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
+        vb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
+        timed("fa4_bf16_contig_ms", lambda: flash_attn_varlen_func(
+            qb, kb, vb, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(new), max_seqlen_k=max(lens),
+            causal=True), row)
+        if time.time() - T0 < budget_s:
+            kpb = torch.randn(kc.shape, device=DEV, dtype=torch.bfloat16)
+            vpb = torch.randn(vc.shape, device=DEV, dtype=torch.bfloat16)
+            timed("fa4_bf16_paged_ms", lambda: flash_attn_varlen_func(
+                qb, kpb, vpb, cu_seqlens_q=cu_q, seqused_k=seqlens, page_table=table, max_seqlen_q=max(new),
+                causal=True), row)
+        flops = 4 * HQ * D * sum((n * (c - n) + n * (n + 1) / 2) for n, c in zip(new, lens))
+        row["attn_flops"] = flops
+        for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_contig_ms", "fa4_bf16_paged_ms"):
+            if row.get(key):
+                row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
+        base = row.get("fa4_bf16_contig_ms")
+        for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_paged_ms"):
+            if base and row.get(key):
+                row[key.replace("_ms", "_speedup_vs_bf16_contig")] = base / row[key]
+        RESULT["speed"].append(row)
+        torch.cuda.empty_cache()
+
+
+def markdown(r) -> str:
+    lines = ["# fa4 on an fp8_e4m3 paged KV cache (SM90): SGLang's call routed to sglang-fa4's FP8 kernel", "",
+             f"Command: `{r['command']}`", ""]
+    env = r.get("env", {})
+    if env:
+        lines += [f"GPU: {env.get('gpu')}; torch {env.get('torch')}; flash-attn-4 {env.get('fa4')}", ""]
+    lines += ["## Correctness (fp32 on the dequantized cache; output poisoned with NaN first)", "",
+              "| page size | case | cached tokens | new tokens | rel. error | finite | pass (<3e-2) |", "|---|---|---|---|---|---|---|"]
+    for c in r["correctness"]:
+        lines.append(f"| {c['page_size']} | {c['case']} | {c['cached']} | {c['new']} | {c['rel_err']:.2e} | {c['finite']} | {c['pass']} |")
+    lines += ["", "## Speed (median ms; CUDA-graph replay unless noted; 28 q / 4 kv heads, d=128, causal)", "",
+              "| shape | page | fa4-fp8 routed (gather+pack+kernel) | FP8 kernel alone | gather+pack | fa4-bf16 contiguous | fa4-bf16 paged | routed vs bf16 | kernel vs bf16 |",
+              "|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    for s in r["speed"]:
+        lines.append(
+            f"| {s['shape']} | {s['page_size']} | {f(s.get('fa4_fp8_routed_ms'))} | {f(s.get('fp8_kernel_only_ms'))} | "
+            f"{f(s.get('gather_pack_ms'))} | {f(s.get('fa4_bf16_contig_ms'))} | {f(s.get('fa4_bf16_paged_ms'))} | "
+            f"{f(s.get('fa4_fp8_routed_speedup_vs_bf16_contig'))}x | {f(s.get('fp8_kernel_only_speedup_vs_bf16_contig'))}x |")
+        errs = {k: v for k, v in s.items() if k.endswith("_error")}
+        if errs:
+            lines.append(f"|  | errors: {errs} |  |  |  |  |  |  |  |")
+    if r.get("notes"):
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in r["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=95.0, help="skip optional work after this many seconds")
+    ap.add_argument("--md-from", help="only rewrite the markdown from this JSON")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.md_from:
+        r = json.loads(Path(args.md_from).read_text())
+        (out / "fp8_kv_route.md").write_text(markdown(r))
+        return
+    from importlib import metadata
+
+    RESULT["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                     "fa4": metadata.version("flash-attn-4") if _has("flash-attn-4") else None}
+    RESULT["notes"].append("SGLang did not travel (its bundle + FA4's exceed one call's 64 MiB): the plugin's hook "
+                           "was called with the tensors SGLang's FlashAttentionBackend passes; SGLang's triton "
+                           "backend therefore was not timed; FA3-FP8 was not built (device budget).")
+    for name, fn in (("correctness", section_correctness), ("speed", lambda: section_speed(args.budget_s))):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - keep what was measured
+            RESULT.setdefault("errors", []).append({name: traceback.format_exc()[-2000:]})
+            log(traceback.format_exc())
+        save(out)
+    log("done")
+
+
+def _has(dist):
+    from importlib import metadata
+
+    try:
+        metadata.version(dist)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    main()

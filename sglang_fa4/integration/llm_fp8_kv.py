@@ -1,0 +1,243 @@
+"""SGLang's LLM attention with an FP8 E4M3 KV cache on Hopper (issue #17): the hooks.
+
+* ``default_attn_backend``: AROUND ``get_default_attn_backend`` (SGLang's server-args resolution,
+  called only when no ``--attention-backend`` was given): the fa3 -> fa4 upgrade of
+  :mod:`sglang_fa4.llm_selection`, when ``SGLANG_FA4_FP8_KV_UPGRADE`` is on.
+* ``prepare_paged_mha_query``: AROUND ``FlashAttentionBackend.prepare_paged_mha_query``: SGLang casts
+  q to the KV dtype and hands out the pool's ``k_scale``/``v_scale`` as descales for fa3 and for fa4
+  decode, but not for fa4 extend (FA4's own FP8 path is SM100-only there); on our route extend
+  gets the same treatment as decode.
+* ``flash_attn_with_kvcache``: AROUND SGLang's ``flash_attn_with_kvcache`` dispatcher (the one
+  call site of FA for paged MHA in ``flashattention_backend``, extend and decode): ``ver=4`` with an
+  E4M3 cache on an SM90 GPU goes to :func:`sglang_fa4.kernels.fp8_paged_kv.paged_fp8_attention`;
+  everything else (other versions, bf16 caches, other GPUs) calls SGLang's code unchanged.
+  A feature the FP8 kernel lacks (softcap, sinks, LSE for cascade attention, score/mask mods, ...)
+  raises :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Optional
+
+from sglang_fa4 import llm_selection
+
+logger = logging.getLogger("sglang_fa4")
+
+DEFAULT_ATTN_BACKEND = "sglang.srt.arg_groups.model_override_base.get_default_attn_backend"
+FA_DISPATCH = "sglang.kernels.ops.attention.flash_attention.flash_attn_with_kvcache"
+FA_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
+PREPARE_QUERY = f"{FA_BACKEND}.prepare_paged_mha_query"
+
+_logged: set = set()
+
+
+class FP8KVRouteError(NotImplementedError):
+    """fa4 on an FP8 KV cache on SM90 was asked for something the SM90 FP8 kernel does not do."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Selection (server args)
+# ------------------------------------------------------------------------------------------------
+
+
+def model_facts(model_config, use_mla: bool) -> Optional[llm_selection.LlmModelFacts]:
+    """What the rule needs, read off SGLang's ModelConfig (None when it has no head dim)."""
+    head_dim = getattr(model_config, "head_dim", None)
+    if not head_dim:
+        return None
+    text = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    softcap = getattr(text, "attn_logit_softcapping", None) or 0.0
+    archs = getattr(getattr(model_config, "hf_config", None), "architectures", None) or []
+    if any(a.startswith("Grok") for a in archs) and not softcap:
+        softcap = 30.0  # SGLang's grok.py: attn_logit_softcapping defaults to 30
+    swa = tuple(
+        d for d in (getattr(model_config, "swa_head_dim", None), getattr(model_config, "swa_v_head_dim", None))
+        if d and d != head_dim
+    )
+    return llm_selection.LlmModelFacts(
+        head_dim=int(head_dim),
+        v_head_dim=int(getattr(model_config, "v_head_dim", None) or head_dim),
+        softcap=float(softcap),
+        use_mla=bool(use_mla),
+        swa_head_dims=swa,
+    )
+
+
+def default_attn_backend(original, server_args, use_mla_backend, model_config):
+    """AROUND get_default_attn_backend(server_args, use_mla_backend, model_config)."""
+    upstream = original(server_args, use_mla_backend, model_config)
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.runtime_context import get_platform
+
+    cfg = resolving_view(server_args)
+    platform = get_platform()
+    capability = (9, 0) if getattr(platform, "is_sm90", False) else None
+    choice = llm_selection.fp8_kv_upgrade(
+        upstream,
+        capability=capability,
+        kv_cache_dtype=getattr(cfg, "kv_cache_dtype", None),
+        explicit_backend=bool(getattr(cfg, "prefill_attention_backend", None)
+                              or getattr(cfg, "decode_attention_backend", None)),
+        deterministic=bool(getattr(cfg, "enable_deterministic_inference", False)),
+        model=model_facts(model_config, use_mla_backend),
+    )
+    if capability is not None and getattr(cfg, "kv_cache_dtype", None) == llm_selection.FP8_KV_DTYPE:
+        key = (choice.backend, choice.reason)
+        if key not in _logged:
+            _logged.add(key)
+            logger.info("sglang-fa4: LLM attention backend %s: %s", choice.backend, choice.reason)
+    return choice.backend
+
+
+# ------------------------------------------------------------------------------------------------
+# Runtime route
+# ------------------------------------------------------------------------------------------------
+
+_sm90_devices: dict = {}
+
+
+def is_sm90(device) -> bool:
+    """A CUDA device of compute capability 9.x (cached per device index)."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    hit = _sm90_devices.get(index)
+    if hit is None:
+        hit = _sm90_devices[index] = torch.cuda.get_device_capability(index)[0] == 9
+    return hit
+
+
+def backend_routes_fp8(backend) -> bool:
+    """This FlashAttentionBackend's paged MHA calls take the FP8 route."""
+    import torch
+
+    return (
+        getattr(backend, "fa_impl_ver", None) == 4
+        and getattr(backend, "kv_cache_dtype_str", None) == llm_selection.FP8_KV_DTYPE
+        and getattr(backend, "kv_cache_dtype", None) is torch.float8_e4m3fn
+        and not getattr(backend, "use_mla", False)
+        and is_sm90(torch.device(getattr(backend, "device", "cpu")))
+    )
+
+
+def prepare_paged_mha_query(original, self, q, q_rope, k_rope, layer, *, logical_batch_size, kv_head_num,
+                            is_prefill):
+    """AROUND FlashAttentionBackend.prepare_paged_mha_query: on the FP8 route, extend casts q and
+    passes the pool's descales exactly as decode (and SGLang's fa3 path) does."""
+    if is_prefill and backend_routes_fp8(self):
+        is_prefill = False
+    return original(self, q, q_rope, k_rope, layer, logical_batch_size=logical_batch_size,
+                    kv_head_num=kv_head_num, is_prefill=is_prefill)
+
+
+# Arguments the route honours; any other argument must keep its default (checked by value).
+_USED = {"q", "k_cache", "v_cache", "page_table", "cache_seqlens", "cu_seqlens_q", "max_seqlen_q",
+         "k_descale", "v_descale", "q_descale", "softmax_scale", "causal", "window_size", "out", "ver"}
+# Accepted and ignored: split/scheduling hints of FA3/FA4 that do not change the result.
+_IGNORED = {"cu_seqlens_k_new", "num_splits", "pack_gqa", "scheduler_metadata", "sm_margin", "max_seqlen_k",
+            "rotary_interleaved", "only_qv"}
+_NEUTRAL = {"softcap": (0.0, None), "return_softmax_lse": (False,), "attention_chunk": (None, 0)}
+
+_signatures: dict = {}
+
+
+def _bind(original, args, kwargs) -> dict:
+    sig = _signatures.get(original)
+    if sig is None:
+        sig = _signatures[original] = inspect.signature(original)
+    return dict(sig.bind(*args, **kwargs).arguments)
+
+
+def flash_attn_with_kvcache(original, *args, **kwargs):
+    """AROUND SGLang's flash_attn_with_kvcache(q, k_cache, v_cache, ..., ver=3)."""
+    import torch
+
+    k_cache = args[1] if len(args) > 1 else kwargs.get("k_cache")
+    if (
+        kwargs.get("ver", 3) != 4
+        or getattr(k_cache, "dtype", None) is not torch.float8_e4m3fn
+        or not is_sm90(k_cache.device)
+    ):
+        return original(*args, **kwargs)
+    return route_fp8(_bind(original, args, kwargs))
+
+
+def route_fp8(call: dict):
+    """Run one bound flash_attn_with_kvcache call on the SM90 FP8 kernel."""
+    for name, value in call.items():
+        if name in _USED or name in _IGNORED:
+            continue
+        if name in _NEUTRAL:
+            if value in _NEUTRAL[name]:
+                continue
+        elif value is None:
+            continue
+        raise FP8KVRouteError(
+            f"fa4 with an fp8_e4m3 KV cache on SM90 runs sglang-fa4's FP8 kernel, which does not support "
+            f"{name}={_short(value)} (use --attention-backend fa3 or triton for this model/mode)"
+        )
+    if call.get("page_table") is None or call.get("cu_seqlens_q") is None:
+        raise FP8KVRouteError("the FP8 KV route needs page_table and cu_seqlens_q (SGLang's paged varlen call)")
+    q = call["q"]
+    if q.dtype is not call["k_cache"].dtype:
+        raise FP8KVRouteError(
+            f"q is {q.dtype} on an fp8_e4m3 KV cache: it must be cast like SGLang's fa3 path (the plugin's "
+            "prepare_paged_mha_query hook does it; is the feature llm_fa4_fp8_kv_sm90 hooked?)"
+        )
+    if call.get("q_descale") is not None:
+        raise FP8KVRouteError("q_descale is not passed by SGLang's fp8_e4m3 path; the route does not take it")
+    from sglang_fa4.kernels.fp8_paged_kv import paged_fp8_attention
+
+    max_q = call.get("max_seqlen_q")
+    return paged_fp8_attention(
+        q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
+        None if max_q is None else int(max_q),
+        k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
+        softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
+        window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
+    )
+
+
+def _short(value) -> str:
+    shape = getattr(value, "shape", None)
+    return f"<tensor {tuple(shape)}>" if shape is not None else repr(value)[:60]
+
+
+BACKEND_INIT = f"{FA_BACKEND}.__init__"
+
+
+def fp8_variants_for(head_dim: int, sliding_window: Optional[int]) -> list:
+    """The FP8 kernel variants a FlashAttentionBackend on the route will launch: causal (extend and
+    decode, bottom-right aligned), and the local one for sliding-window layers."""
+    from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, variant_for
+
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return []
+    variants = [variant_for(head_dim, True)]
+    if sliding_window is not None and sliding_window > -1:
+        variants.append(variant_for(head_dim, True, (sliding_window, 0)))
+    return variants
+
+
+def warm_fp8_after_backend_init(result, self, *args, **kwargs):
+    """AFTER FlashAttentionBackend.__init__ (every scheduler process, before CUDA-graph capture and
+    serving): on the FP8 route, compile its kernel variants now (10-20 s each on an H200, otherwise
+    paid by the first request with --disable-cuda-graph), as startup work for the JIT monitor."""
+    from sglang_fa4.environ import envs
+
+    if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
+        return None
+    window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
+    variants = fp8_variants_for(int(getattr(self, "head_dim", 0) or 0), window)
+    if variants:
+        from sglang_fa4.startup import warmup
+
+        warmup.warm_fp8_variants(variants)
+    return None

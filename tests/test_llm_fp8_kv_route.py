@@ -1,0 +1,296 @@
+"""Issue #17 item 2 on the CPU: the paged E4M3 KV gather (against a loop reference, SGLang's page
+layout, page sizes 1/16/64), the routed call with the FP8 kernel replaced by a torch model of its
+contract (so the gather, cu_seqlens_k, descales and the bottom-right causal diagonal are checked
+against an fp32 reference on the dequantized cache), the route's refusals, and the hooks on SGLang
+0.5.20 / 0.5.23's real FlashAttentionBackend methods and fp8_e4m3 MHATokenToKVPool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_fa4.integration import llm_fp8_kv
+from sglang_fa4.kernels import fp8_paged_kv
+from sglang_fa4.kernels.fp8_paged_kv import (
+    PagedKVError,
+    gather_paged_kv,
+    gather_paged_kv_reference,
+    paged_attention_reference,
+    paged_fp8_attention,
+)
+from sglang_harness import run_with_sglang
+
+FP8 = torch.float8_e4m3fn
+
+
+def make_pool(lens, page_size, hkv=4, d=128, seed=0, spare_pages=3):
+    """A paged fp8 cache holding ``lens`` tokens per sequence in shuffled pages, SGLang's layout
+    (k_cache[page, offset, head, :]); page_table rows as SGLang builds them (page ids, int32)."""
+    g = torch.Generator().manual_seed(seed)
+    pages_needed = [-(-n // page_size) for n in lens]
+    total_pages = sum(pages_needed) + spare_pages
+    k = (torch.randn(total_pages, page_size, hkv, d, generator=g) * 2).to(FP8)
+    v = (torch.randn(total_pages, page_size, hkv, d, generator=g) * 2).to(FP8)
+    perm = torch.randperm(total_pages, generator=g)
+    width = max(max(pages_needed), 1) + 1  # wider than needed, like SGLang's max_seq_len_k slice
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages_needed):
+        table[b, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return k, v, table, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("lens", [[37], [5, 300, 1, 64], [128, 128, 128]])
+def test_gather_matches_the_loop_reference(page_size, lens):
+    k_cache, v_cache, table, seqlens = make_pool(lens, page_size)
+    k, v, cu_k, bound = gather_paged_kv(k_cache, v_cache, table, seqlens, fp8_paged_kv.exact_sizes(seqlens))
+    assert cu_k.dtype == torch.int32 and cu_k.tolist() == [0] + torch.tensor(lens).cumsum(0).tolist()
+    assert bound == max(lens) and k.shape[0] == sum(lens) and k.dtype == torch.uint8
+    k_ref, v_ref = gather_paged_kv_reference(k_cache, v_cache, table, seqlens)
+    assert torch.equal(k[: sum(lens)], k_ref) and torch.equal(v[: sum(lens)], v_ref)
+    # independent of the reference: token t of sequence b is at page table[b, t // P], offset t % P
+    b, t = len(lens) - 1, lens[-1] - 1
+    row = int(cu_k[b]) + t
+    assert torch.equal(k[row], k_cache[int(table[b, t // page_size]), t % page_size].view(torch.uint8))
+
+
+def test_gather_rejects_bad_metadata():
+    k_cache, v_cache, table, seqlens = make_pool([10], 16)
+    with pytest.raises(PagedKVError, match="page_table must be int32"):
+        gather_paged_kv(k_cache, v_cache, table.long(), seqlens)
+    with pytest.raises(PagedKVError, match="one shape"):
+        gather_paged_kv(k_cache, v_cache[..., :64].contiguous(), table, seqlens)
+    with pytest.raises(PagedKVError, match="float8_e4m3fn"):
+        gather_paged_kv(k_cache.float(), v_cache, table, seqlens)
+    with pytest.raises(PagedKVError, match="entries"):
+        gather_paged_kv(k_cache, v_cache, table, torch.tensor([10, 3], dtype=torch.int32))
+
+
+def model_kernel(calls):
+    """A torch model of fp8_varlen_attention's contract (what the CUDA kernel computes)."""
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out):
+        calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out))
+        assert q.dtype == k.dtype == v.dtype == FP8 and descale.shape == (3, cu_q.shape[0] - 1, k.shape[1])
+        hq, d = q.shape[1], q.shape[2]
+        res = torch.zeros(q.shape, dtype=torch.float32)
+        for b in range(cu_q.shape[0] - 1):
+            qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+            assert ke - ks <= max_k
+            qf = q[qs:qe].float() * descale[0, b].repeat_interleave(hq // k.shape[1])[None, :, None]
+            kf = (k[ks:ke].float() * descale[1, b][None, :, None]).repeat_interleave(hq // k.shape[1], 1)
+            vf = (v[ks:ke].float() * descale[2, b][None, :, None]).repeat_interleave(hq // k.shape[1], 1)
+            s = torch.einsum("qhd,khd->hqk", qf, kf) * (softmax_scale or d ** -0.5)
+            if causal:
+                i = torch.arange(qe - qs)[:, None]
+                j = torch.arange(ke - ks)[None, :]
+                s = s.masked_fill(j > i + (ke - ks) - (qe - qs), float("-inf"))
+            res[qs:qe] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
+        result = res.to(torch.bfloat16)
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
+
+    return fake
+
+
+@pytest.fixture()
+def fake_kernel(monkeypatch):
+    import sglang_fa4.kernels.fp8_sm90.launch as launch
+
+    calls = []
+    monkeypatch.setattr(launch, "fp8_varlen_attention", model_kernel(calls))
+    return calls
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("mode", ["prefill", "extend_with_prefix", "decode"])
+def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, page_size, mode):
+    torch.manual_seed(1)
+    hq, hkv, d = 28, 4, 128
+    lens = {"prefill": [200], "extend_with_prefix": [70, 300, 17], "decode": [33, 129, 64, 1]}[mode]
+    new = {"prefill": [200], "extend_with_prefix": [20, 45, 17], "decode": [1, 1, 1, 1]}[mode]
+    k_cache, v_cache, table, seqlens = make_pool(lens, page_size, hkv, d)
+    cu_q = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(new), hq, d).to(FP8)  # SGLang: q.to(fp8), no q scale
+    k_scale, v_scale = torch.tensor([0.7]), torch.tensor([1.3])  # layer.k_scale / v_scale
+    kd, vd = k_scale.expand(len(lens), hkv), v_scale.expand(len(lens), hkv)  # as SGLang passes them
+    out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16)  # poisoned
+    got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu_q, max(new), k_descale=kd, v_descale=vd,
+                              softmax_scale=0.09, causal=True, window_size=(-1, -1), out=out)
+    assert got is out and torch.isfinite(out.float()).all()
+    ref = paged_attention_reference(q, k_cache, v_cache, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
+                                    softmax_scale=0.09, causal=True)
+    err = (out.float() - ref).norm() / ref.norm()
+    assert err < 1e-2, err
+    assert fake_kernel[-1]["max_q"] == max(new) and fake_kernel[-1]["max_k"] == max(lens)
+
+
+def test_exact_sizes_once_per_tensor_version_and_the_bound_without_them():
+    k_cache, v_cache, table, seqlens = make_pool([5, 300, 1], 16)
+    assert fp8_paged_kv.exact_sizes(seqlens) == (306, 300)
+    seqlens._sglang_fa4_sizes = (seqlens._sglang_fa4_sizes[0], (7, 7))  # a cached answer is reused ...
+    assert fp8_paged_kv.exact_sizes(seqlens) == (7, 7)
+    seqlens.add_(1)  # ... until the tensor changes in place (SGLang's graph buffers are updated so)
+    assert fp8_paged_kv.exact_sizes(seqlens) == (309, 301)
+    k, v, cu_k, max_k = gather_paged_kv(k_cache, v_cache, table, seqlens, (309, 301))
+    assert k.shape[0] == 309 and max_k == 301
+    kb, vb, cu_b, max_b = gather_paged_kv(k_cache, v_cache, table, seqlens)  # capture: host bound
+    assert kb.shape[0] == 3 * table.shape[1] * 16 and max_b == table.shape[1] * 16
+    assert torch.equal(cu_b, cu_k) and torch.equal(kb[:309], k) and torch.equal(vb[:309], v)
+    with pytest.raises(PagedKVError, match="does not fit"):
+        gather_paged_kv(k_cache, v_cache, table, seqlens, (309, 10_000))
+
+
+def test_route_dispatches_only_ver4_fp8_on_sm90(monkeypatch, fake_kernel):
+    seen = []
+
+    def original(q, k_cache, v_cache, k=None, v=None, page_table=None, cache_seqlens=None, cu_seqlens_q=None,
+                 max_seqlen_q=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                 return_softmax_lse=False, num_splits=0, k_descale=None, v_descale=None, q_descale=None,
+                 sinks=None, ver=3, out=None):
+        seen.append(ver)
+        return "upstream"
+
+    k_cache, v_cache, table, seqlens = make_pool([40], 16)
+    q = torch.randn(40, 8, 128).to(FP8)
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    kw = dict(page_table=table, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=40, causal=True)
+    # CPU tensors are not SM90: SGLang's code runs
+    assert llm_fp8_kv.flash_attn_with_kvcache(original, q=q, k_cache=k_cache, v_cache=v_cache, ver=4, **kw) == "upstream"
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    assert llm_fp8_kv.flash_attn_with_kvcache(original, q=q, k_cache=k_cache, v_cache=v_cache, ver=3, **kw) == "upstream"
+    bf16 = k_cache.to(torch.bfloat16)
+    assert llm_fp8_kv.flash_attn_with_kvcache(original, q=q, k_cache=bf16, v_cache=bf16, ver=4, **kw) == "upstream"
+    assert seen == [4, 3, 4]
+    res = llm_fp8_kv.flash_attn_with_kvcache(original, q, k_cache, v_cache, ver=4, num_splits=0, **kw)
+    assert res.shape == (40, 8, 128) and res.dtype == torch.bfloat16 and len(fake_kernel) == 1
+    for bad, match in ((dict(softcap=30.0), "softcap=30.0"), (dict(return_softmax_lse=True), "return_softmax_lse"),
+                       (dict(sinks=torch.zeros(8)), "sinks"), (dict(q_descale=torch.ones(1, 4)), "q_descale")):
+        with pytest.raises(llm_fp8_kv.FP8KVRouteError, match=match):
+            llm_fp8_kv.flash_attn_with_kvcache(original, q=q, k_cache=k_cache, v_cache=v_cache, ver=4, **kw, **bad)
+    with pytest.raises(llm_fp8_kv.FP8KVRouteError, match="cast like SGLang's fa3 path"):
+        llm_fp8_kv.flash_attn_with_kvcache(original, q=q.to(torch.bfloat16), k_cache=k_cache, v_cache=v_cache,
+                                           ver=4, **kw)
+
+
+# ---- SGLang's real FlashAttentionBackend methods and fp8 KV pool --------------------------------
+
+SNIPPET = r"""
+import os, sys, warnings; warnings.simplefilter("ignore")
+sys.path.insert(0, os.environ["FP8KV_STUBS"])
+import cuda_only_stubs; cuda_only_stubs.install_missing()   # sgl_kernel / flashinfer are CUDA-only wheels
+import torch
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang.srt.layers.attention.flashattention_backend as fab
+import sglang.kernels.ops.attention.flash_attention as fa
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang_fa4.integration import llm_fp8_kv
+import sglang_fa4.kernels.fp8_sm90.launch as launch
+sys.path.insert(0, os.environ["FP8KV_TESTS"])
+from test_llm_fp8_kv_route import model_kernel
+from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+llm_fp8_kv.is_sm90 = lambda device: True          # this CPU stands in for an H200
+calls = []; launch.fp8_varlen_attention = model_kernel(calls)
+res = {"hooked_dispatch": fab.flash_attn_with_kvcache is fa.flash_attn_with_kvcache
+       and getattr(fab.flash_attn_with_kvcache, "__wrapped__", None) is not None,
+       "hooked_prepare": getattr(fab.FlashAttentionBackend.prepare_paged_mha_query, "__wrapped__", None) is not None}
+
+class Layer:   # the RadixAttention fields the backend and the pool read
+    def __init__(s, hq, hkv, d, k_scale, v_scale):
+        s.layer_id, s.tp_q_head_num, s.tp_k_head_num, s.tp_v_head_num = 0, hq, hkv, hkv
+        s.head_dim = s.v_head_dim = d; s.k_scale, s.v_scale = k_scale, v_scale
+        s.scaling = d ** -0.5; s.logit_cap = 0.0; s.sliding_window_size = -1
+
+torch.manual_seed(0)
+hq, hkv, d = 28, 4, 128
+for P in (1, 16, 64):
+    for mode, lens, new in (("extend", [90, 257], [40, 257]), ("decode", [33, 130, 64], [1, 1, 1])):
+        B = len(lens)
+        pool = MHATokenToKVPool(size=4096, page_size=P, dtype=torch.float8_e4m3fn, head_num=hkv, head_dim=d,
+                                layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+        layer = Layer(hq, hkv, d, torch.tensor([0.05]), torch.tensor([0.04]))
+        # SGLang's allocation: each request owns whole pages, in a shuffled order; req_to_token holds token slots
+        n_pages = [-(-n // P) for n in lens]
+        pages = (torch.randperm(4096 // P - 1)[: sum(n_pages)] + 1).tolist()
+        width = max(lens)
+        req_to_token = torch.zeros(B, width, dtype=torch.int32)
+        at = 0
+        for b, n in enumerate(lens):
+            slots = torch.cat([torch.arange(p * P, p * P + P) for p in pages[at: at + n_pages[b]]])[:n]
+            req_to_token[b, :n] = slots.to(torch.int32); at += n_pages[b]
+        k = torch.randn(sum(lens), hkv, d, dtype=torch.bfloat16) * 0.1
+        v = torch.randn(sum(lens), hkv, d, dtype=torch.bfloat16) * 0.1
+        loc = torch.cat([req_to_token[b, :n] for b, n in enumerate(lens)]).long()
+        pool.set_kv_buffer(layer, loc, k.clone(), v.clone(), layer.k_scale, layer.v_scale)   # SGLang quantizes
+        be = object.__new__(fab.FlashAttentionBackend)
+        be.fa_impl_ver, be.kv_cache_dtype, be.kv_cache_dtype_str = 4, torch.float8_e4m3fn, "fp8_e4m3"
+        be.kv_cache_is_mxfp8, be.use_mla, be.device, be.page_size, be.token_to_kv_pool = False, False, "cpu", P, pool
+        q_bf16 = torch.randn(sum(new), hq * d, dtype=torch.bfloat16)
+        q, _, _, kd, vd = be.prepare_paged_mha_query(q_bf16, None, None, layer, logical_batch_size=B,
+                                                     kv_head_num=hkv, is_prefill=(mode == "extend"))
+        key_cache, value_cache = be.get_paged_mha_kv_cache(layer)
+        page_table = (req_to_token[:, ::P] // P).to(torch.int32)     # FlashAttentionBackend's page table
+        cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+        cu_q = torch.nn.functional.pad(torch.tensor(new).cumsum(0), (1, 0)).to(torch.int32)
+        out = fab.flash_attn_with_kvcache(                           # forward_extend's / forward_decode's call
+            q=q.contiguous().view(-1, hq, d), k_cache=key_cache, v_cache=value_cache, page_table=page_table,
+            cache_seqlens=cache_seqlens, cu_seqlens_q=cu_q, cu_seqlens_k_new=None, max_seqlen_q=max(new),
+            softmax_scale=layer.scaling, causal=True, window_size=(-1, -1), softcap=layer.logit_cap,
+            return_softmax_lse=False, num_splits=0, out=None, ver=4, k_descale=kd, v_descale=vd)
+        ref = paged_attention_reference(q.view(-1, hq, d), key_cache, value_cache, page_table, cache_seqlens, cu_q,
+                                        k_descale=layer.k_scale, v_descale=layer.v_scale, causal=True)
+        # and against the bf16 k/v SGLang was given (fp8 rounding of K/V/Q only)
+        res[f"{mode}-P{P}"] = {
+            "q_dtype": str(q.dtype), "descale": None if kd is None else [float(kd[0, 0]), float(vd[0, 0]), list(kd.shape)],
+            "err": float((out.float() - ref).norm() / ref.norm()), "shape": list(out.shape),
+        }
+res["kernel_calls"] = len(calls)
+emit(res)
+"""
+
+
+def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = run_with_sglang(sglang_version, SNIPPET, env={
+        "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_FP8_KV_ROUTE": "1",
+        "FP8KV_STUBS": str(root / "benchmark" / "sglang_on_gpu"), "FP8KV_TESTS": str(root / "tests"),
+    }, timeout=600)
+    assert out["hooked_dispatch"] and out["hooked_prepare"]
+    assert out["kernel_calls"] == 6
+    for P in (1, 16, 64):
+        for mode in ("extend", "decode"):
+            r = out[f"{mode}-P{P}"]
+            # extend (SGLang's fa4 leaves q bf16 and passes no descales there) now casts q and passes the
+            # pool's scales, as decode and SGLang's fa3 path do
+            assert r["q_dtype"] == "torch.float8_e4m3fn", (mode, P, r)
+            assert r["descale"][:2] == pytest.approx([0.05, 0.04]) and r["descale"][2] == [2 if mode == "extend" else 3, 4]
+            assert r["err"] < 1e-2, (mode, P, r)
+
+
+def test_backend_init_warms_the_fp8_variants(monkeypatch):
+    import types
+
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+    from sglang_fa4.startup import warmup
+
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_fp8_variants", lambda variants: warmed.append(list(variants)))
+    backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
+                                    device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095)
+    assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    assert warmed == [[Fp8Variant(128, True, False), Fp8Variant(128, False, True)]]
+    for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=256)):
+        llm_fp8_kv.warm_fp8_after_backend_init(None, types.SimpleNamespace(**{**vars(backend), **change}))
+    monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    assert len(warmed) == 1
+    assert llm_fp8_kv.fp8_variants_for(64, None) == [Fp8Variant(64, True, False)]
