@@ -43,6 +43,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
     if feature.name == "vit_graph_internvl_startup":
         return bool(envs.SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP.get())
+    if feature.name == "vit_graph_rotary_fused":  # launches only what the warmup compiled
+        return bool(envs.SGLANG_FA4_WARMUP.get())
     if feature.name == "vit_host_metadata":
         return bool(envs.SGLANG_FA4_VIT_HOST_METADATA.get())
     return True

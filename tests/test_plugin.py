@@ -55,6 +55,7 @@ def test_plan_0_5_20_hooks_everything():
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
         "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_graph_internvl_startup", "vit_host_metadata",
+        "vit_graph_rotary_fused",
     }
     assert plan.upstream == []
 
@@ -62,7 +63,7 @@ def test_plan_0_5_20_hooks_everything():
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
-                           "vit_graph_internvl_startup", "vit_host_metadata"]
+                           "vit_graph_internvl_startup", "vit_graph_rotary_fused", "vit_host_metadata"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 

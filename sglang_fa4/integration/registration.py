@@ -32,6 +32,10 @@ def _register_startup_warmup(registry, hook_type) -> None:
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.warm_fa4_after_load_model, hook_type.AFTER)
 
 
+def _register_vit_graph_rotary(registry, hook_type) -> None:
+    registry.register(hooks.ROTARY_NATIVE_EAGER, hooks.vit_graph_rotary, hook_type.AROUND)
+
+
 def _register_vit_graph_budgets(registry, hook_type) -> None:
     runner = hooks.GENERIC_RUNNER_CLASS
     registry.register(f"{runner}.run", vit_budgets.run_around, hook_type.AROUND)
@@ -64,4 +68,5 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "vit_graph_budgets": (_register_vit_graph_budgets, _register_qwen2_5_vit_forward),
     "vit_host_metadata": (_register_qwen2_5_vit_forward,),
     "vit_graph_internvl_startup": (_register_vit_graph_internvl_startup,),
+    "vit_graph_rotary_fused": (_register_vit_graph_rotary,),
 }
