@@ -9,7 +9,7 @@ from enum import Enum
 import pytest
 
 from sglang_fa4 import features, plugin
-from sglang_fa4.integration import hooks, registration
+from sglang_fa4.integration import hooks, registration, vit_graph_rotary
 from sglang_fa4.environ import EnvValueError
 
 
@@ -94,9 +94,10 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.BEFORE),
         (hooks.MODEL_RUNNER_LOAD_MODEL, FakeHookType.AFTER),
         (hooks.QWEN2_5_VIT_FORWARD, FakeHookType.AROUND),
+        (vit_graph_rotary.ROTARY_NATIVE_EAGER, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 12  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 12  # idempotent
+    assert len(fake_sglang.registered) == 13  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 13  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -105,7 +106,8 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL,
-        hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
+        hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL,
+        vit_graph_rotary.ROTARY_NATIVE_EAGER, hooks.QWEN2_5_VIT_FORWARD,
     ]
 
 

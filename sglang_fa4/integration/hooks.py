@@ -16,8 +16,6 @@ VISION = "sglang.srt.layers.attention.vision"
 DETERMINE_BACKEND = f"{VISION}.VisionAttention._determine_attention_backend"
 FA4_FORWARD = f"{VISION}.VisionFlash4Attention.forward"
 
-ROTARY_NATIVE_EAGER = f"{VISION}.apply_rotary_pos_emb_native_eager"
-
 _logged_choices: set[tuple] = set()
 
 
@@ -62,22 +60,6 @@ def fa4_forward(self, q, k, v, cu_seqlens, bsz, seq_len, softmax_scale=None, for
         resolve_tensor=_vision().resolve_seqlens,
         **kwargs,
     )
-
-
-def vit_graph_rotary(original, q, k, cos, sin, unsqueeze_dim=1):
-    """AROUND vision.apply_rotary_pos_emb_native_eager, the unfused fp32 rotary VisionAttention uses
-    in ViT graph mode: our fused Triton rotary (kernels/vit_rotary.py) for the shapes the startup
-    warmup compiled it for; anything else, and any call traced by torch.compile (SGLang's hook
-    registry also rebinds the name inside its compiled rotary), runs the original."""
-    import torch
-
-    if torch.compiler.is_compiling():
-        return original(q, k, cos, sin, unsqueeze_dim)
-    from sglang_fa4.kernels import vit_rotary
-
-    if vit_rotary.usable(q, k, cos, sin, unsqueeze_dim):
-        return vit_rotary.apply_rotary(q, k, cos, sin)
-    return original(q, k, cos, sin, unsqueeze_dim)
 
 
 GENERIC_RUNNER_CLASS = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"

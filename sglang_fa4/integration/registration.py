@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_fa4.integration import hooks, internvl_graphs, vit_budgets
+from sglang_fa4.integration import hooks, internvl_graphs, vit_budgets, vit_graph_rotary
 
 
 def _register_backend_selection(registry, hook_type) -> None:
@@ -33,7 +33,7 @@ def _register_startup_warmup(registry, hook_type) -> None:
 
 
 def _register_vit_graph_rotary(registry, hook_type) -> None:
-    registry.register(hooks.ROTARY_NATIVE_EAGER, hooks.vit_graph_rotary, hook_type.AROUND)
+    registry.register(vit_graph_rotary.ROTARY_NATIVE_EAGER, vit_graph_rotary.around_native_eager, hook_type.AROUND)
 
 
 def _register_vit_graph_budgets(registry, hook_type) -> None:

@@ -21,11 +21,13 @@ included) is that of Triton 3.6-3.8's ``CompiledKernel.__getitem__``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+logger = logging.getLogger("sglang_fa4")
 _INT32_MAX = 2**31 - 1
 _lock = threading.Lock()
 _listeners: list[Callable[["CompileEvent"], None]] = []
@@ -117,7 +119,7 @@ class KernelHandles:
         self._stream_of: Optional[Callable[[int], int]] = None
         self._knobs = None
         self._param_kinds: Optional[tuple] = None
-        self._interpret: Optional[bool] = None
+        self._jit_only: Optional[bool] = None  # interpreter, or no cached launch: Triton's dispatch
 
     def jit(self):
         if self._jit is None:
@@ -154,9 +156,9 @@ class KernelHandles:
 
     def launch(self, grid: tuple, args: tuple, device_index: int, **options) -> None:
         """Launch on the current stream of CUDA device ``device_index``."""
-        if self._interpret is None:
-            self._interpret = interpreting()
-        if self._interpret:  # CPU tests: Triton's interpreter, nothing compiled or kept
+        if self._jit_only is None:
+            self._jit_only = interpreting()
+        if self._jit_only:  # CPU tests (Triton's interpreter) or no cached launch: Triton's dispatch
             self.jit()[grid](*args, **options)
             return
         key = self._key(args, options)
@@ -169,8 +171,17 @@ class KernelHandles:
         enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
         stream = self._stream_of(device_index)
         meta = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
-        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, function, packed,
-            meta, enter, leave, *args)
+        try:
+            run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, function, packed,
+                meta, enter, leave, *args)
+        except TypeError as exc:
+            # the launcher's calling convention is not the one this module knows (a Triton outside
+            # 3.6-3.8): argument parsing fails before any launch; Triton's own dispatch from now on
+            logger.warning("sglang-fa4: cached launch of Triton kernel %s failed (%s); using Triton's dispatch",
+                           self.name, exc)
+            self._handles.clear()
+            self._jit_only = True
+            self.jit()[grid](*args, **options)
 
     def _resolve(self, key, grid, args, options) -> None:
         """Triton's own dispatch (compiles or loads, and launches); keep the compiled kernel."""
@@ -208,4 +219,4 @@ class KernelHandles:
     def clear(self) -> None:
         """Forget the handles (tests; the next launch of each key resolves again)."""
         self._handles.clear()
-        self._interpret = None
+        self._jit_only = None
