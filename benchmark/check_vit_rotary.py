@@ -176,15 +176,34 @@ def main(argv=None) -> int:
 
     q, k, cos, sin = inputs(tokens_of("qwen2_5_vl", "448"), 16, 80, "bfloat16", gen)
     host = [host_us_per_call(lambda: vit_rotary.apply_rotary(q, k, cos, sin), 300) for _ in range(5)]
+    # host time of the short-window routes (180 windows of 64 tokens, 16 heads): the Triton kernel
+    # through its cached handle (d=80/128), torch's FA2 (d=72); the call short_segments makes
+    from sglang_fa4.kernels import short_segments, short_window_kernel
+
+    route_host = {}
+    for d in (80, 128, 72):
+        if d in short_segments.TRITON_HEAD_DIMS:
+            short_window_kernel.warm(d, 16, 16, "bfloat16", device="cuda")
+        cu = torch.arange(0, 181 * 64, 64, dtype=torch.int32, device="cuda")
+        qq, kk, vv = (torch.randn(180 * 64, 16, d, device="cuda", generator=gen).bfloat16() for _ in range(3))
+        short_segments.short_attention(qq, kk, vv, cu, 64, None)
+        samples = [host_us_per_call(lambda: short_segments.short_attention(qq, kk, vv, cu, 64, None), 300)
+                   for _ in range(5)]
+        route = "triton" if d in short_segments.TRITON_HEAD_DIMS else "fa2"
+        route_host[f"d{d}_{route}"] = round(statistics.median(samples), 2)
+    print(f"[vit_rotary] short-window route host us/call: {route_host}", flush=True)
     result = {"meta": meta, "rows": rows, "host_us_per_call": round(statistics.median(host), 2),
-              "resolved_after_warm": triton_handles.compile_count() - resolved0}
+              "short_window_route_host_us": route_host,
+              "resolved_after_warm": triton_handles.compile_count() - resolved0 - sum(
+                  1 for e in triton_handles.compile_events()[resolved0:] if e.kernel == "short_window_attention")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vit_rotary.json").write_text(json.dumps(result, indent=1, default=str))
     lines = [f"# Fused ViT rotary vs SGLang's rotaries ({meta['gpu']['name']})", "", f"Command: `{meta['command']}`", "",
              f"Warm (compile or disk load) {meta['warm_s']} s; specializations resolved after it: "
              f"{result['resolved_after_warm']}; host time of one fused call (Qwen2.5-VL 448x448): "
-             f"{result['host_us_per_call']} us.", "",
+             f"{result['host_us_per_call']} us. Host time per call of the short-window routes (180 x 64-token "
+             f"windows, 16 heads): {result['short_window_route_host_us']} us.", "",
              "GPU time per call (one call per CUDA graph, replays timed, medians); accuracy: rel. error vs "
              "fp32, fused vs SGLang's in bf16 steps.", "",
              "| model | cos/sin | image | tokens | fused us | native us | compiled us | floor us | native/fused "
