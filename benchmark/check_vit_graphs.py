@@ -312,17 +312,25 @@ def main(argv=None) -> int:
     ap.add_argument("--mixes", type=int, default=20)
     ap.add_argument("--pictures", nargs="+", default=list(PICTURES))
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--budgets", default=envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.default,
-                    help="token budgets (default: SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
+    ap.add_argument("--budgets", default=",".join(map(str, envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.default)),
+                    help="token budgets, or 'dense' (vit_budget_layouts.dense_ladder) (default: "
+                         "SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--shared-pool", action="store_true",
+                    help="capture the budget graphs into one memory pool (SGLANG_FA4_VIT_GRAPH_SHARED_POOL=1)")
     ap.add_argument("--upstream-mixes", type=int, default=3,
                     help="mixes also run through SGLang's own per-layout graph, for comparison")
     args = ap.parse_args(argv)
+    if args.budgets == "dense":  # vit_budget_layouts.dense_ladder(): steps of <= 7% (issue #18)
+        from sglang_fa4.integration.vit_budget_layouts import dense_ladder
+
+        args.budgets = ",".join(map(str, dense_ladder()))
 
     from sglang_towers import prepare_sglang
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
-           "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise"}
+           "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise",
+           "SGLANG_FA4_VIT_GRAPH_SHARED_POOL": "1" if args.shared_pool else "0"}
     info = prepare_sglang("fa4", env)
     from sglang_fa4.bench.meta import base_meta
 

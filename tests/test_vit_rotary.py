@@ -73,9 +73,9 @@ from sglang_fa4.kernels import vit_rotary
 
 calls = []
 real_apply = vit_rotary.apply_rotary
-def spy(*a):
+def spy(*a, **kw):
     calls.append(1)
-    return real_apply(*a)
+    return real_apply(*a, **kw)
 vit_rotary.apply_rotary = spy
 
 d, heads = 8, 2

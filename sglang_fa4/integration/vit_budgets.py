@@ -105,14 +105,15 @@ def budget_state(runner) -> Optional[BudgetState]:
 
 
 @contextmanager
-def shared_graph_pool(cuda: bool):
-    """Every ``torch.cuda.graph`` capture inside this block (the runner's, one per budget) draws on
+def shared_graph_pool(on: bool):
+    """With ``on`` (SGLANG_FA4_VIT_GRAPH_SHARED_POOL), every ``torch.cuda.graph`` capture inside this
+    block (the runner's, one per budget) draws on
     ONE private memory pool. Safe here: the budget graphs never replay concurrently (one runner,
     one stream) and the runner keeps every graph's inputs and outputs alive, so a capture reuses
     only earlier captures' temporaries. A pool per graph keeps a reserve per budget (16 budgets:
     14 GiB reserved for 2.9 GiB allocated, benchmark/results/h200/vit_graphs-fine.md), which a
-    ladder dense enough for little padding cannot afford."""
-    if not cuda:
+    ladder dense enough for little padding cannot afford (vit_budget_layouts.dense_ladder)."""
+    if not on:
         yield
         return
     import torch
@@ -153,7 +154,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     setattr(runner, STATE_ATTR, state)
     device, dtype = runner.device, runner.dtype
     cuda = torch.device(device).type == "cuda"
-    with jit_monitor.expected_compiles(), shared_graph_pool(cuda):
+    with jit_monitor.expected_compiles(), shared_graph_pool(cuda and envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()):
         # largest first: the runner's shared rotary workspace is allocated once, at full size
         for budget in sorted(budgets, reverse=True):
             cap, cap_full = segment_capacity(budget, window), full_capacity()

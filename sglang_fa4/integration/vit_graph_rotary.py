@@ -25,5 +25,5 @@ def around_native_eager(original, q, k, cos, sin, unsqueeze_dim=1):
     if torch.compiler.is_compiling():
         return original(q, k, cos, sin, unsqueeze_dim)
     if vit_rotary.usable(q, k, cos, sin, unsqueeze_dim):
-        return vit_rotary.apply_rotary(q, k, cos, sin)
+        return vit_rotary.apply_rotary(q, k, cos, sin, checked=True)
     return original(q, k, cos, sin, unsqueeze_dim)

@@ -118,7 +118,7 @@ class KernelHandles:
         self._handles: dict[tuple, tuple] = {}
         self._stream_of: Optional[Callable[[int], int]] = None
         self._knobs = None
-        self._param_kinds: Optional[tuple] = None
+        self._kinds: Optional[tuple] = None
         self._jit_only: Optional[bool] = None  # interpreter, or no cached launch: Triton's dispatch
 
     def jit(self):
@@ -126,33 +126,51 @@ class KernelHandles:
             self._jit = self._make_kernel()
         return self._jit
 
-    def _params(self) -> tuple[frozenset, frozenset]:
-        """(positions of constexprs, positions of integers Triton specializes on: == 1, % 16)."""
-        if self._param_kinds is None:
-            params = self.jit().params
-            self._param_kinds = (frozenset(p.num for p in params if p.is_constexpr),
-                                 frozenset(p.num for p in params if not p.is_constexpr and not p.do_not_specialize))
-        return self._param_kinds
+    def _classify(self, args: tuple) -> tuple:
+        """Per argument position: what of it Triton's specialization depends on (0 constexpr: its
+        value; 1 tensor: dtype, 16-byte alignment; 2 integer Triton specializes: == 1, % 16; 3
+        integer in do_not_specialize: only i32 vs i64; 4 float: nothing; 5 other: its value)."""
+        params = self.jit().params
+        constexpr_at = {p.num for p in params if p.is_constexpr}
+        specialized_at = {p.num for p in params if not p.is_constexpr and not p.do_not_specialize}
+        kinds = []
+        for i, a in enumerate(args):
+            if i in constexpr_at:
+                kinds.append(0)
+            elif hasattr(a, "data_ptr"):
+                kinds.append(1)
+            elif isinstance(a, int) and not isinstance(a, bool):
+                kinds.append(2 if i in specialized_at else 3)
+            elif isinstance(a, float):
+                kinds.append(4)
+            else:
+                kinds.append(5)
+        return tuple(kinds)
 
     def _key(self, args: tuple, options: dict) -> Optional[tuple]:
         """What Triton's specialization of ``args`` depends on, and nothing it does not (a key per
-        stride value or token count would resolve on the request path)."""
+        stride value or token count would resolve on the request path). Host time matters here: the
+        argument kinds are classified once per argument count."""
+        kinds = self._kinds
+        if kinds is None or len(kinds) != len(args):
+            kinds = self._kinds = self._classify(args)
         parts = []
-        constexpr_at, specialized_at = self._params()
-        for i, a in enumerate(args):
-            if i in constexpr_at:
-                parts.append(a)
-            elif hasattr(a, "data_ptr"):
-                parts.append((a.dtype, a.data_ptr() % 16 == 0))
-            elif isinstance(a, float):
-                parts.append(float)  # always fp32 in the signature
-            elif isinstance(a, int) and not isinstance(a, bool):
-                if not -_INT32_MAX - 1 <= a <= _INT32_MAX:
-                    return None  # an i64 argument: Triton's own dispatch decides, every time
-                parts.append((a == 1, a % 16 == 0) if i in specialized_at else int)
-            else:
-                parts.append(a)
-        return (tuple(parts), tuple(sorted(options.items())))
+        try:
+            for kind, a in zip(kinds, args):
+                if kind == 1:
+                    parts.append((a.dtype, not a.data_ptr() & 15))
+                elif kind == 2 or kind == 3:
+                    if not -_INT32_MAX - 1 <= a <= _INT32_MAX:
+                        return None  # an i64 argument: Triton's own dispatch decides, every time
+                    parts.append(0 if kind == 3 else (1 if a == 1 else (2 if not a & 15 else 3)))
+                elif kind == 4:
+                    parts.append(None)  # always fp32 in the signature
+                else:
+                    parts.append(a)
+        except (AttributeError, TypeError):  # an argument changed kind at its position
+            self._kinds = self._classify(args)
+            return self._key(args, options)
+        return (tuple(parts), tuple(options.items()))
 
     def launch(self, grid: tuple, args: tuple, device_index: int, **options) -> None:
         """Launch on the current stream of CUDA device ``device_index``."""

@@ -83,6 +83,18 @@ def is_warm(q, k) -> bool:
     return (q.shape[-1], q.shape[-2], k.shape[-2], q.dtype) in _warmed
 
 
+_dtype_sets: tuple = ()  # (q/k dtypes, cos/sin dtypes) as torch dtypes, built once
+
+
+def _dtypes() -> tuple:
+    global _dtype_sets
+    if not _dtype_sets:
+        import torch
+
+        _dtype_sets = (frozenset(getattr(torch, n) for n in _DTYPES), frozenset(getattr(torch, n) for n in _TABLE_DTYPES))
+    return _dtype_sets
+
+
 def supported(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
     """Whether (q, k, cos, sin) is a call this kernel computes exactly as the native rotary: q/k
     (tokens, heads, d) of one 16-bit float dtype on one CUDA device (or CPU under the interpreter),
@@ -90,15 +102,15 @@ def supported(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
     if unsqueeze_dim != 1 or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
         return False
     tokens, _, d = q.shape
-    if d % 2 or k.shape[0] != tokens or k.shape[2] != d or tuple(cos.shape) != (tokens, d) or tuple(sin.shape) != (tokens, d):
+    if d % 2 or k.shape[0] != tokens or k.shape[2] != d or cos.shape != sin.shape or cos.shape[0] != tokens or cos.shape[1] != d:
         return False
-    if q.dtype != k.dtype or str(q.dtype).rsplit(".", 1)[-1] not in _DTYPES:
+    qk_dtypes, table_dtypes = _dtypes()
+    if q.dtype != k.dtype or q.dtype not in qk_dtypes or cos.dtype not in table_dtypes or sin.dtype not in table_dtypes:
         return False
-    if any(str(t.dtype).rsplit(".", 1)[-1] not in _TABLE_DTYPES for t in (cos, sin)):
+    device = q.device
+    if k.device != device or cos.device != device or sin.device != device:
         return False
-    if any(t.device != q.device for t in (k, cos, sin)):
-        return False
-    return all(t.stride(-1) == 1 for t in (q, k, cos, sin))
+    return q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
 
 
 def usable(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
@@ -109,13 +121,12 @@ def usable(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
     return ((q.is_cuda or interpreting()) and is_warm(q, k) and supported(q, k, cos, sin, unsqueeze_dim))
 
 
-def apply_rotary(q, k, cos, sin):
+def apply_rotary(q, k, cos, sin, checked: bool = False):
     """Rotary-embedded (q, k), new contiguous tensors of q's shape and dtype. Raises ValueError on a
-    call :func:`supported` rejects."""
+    call :func:`supported` rejects (``checked``: the caller just asked :func:`usable`)."""
     import torch
-    import triton
 
-    if not supported(q, k, cos, sin):
+    if not checked and not supported(q, k, cos, sin):
         raise ValueError(
             f"vit_rotary: needs q (tokens, heads, d), k (tokens, kv_heads, d) of one bf16/fp16 dtype and "
             f"cos/sin (tokens, d), d even, unit last strides, one device; got q {tuple(q.shape)} {q.dtype}, "
@@ -129,8 +140,10 @@ def apply_rotary(q, k, cos, sin):
     half = d // 2
     args = (q, k, cos, sin, qo, ko, tokens, heads,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-            half, max(16, triton.next_power_of_2(half)), BLOCK_T, kv_heads)
-    grid = (triton.cdiv(tokens, BLOCK_T), heads + kv_heads)
+            half, max(16, 1 << (half - 1).bit_length()), BLOCK_T, kv_heads)
+    # plain integer maths: triton.cdiv / next_power_of_2 are constexpr functions (tens of us per
+    # host call, measured here with Triton 3.8)
+    grid = (-(-tokens // BLOCK_T), heads + kv_heads)
     HANDLES.launch(grid, args, q.device.index or 0, num_warps=4)
     return qo, ko
 
