@@ -220,3 +220,30 @@ def test_handle_resolves_once_per_specialization(fake_handles):
         assert jit.log[-1][0] == "jit" and handles.resolved() == 6
     finally:
         remove()
+
+
+TRACED = """
+import torch
+import sglang.srt.plugins as plugins
+plugins.load_plugins()
+from sglang.srt.layers.rotary_embedding import utils as rope_utils
+from sglang_fa4.kernels import vit_rotary
+
+vit_rotary._warmed.add((8, 2, 2, torch.float16))  # as if warmed: a traced call must still be SGLang's
+calls = []
+real = vit_rotary.apply_rotary
+vit_rotary.apply_rotary = lambda *a, **k: calls.append(1) or real(*a, **k)
+# SGLang's compiled rotary calls the rebound name: dynamo must trace through the hook in one graph
+traced = torch.compile(rope_utils.apply_rotary_pos_emb_native_eager, backend="eager", fullgraph=True, dynamic=True)
+g = torch.Generator().manual_seed(2)
+q, k = (torch.randn(5, 2, 8, generator=g).half() for _ in range(2))
+cos, sin = (torch.randn(5, 8, generator=g).half() for _ in range(2))
+out = traced(q, k, cos, sin)
+ref = rope_utils.apply_rotary_pos_emb_native_eager.__wrapped__(q, k, cos, sin)
+emit({"equal": bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])), "fused_calls": len(calls)})
+"""
+
+
+def test_torch_compile_traces_sglang_rotary_through_the_hook(sglang_version):
+    res = run_with_sglang(sglang_version, TRACED, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}, timeout=600)
+    assert res == {"equal": True, "fused_calls": 0}
