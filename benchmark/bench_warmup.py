@@ -13,6 +13,11 @@ the attributes of SGLang's VisionAttention go through ``sglang_fa4.startup.varia
          that the one-kernel-per-class launches equal FA4's public API called with each call's
          exact max_seqlen (the max_seqlen normalisation changes no output).
 
+Our Triton kernels (short-window attention, ViT rotary) go through the same two phases with their
+own fresh TRITON_CACHE_DIR (startup/triton_warmup.py): cold compiles them, warm loads them from
+disk; the warm trace also runs the fused rotary on every batch's token counts and counts Triton
+specializations resolved after the warmup (must be 0).
+
 Usage (repo root; needs torch, flash-attn-4 and this package, nothing else):
     python3 benchmark/bench_warmup.py --out $OUT/warmup.json [--sizes 60] [--seed 0]
 Prints a short summary; the JSON holds per-variant times, compile counts and the trace.
@@ -73,6 +78,7 @@ def towers():
                 self.fullatt_block_indexes = fullatt
                 self.window_size = WINDOW_PATCHES * PATCH
             self.patch_size = PATCH
+            self.rotary_pos_emb = nn.Identity()  # a rotary tower: the warmup resolves the fused rotary
             self.blocks = nn.ModuleList(Block(d) for _ in range(depth))
 
     class VLM(nn.Module):
@@ -153,6 +159,22 @@ def child(args) -> dict:
             for (name, v), s in zip(variants, report.seconds)
         ],
     }
+    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.startup import jit_monitor, triton_warmup
+
+    t1 = time.perf_counter()
+    with jit_monitor.expected_compiles(finishes_warmup=True):
+        tri = {name: triton_warmup.warm_triton(model, arch, torch.device(DEVICE)) for name, model in models.items()}
+    torch.cuda.synchronize()
+    events = triton_handles.compile_events()
+    result["triton_warmup"] = {
+        "total_s": time.perf_counter() - t1,
+        "towers": tri,
+        "resolved": len(events),
+        "compiled": sum(1 for e in events if e.cache_hit is False),
+        "loaded_from_disk": sum(1 for e in events if e.cache_hit is True),
+        "events": [{"kernel": e.kernel, "seconds": e.seconds, "how": e.how} for e in events],
+    }
     if args.child == "warm":
         result["trace"] = trace(args)
     return result
@@ -163,12 +185,13 @@ def trace(args) -> dict:
 
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels import dispatch, short_segments
+    from sglang_fa4.kernels import dispatch, short_segments, triton_handles, vit_rotary
     from sglang_fa4.startup import jit_monitor
 
     jit_monitor.arm_jit_monitor()
     dev = torch.device(DEVICE)
     start_count = dispatch.compile_count()
+    start_triton = triton_handles.compile_count()
     start_after = jit_monitor.compiles_after_warmup()
     calls = many = routed_calls = 0
     checks = []
@@ -190,6 +213,9 @@ def trace(args) -> dict:
             max_len = max(lens)
             out = dispatch.fa4_varlen_attention(q, k, v, cu, max_len)
             calls += 1
+            if name != "qwen2.5-vl full":  # the fused rotary on this batch's tokens (bf16 tables)
+                ang = torch.rand(total, d, device=dev)
+                vit_rotary.apply_rotary(q, k, ang.cos().bfloat16(), ang.sin().bfloat16())
             many += len(lens) > 256
             # short-window layouts run on FA2 on SM90 (sglang_fa4.kernels.short_segments), not on FA4
             routed = short_segments.should_route(dispatch.kernel_cache().arch, q, max_len, (None, None), None)
@@ -212,6 +238,7 @@ def trace(args) -> dict:
         "calls_routed_to_fa2": routed_calls,
         "seconds": time.perf_counter() - t0,
         "resolved_after_warmup": dispatch.compile_count() - start_count,
+        "triton_resolved_after_warmup": triton_handles.compile_count() - start_triton,
         "monitor_compiles_after_warmup": jit_monitor.compiles_after_warmup() - start_after,
         "bitwise_checks": len(checks),
         "bitwise_all_equal": all(c["bitwise_equal"] for c in checks),
@@ -230,6 +257,7 @@ def run_phase(phase: str, cache_dir: Path, args) -> dict:
     env["SGLANG_FA4_KERNEL_CACHE"] = "1"
     env["SGLANG_FA4_KERNEL_CACHE_DIR"] = str(cache_dir)
     env["SGLANG_FA4_JIT_MONITOR"] = "warn"
+    env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_path = Path(f.name)
@@ -313,8 +341,16 @@ def main() -> int:
         "trace_calls_over_256_segments": tr["calls_over_256_segments"],
         "trace_resolved_after_warmup": tr["resolved_after_warmup"],
         "bitwise_all_equal": tr["bitwise_all_equal"],
+        "triton_cold_s": result["cold"]["triton_warmup"]["total_s"],
+        "triton_cold_compiled": result["cold"]["triton_warmup"]["compiled"],
+        "triton_warm_s": result["warm"]["triton_warmup"]["total_s"],
+        "triton_warm_compiled": result["warm"]["triton_warmup"]["compiled"],
+        "triton_warm_loaded_from_disk": result["warm"]["triton_warmup"]["loaded_from_disk"],
+        "trace_triton_resolved_after_warmup": tr["triton_resolved_after_warmup"],
         "ok": (
             warm["compiled"] == 0 and tr["resolved_after_warmup"] == 0 and tr["bitwise_all_equal"]
+            and result["warm"]["triton_warmup"]["compiled"] == 0 and tr["triton_resolved_after_warmup"] == 0
+            and result["cold"]["triton_warmup"]["resolved"] > 0
             and not cold["failures"] and not cold["mismatches"] and tr["batches"] >= 50
         ),
     }
@@ -330,6 +366,10 @@ def main() -> int:
     print(f"trace: {s['trace_batches']} image batches, {s['trace_calls']} calls "
           f"({s['trace_calls_over_256_segments']} with > 256 segments): {s['trace_resolved_after_warmup']} "
           f"compiles after warmup; bitwise vs FA4 public API: {'equal' if s['bitwise_all_equal'] else 'DIFFERENT'}")
+    print(f"Triton (short-window attention, ViT rotary): cold {s['triton_cold_s']:.2f} s "
+          f"({s['triton_cold_compiled']} compiled), warm {s['triton_warm_s'] * 1e3:.1f} ms "
+          f"({s['triton_warm_compiled']} compiled, {s['triton_warm_loaded_from_disk']} loaded from disk); "
+          f"trace: {s['trace_triton_resolved_after_warmup']} resolved after warmup")
     print(f"{'OK' if s['ok'] else 'FAIL'} -> {out}")
     return 0 if s["ok"] else 1
 

@@ -374,8 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
     budgets_var = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS
     # the env var's own text form (its default is a typed tuple)
     ap.add_argument("--budgets", default=budgets_var.format(budgets_var.default),
-                    help="token budgets (default: SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
+                    help="token budgets, or 'dense' (vit_budget_layouts.dense_ladder) (default: "
+                         "SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--shared-pool", action="store_true",
+                    help="capture the budget graphs into one memory pool (SGLANG_FA4_VIT_GRAPH_SHARED_POOL=1)")
     ap.add_argument("--invariance-mixes", type=int, default=3,
                     help="random multi-image mixes of the batch-invariance check (besides the fixed ones)")
     ap.add_argument("--batch-invariant", action="store_true",
@@ -388,11 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.budgets == "dense":  # vit_budget_layouts.dense_ladder(): steps of <= 7% (issue #18)
+        from sglang_fa4.integration.vit_budget_layouts import dense_ladder
+
+        args.budgets = ",".join(map(str, dense_ladder()))
 
     from sglang_towers import prepare_sglang
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
-           "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise"}
+           "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise",
+           "SGLANG_FA4_VIT_GRAPH_SHARED_POOL": "1" if args.shared_pool else "0"}
     info = prepare_sglang("fa4", env)
     if args.batch_invariant:
         from sglang.srt.batch_invariant_ops import enable_batch_invariant_mode

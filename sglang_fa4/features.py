@@ -79,6 +79,12 @@ FEATURES = (
         None,
     ),
     Feature(
+        "vit_graph_rotary_fused",
+        "SGLANG_VIT_ENABLE_CUDA_GRAPH=1: ViT attention's rotary is one fused Triton kernel for q and k "
+        "(compiled at the startup warmup, cached launch) instead of SGLang's unfused fp32 graph-mode rotary",
+        None,
+    ),
+    Feature(
         "vit_host_metadata",
         "Qwen2.5-VL eager ViT forward: window/full layouts and max_seqlen from host data, one "
         "non-blocking H2D copy, no device->host sync (SGLANG_FA4_VIT_HOST_METADATA)",

@@ -47,6 +47,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_FP8_KV_UPGRADE.get())
     if feature.name == "llm_fa4_fp8_kv_sm90":
         return bool(envs.SGLANG_FA4_FP8_KV_ROUTE.get())
+    if feature.name == "vit_graph_rotary_fused":  # launches only what the warmup compiled
+        return bool(envs.SGLANG_FA4_WARMUP.get())
     if feature.name == "vit_host_metadata":
         return bool(envs.SGLANG_FA4_VIT_HOST_METADATA.get())
     return True

@@ -9,7 +9,7 @@ from enum import Enum
 import pytest
 
 from sglang_fa4 import features, plugin
-from sglang_fa4.integration import hooks, llm_fp8_kv, registration
+from sglang_fa4.integration import hooks, llm_fp8_kv, registration, vit_graph_rotary
 from sglang_fa4.environ import EnvValueError
 
 
@@ -55,7 +55,7 @@ def test_plan_0_5_20_hooks_everything():
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
         "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_graph_internvl_startup", "vit_host_metadata",
-        "llm_fa4_fp8_kv_sm90",
+        "llm_fa4_fp8_kv_sm90", "vit_graph_rotary_fused",
     }
     assert plan.upstream == []
 
@@ -63,7 +63,8 @@ def test_plan_0_5_20_hooks_everything():
 def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
-                           "vit_graph_internvl_startup", "vit_host_metadata", "llm_fa4_fp8_kv_sm90"]
+                           "vit_graph_internvl_startup", "vit_graph_rotary_fused", "vit_host_metadata",
+                           "llm_fa4_fp8_kv_sm90"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -107,9 +108,10 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (llm_fp8_kv.FA_DISPATCH, FakeHookType.AROUND),
         (llm_fp8_kv.PREPARE_QUERY, FakeHookType.AROUND),
         (llm_fp8_kv.BACKEND_INIT, FakeHookType.AFTER),
+        (vit_graph_rotary.ROTARY_NATIVE_EAGER, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 15  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 15  # idempotent
+    assert len(fake_sglang.registered) == 16  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 16  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -118,7 +120,8 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL,
-        hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL, hooks.QWEN2_5_VIT_FORWARD,
+        hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL,
+        vit_graph_rotary.ROTARY_NATIVE_EAGER, hooks.QWEN2_5_VIT_FORWARD,
         llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT,
     ]
 

@@ -181,10 +181,15 @@ def run(args) -> dict:
     result = {"meta": meta, "rows": [], "pairs": []}
     layouts = [kernel_layout(n) for n in args.layouts]
     timed_modes = [m for m in args.modes if m != "host"]
-    cases = [(hd, lay, timed_modes + (["host"] if "host" in args.modes and lay.name == HOST_LAYOUT else []))
+    # host mode: the launch-bound loop on the smallest FA4 layout and on any --host-layouts (windowed
+    # layouts: the short-window routes' host time, issue #18)
+    host_layouts = [HOST_LAYOUT] + [n for n in (getattr(args, "host_layouts", None) or []) if n != HOST_LAYOUT]
+    meta["settings"]["host_layouts"] = host_layouts
+    cases = [(hd, lay, timed_modes + (["host"] if "host" in args.modes and lay.name in host_layouts else []))
              for hd in args.head_dims for lay in layouts]
-    if "host" in args.modes and HOST_LAYOUT not in args.layouts:
-        cases += [(hd, kernel_layout(HOST_LAYOUT), ["host"]) for hd in args.head_dims]
+    if "host" in args.modes:
+        cases += [(hd, kernel_layout(n), ["host"]) for n in host_layouts if n not in args.layouts
+                  for hd in args.head_dims]
     l2 = meta["gpu"].get("l2_bytes")
     done = 0
     for i, (hd, lay, modes) in enumerate(cases):
@@ -219,6 +224,8 @@ def add_arguments(p) -> None:
     p.add_argument("--layouts", nargs="+", default=list(DEFAULT_KERNEL_LAYOUTS),
                    help="NxL, mixed, or win448/win720p/win1080p/win4k/winvideo32 (Qwen2.5-VL windows)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--host-layouts", nargs="+", default=[],
+                   help=f"layouts timed in mode host besides {HOST_LAYOUT} (e.g. win448 180x64: the short-window routes)")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--rounds", type=int, default=10, help="paired rounds per case")
     p.add_argument("--target-ms", type=float, default=2.0, help="GPU time per timed sample")

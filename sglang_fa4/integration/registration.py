@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_fa4.integration import hooks, internvl_graphs, llm_fp8_kv, vit_budgets
+from sglang_fa4.integration import hooks, internvl_graphs, llm_fp8_kv, vit_budgets, vit_graph_rotary
 
 
 def _register_backend_selection(registry, hook_type) -> None:
@@ -30,6 +30,10 @@ def _register_vit_graph_outputs_owned(registry, hook_type) -> None:
 def _register_startup_warmup(registry, hook_type) -> None:
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.preload_fa4_before_load_model, hook_type.BEFORE)
     registry.register(hooks.MODEL_RUNNER_LOAD_MODEL, hooks.warm_fa4_after_load_model, hook_type.AFTER)
+
+
+def _register_vit_graph_rotary(registry, hook_type) -> None:
+    registry.register(vit_graph_rotary.ROTARY_NATIVE_EAGER, vit_graph_rotary.around_native_eager, hook_type.AROUND)
 
 
 def _register_vit_graph_budgets(registry, hook_type) -> None:
@@ -76,4 +80,5 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "vit_graph_internvl_startup": (_register_vit_graph_internvl_startup,),
     "llm_fp8_kv_upgrade": (_register_llm_fp8_kv_upgrade,),
     "llm_fa4_fp8_kv_sm90": (_register_llm_fa4_fp8_kv_sm90,),
+    "vit_graph_rotary_fused": (_register_vit_graph_rotary,),
 }

@@ -31,6 +31,7 @@ counted as startup there).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -103,6 +104,35 @@ def budget_state(runner) -> Optional[BudgetState]:
     return getattr(runner, STATE_ATTR, None)
 
 
+@contextmanager
+def shared_graph_pool(on: bool):
+    """With ``on`` (SGLANG_FA4_VIT_GRAPH_SHARED_POOL), every ``torch.cuda.graph`` capture inside this
+    block (the runner's, one per budget) draws on
+    ONE private memory pool. Safe here: the budget graphs never replay concurrently (one runner,
+    one stream) and the runner keeps every graph's inputs and outputs alive, so a capture reuses
+    only earlier captures' temporaries. A pool per graph keeps a reserve per budget (16 budgets:
+    14 GiB reserved for 2.9 GiB allocated, benchmark/results/h200/vit_graphs-fine.md), which a
+    ladder dense enough for little padding cannot afford (vit_budget_layouts.dense_ladder)."""
+    if not on:
+        yield
+        return
+    import torch
+
+    original = torch.cuda.graph
+    pool = torch.cuda.graph_pool_handle()
+
+    def graph(cuda_graph, *args, **kwargs):
+        if not args and kwargs.get("pool") is None:
+            kwargs["pool"] = pool
+        return original(cuda_graph, *args, **kwargs)
+
+    torch.cuda.graph = graph
+    try:
+        yield
+    finally:
+        torch.cuda.graph = original
+
+
 def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[str] = None,
                     budgets: Optional[Sequence[int]] = None) -> BudgetState:
     """Capture one graph per budget on ``runner`` (a generic ``ViTCudaGraphRunner`` whose backend
@@ -124,7 +154,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     setattr(runner, STATE_ATTR, state)
     device, dtype = runner.device, runner.dtype
     cuda = torch.device(device).type == "cuda"
-    with jit_monitor.expected_compiles():
+    with jit_monitor.expected_compiles(), shared_graph_pool(cuda and envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()):
         # largest first: the runner's shared rotary workspace is allocated once, at full size
         for budget in sorted(budgets, reverse=True):
             cap, cap_full = segment_capacity(budget, window), full_capacity()

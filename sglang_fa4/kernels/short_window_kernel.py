@@ -6,20 +6,23 @@ tile scheduler: the time is the bytes of q, k, v and o, which is what a layout o
 windows is bound by. Segments longer than BLOCK_S tokens are not supported (the caller routes only
 layouts whose longest segment fits). Empty segments write nothing.
 
-Triton (and torch) are imported lazily.
+Compiled at the startup warmup (:func:`warm`) and launched through a cached handle of the compiled
+kernel (:mod:`sglang_fa4.kernels.triton_handles`): Triton's JIT dispatch cost 45-49 us of host time
+per call (issue #18), more than the kernel itself on one image. Triton (and torch) are imported lazily.
 """
 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Optional
+
+from sglang_fa4.kernels.triton_handles import KernelHandles
 
 #: the longest segment this kernel handles (one tile)
 BLOCK_S = 64
+_LOG2E = math.log2(math.e)
 
 
-@lru_cache(maxsize=1)
 def _kernel():
     import triton
     import triton.language as tl
@@ -60,12 +63,14 @@ def _kernel():
     return short_window_attention
 
 
+HANDLES = KernelHandles("short_window_attention", _kernel)
+
+
 def short_window_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None, out=None,
                            num_warps: int = 4):
     """Attention within each segment of ``cu_seqlens``; q (tokens, heads, d), k/v (tokens, kv_heads, d)
     with a contiguous last dim; every segment at most BLOCK_S tokens."""
     import torch
-    import triton
 
     if max_seqlen > BLOCK_S:
         raise ValueError(f"short_window_attention handles segments of <= {BLOCK_S} tokens, got max_seqlen {max_seqlen}")
@@ -81,14 +86,36 @@ def short_window_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: 
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
     segments = cu_seqlens.numel() - 1
     if segments > 0 and tokens > 0:
-        _kernel()[(segments, heads)](
-            q, k, v, out, cu_seqlens,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-            scale * math.log2(math.e),
-            KV_GROUP=heads // kv_heads,
-            HEAD_DIM=d,
-            BLOCK_D=max(16, triton.next_power_of_2(d)),
-            BLOCK_S=BLOCK_S,
+        # plain integer maths for BLOCK_D: triton.next_power_of_2 is a constexpr function (tens of
+        # us per host call, measured on this project's machine with Triton 3.8)
+        HANDLES.launch(
+            (segments, heads),
+            (q, k, v, out, cu_seqlens,
+             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+             scale * _LOG2E,
+             heads // kv_heads, d, max(16, 1 << (d - 1).bit_length()), BLOCK_S),
+            q.device.index or 0,
             num_warps=num_warps,
         )
     return out
+
+
+def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", device=None) -> int:
+    """Resolve (compile, or load from Triton's disk cache) the kernel for this head dim, heads and
+    dtype, on q/k/v as SGLang hands them (contiguous, or views into one qkv projection: the same
+    specialization when the strides keep their divisibility). Returns how many were newly resolved."""
+    import torch
+
+    from sglang_fa4.kernels import triton_handles
+
+    before = triton_handles.compile_count()
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    lens = [BLOCK_S, 16, 3]
+    cu = torch.tensor([0, lens[0], lens[0] + lens[1], sum(lens)], dtype=torch.int32, device=device)
+    tokens = sum(lens)
+    q = torch.randn(tokens, heads, head_dim, generator=g).to(device=device, dtype=dt)
+    k, v = (torch.randn(tokens, kv_heads, head_dim, generator=g).to(device=device, dtype=dt) for _ in range(2))
+    for _ in range(2):  # the second call takes the cached handle: checked here, not on a request
+        short_window_attention(q, k, v, cu, BLOCK_S)
+    return triton_handles.compile_count() - before

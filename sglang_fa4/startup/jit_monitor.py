@@ -1,7 +1,8 @@
 """After the startup warmup, flag any FA4 configuration resolved in the process (a compile on the
 request path or inside a graph capture): ``SGLANG_FA4_JIT_MONITOR`` = off / warn / raise.  The SM90
 FP8 forward's variants (``kernels/fp8_sm90/launch.py``, compiled once per head dim x causal/local)
-are counted and flagged the same way.
+are counted and flagged the same way, and so are our Triton kernels (short-window attention, ViT
+rotary: ``kernels/triton_handles.py``, one event per specialization resolved).
 
 Startup work that may compile (the warmup itself, the ViT budget-graph capture) runs inside
 :func:`expected_compiles`, so its compiles are not counted.
@@ -24,6 +25,7 @@ _finished = False  # a warmup completed in this process
 _after = 0  # configurations resolved after a finished warmup
 _monitor: Optional[tuple[Any, Any]] = None  # (kernel cache, remover)
 _fp8_remover: Optional[Any] = None  # removes the listener on the FP8 forward's compile cache
+_triton_remover: Optional[Any] = None  # removes the listener on our Triton kernels' handles
 
 
 class FA4CompileAfterWarmup(RuntimeError):
@@ -118,6 +120,28 @@ def _on_quantize_compile(event: dict) -> None:
     )
 
 
+def _on_triton_compile(event) -> None:
+    """Listener on our Triton kernels' handles (``triton_handles.CompileEvent``)."""
+    count = _count_after_warmup()
+    if count is None:
+        return
+    capture = " during CUDA-graph capture" if event.during_capture else ""
+    _flag(
+        f"sglang-fa4: Triton kernel {event.kernel} {event.how} a specialization after the startup "
+        f"warmup{capture} ({event.seconds:.2f} s, #{count} after warmup): {event.key}"
+    )
+
+
+def arm_triton_monitor() -> None:
+    """Listen on our Triton kernels' handles (idempotent; :func:`arm_jit_monitor` calls it)."""
+    global _triton_remover
+    from sglang_fa4.kernels import triton_handles
+
+    with _state_lock:
+        if _triton_remover is None:
+            _triton_remover = triton_handles.add_compile_listener(_on_triton_compile)
+
+
 def arm_fp8_monitor() -> None:
     """Listen on the FP8 forward's compile cache and the quantize kernels' compiles (idempotent;
     :func:`arm_jit_monitor` calls it). Imports torch but not cutlass."""
@@ -140,6 +164,7 @@ def arm_jit_monitor() -> bool:
     if envs.SGLANG_FA4_JIT_MONITOR.get() == "off":
         return False
     arm_fp8_monitor()
+    arm_triton_monitor()
     from sglang_fa4.kernels import dispatch
 
     cache = dispatch.kernel_cache()
@@ -159,7 +184,7 @@ def armed() -> bool:
 
 def reset_state() -> None:
     """Forget warmup/monitor state (tests)."""
-    global _finished, _after, _monitor, _expected, _fp8_remover
+    global _finished, _after, _monitor, _expected, _fp8_remover, _triton_remover
     with _state_lock:
         if _monitor is not None:
             _monitor[1]()
@@ -167,6 +192,9 @@ def reset_state() -> None:
         if _fp8_remover is not None:
             _fp8_remover()
         _fp8_remover = None
+        if _triton_remover is not None:
+            _triton_remover()
+        _triton_remover = None
         _finished = False
         _after = 0
         _expected = 0

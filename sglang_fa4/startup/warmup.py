@@ -33,7 +33,7 @@ from typing import Any, Optional
 from sglang_fa4.environ import envs
 from sglang_fa4.kernels import fa4_b36
 from sglang_fa4.kernels.fa4_config import FA4Config
-from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, towers
+from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, towers, triton_warmup
 from sglang_fa4.startup.variants import Variant, enumerate_variants
 
 logger = logging.getLogger("sglang_fa4")
@@ -49,6 +49,7 @@ class WarmupReport:
     mismatches: list[tuple[Variant, FA4Config]] = field(default_factory=list)  # predicted != resolved
     total_seconds: float = 0.0
     fp8: Optional["WarmupReport"] = None  # warm_model(fp8=True): the FP8 forward's variants
+    triton: Optional[dict] = None  # our Triton kernels warmed by warm_model (startup/triton_warmup.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class WarmupReport:
             "mismatches": [[v.describe(), c.as_dict()] for v, c in self.mismatches],
             "total_seconds": self.total_seconds,
             **({"fp8": self.fp8.as_dict()} if self.fp8 is not None else {}),
+            **({"triton": self.triton} if self.triton is not None else {}),
         }
 
 
@@ -233,6 +235,8 @@ def warm_model(model, *, arch: Optional[int] = None, fp8: Optional[bool] = None)
     variants = enumerate_variants(model, arch)
     device = towers.module_device(modules[0][1])
     report = run_warmup(variants, device)
+    with jit_monitor.expected_compiles():  # the short-window attention and ViT rotary Triton kernels
+        report.triton = triton_warmup.warm_triton(model, arch, device)
     every_shape = fp8 is True
     if fp8 is None:
         from sglang_fa4.kernels import vit_attn_dtype

@@ -1,0 +1,173 @@
+"""A fused, capture-safe rotary embedding for ViT attention (one Triton kernel for q and k).
+
+SGLang's ViT graph mode applies the rotary with ``apply_rotary_pos_emb_native_eager``: unfused fp32
+PyTorch (casts, two multiplies, a rotate-half concatenation, an add, a cast back, for q and for k:
+~20 kernels and ~10 fp32 passes over q and k per layer), because its torch.compile'd version would
+compile inside a CUDA-graph capture. On 1080p/4K images that made graph towers slower than eager
+(issue #18). This kernel reads q, k (bf16/fp16, any token/head strides) and cos, sin once and writes
+new contiguous q, k: the same arithmetic (fp32 products and sum, one rounding to the input dtype),
+so the result is within bf16 rounding of SGLang's compiled rotary and its eager one.
+
+Semantics: ``apply_rotary(q, k, cos, sin)`` == ``apply_rotary_pos_emb_native_eager(q, k, cos, sin,
+unsqueeze_dim=1)`` for q (tokens, heads, d), k (tokens, kv_heads, d), cos/sin (tokens, d):
+``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])``.
+:func:`supported` says whether a call has that shape; anything else is the caller's to route.
+
+Compiled at the startup warmup (:func:`warm`, one kernel per head dim and dtype pair) and launched
+through a cached handle (:mod:`sglang_fa4.kernels.triton_handles`): no compile on the request path,
+a few microseconds of host time per layer. Triton and torch are imported lazily.
+"""
+
+from __future__ import annotations
+
+from sglang_fa4.kernels.triton_handles import KernelHandles
+
+#: tokens per program
+BLOCK_T = 32
+_DTYPES = ("bfloat16", "float16")
+_TABLE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _make_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["n_tokens", "q_heads", "stride_qt", "stride_qh", "stride_kt", "stride_kh",
+                                   "stride_ct", "stride_st"])
+    def vit_rotary(
+        Q, K, COS, SIN, QO, KO,
+        n_tokens, q_heads,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_ct, stride_st,
+        HALF: tl.constexpr,  # head_dim // 2
+        HALF_PAD: tl.constexpr,  # next power of two
+        BLOCK: tl.constexpr,
+        KV_HEADS: tl.constexpr,
+    ):
+        # program (token block, head): heads [0, q_heads) are q's, the next KV_HEADS are k's
+        head = tl.program_id(1)
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, HALF_PAD)
+        tok = rows.to(tl.int64)
+        mask = (rows < n_tokens)[:, None] & (cols < HALF)[None, :]
+        c_at = COS + tok[:, None] * stride_ct + cols[None, :]
+        s_at = SIN + tok[:, None] * stride_st + cols[None, :]
+        c1 = tl.load(c_at, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(c_at + HALF, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(s_at, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s_at + HALF, mask=mask, other=0.0).to(tl.float32)
+        if head < q_heads:
+            src = Q + tok[:, None] * stride_qt + head * stride_qh + cols[None, :]
+            dst = QO + tok[:, None] * (q_heads * 2 * HALF) + head * (2 * HALF) + cols[None, :]
+        else:
+            kh = head - q_heads
+            src = K + tok[:, None] * stride_kt + kh * stride_kh + cols[None, :]
+            dst = KO + tok[:, None] * (KV_HEADS * 2 * HALF) + kh * (2 * HALF) + cols[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        # SGLang's order of operations: x * cos + rotate_half(x) * sin, each product rounded to fp32
+        o1 = x1 * c1 + (-x2) * s1
+        o2 = x2 * c2 + x1 * s2
+        tl.store(dst, o1.to(QO.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, o2.to(QO.dtype.element_ty), mask=mask)
+
+    return vit_rotary
+
+
+HANDLES = KernelHandles("vit_rotary", _make_kernel)
+_warmed: set = set()  # (head_dim, heads, kv_heads, dtype) resolved by warm()
+
+
+def is_warm(q, k) -> bool:
+    """Whether :func:`warm` resolved the kernels for q/k's head dim, head counts and dtype (a hook
+    inside a CUDA-graph capture should launch only those)."""
+    return (q.shape[-1], q.shape[-2], k.shape[-2], q.dtype) in _warmed
+
+
+_dtype_sets: tuple = ()  # (q/k dtypes, cos/sin dtypes) as torch dtypes, built once
+
+
+def _dtypes() -> tuple:
+    global _dtype_sets
+    if not _dtype_sets:
+        import torch
+
+        _dtype_sets = (frozenset(getattr(torch, n) for n in _DTYPES), frozenset(getattr(torch, n) for n in _TABLE_DTYPES))
+    return _dtype_sets
+
+
+def supported(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
+    """Whether (q, k, cos, sin) is a call this kernel computes exactly as the native rotary: q/k
+    (tokens, heads, d) of one 16-bit float dtype on one CUDA device (or CPU under the interpreter),
+    contiguous last dims, cos/sin (tokens, d), d even."""
+    if unsqueeze_dim != 1 or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
+        return False
+    tokens, _, d = q.shape
+    if d % 2 or k.shape[0] != tokens or k.shape[2] != d or cos.shape != sin.shape or cos.shape[0] != tokens or cos.shape[1] != d:
+        return False
+    qk_dtypes, table_dtypes = _dtypes()
+    if q.dtype != k.dtype or q.dtype not in qk_dtypes or cos.dtype not in table_dtypes or sin.dtype not in table_dtypes:
+        return False
+    device = q.device
+    if k.device != device or cos.device != device or sin.device != device:
+        return False
+    return q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
+
+
+def usable(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
+    """A call the ViT graph path may hand this kernel: warmed at startup (:func:`is_warm`), of a
+    supported shape, on a CUDA device (or any device under TRITON_INTERPRET, CPU tests)."""
+    from sglang_fa4.kernels.triton_handles import interpreting
+
+    return ((q.is_cuda or interpreting()) and is_warm(q, k) and supported(q, k, cos, sin, unsqueeze_dim))
+
+
+def apply_rotary(q, k, cos, sin, checked: bool = False):
+    """Rotary-embedded (q, k), new contiguous tensors of q's shape and dtype. Raises ValueError on a
+    call :func:`supported` rejects (``checked``: the caller just asked :func:`usable`)."""
+    import torch
+
+    if not checked and not supported(q, k, cos, sin):
+        raise ValueError(
+            f"vit_rotary: needs q (tokens, heads, d), k (tokens, kv_heads, d) of one bf16/fp16 dtype and "
+            f"cos/sin (tokens, d), d even, unit last strides, one device; got q {tuple(q.shape)} {q.dtype}, "
+            f"k {tuple(k.shape)} {k.dtype}, cos {tuple(cos.shape)} {cos.dtype}, sin {tuple(sin.shape)} {sin.dtype}")
+    tokens, heads, d = q.shape
+    kv_heads = k.shape[1]
+    qo = torch.empty((tokens, heads, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((tokens, kv_heads, d), dtype=k.dtype, device=k.device)
+    if tokens == 0:
+        return qo, ko
+    half = d // 2
+    args = (q, k, cos, sin, qo, ko, tokens, heads,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+            half, max(16, 1 << (half - 1).bit_length()), BLOCK_T, kv_heads)
+    # plain integer maths: triton.cdiv / next_power_of_2 are constexpr functions (tens of us per
+    # host call, measured here with Triton 3.8)
+    grid = (-(-tokens // BLOCK_T), heads + kv_heads)
+    HANDLES.launch(grid, args, q.device.index or 0, num_warps=4)
+    return qo, ko
+
+
+def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", table_dtypes=("bfloat16", "float32"),
+         device=None) -> int:
+    """Resolve (compile, or load from Triton's disk cache) the kernels a tower of this head dim,
+    heads and dtype will launch: one per cos/sin dtype in ``table_dtypes`` (Qwen2.5-VL hands the
+    layers bf16 tables, others may hand fp32). Returns how many were newly resolved."""
+    import torch
+
+    from sglang_fa4.kernels import triton_handles
+
+    before = triton_handles.compile_count()
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for table in table_dtypes:
+        tokens = 40
+        # q and k as SGLang hands them: views into one fused qkv projection
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(device=device, dtype=dt)
+        q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+        k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+        cos = torch.randn(tokens, head_dim, generator=g).to(device=device, dtype=getattr(torch, table))
+        apply_rotary(q, k, cos, cos.clone())
+        apply_rotary(q.contiguous(), k.contiguous(), cos, cos.clone())  # contiguous q/k: strides divisible alike
+    _warmed.add((head_dim, heads, kv_heads, dt))
+    return triton_handles.compile_count() - before
