@@ -84,6 +84,12 @@ FEATURES = (
         "non-blocking H2D copy, no device->host sync (SGLANG_FA4_VIT_HOST_METADATA)",
         None,
     ),
+    Feature(
+        "vit_graph_eager_pos_embed",
+        "SGLANG_VIT_ENABLE_CUDA_GRAPH=1: Qwen3-VL's graph path adds the eager forward's (HF's) position "
+        "embeddings, not pixel-centre ones; no device sync (SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED, any backend)",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

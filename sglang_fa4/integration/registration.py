@@ -52,6 +52,10 @@ def _register_qwen2_5_vit_forward(registry, hook_type) -> None:
     registry.register(hooks.QWEN2_5_VIT_FORWARD, hooks.qwen2_5_vit_forward, hook_type.AROUND)
 
 
+def _register_vit_graph_eager_pos_embed(registry, hook_type) -> None:
+    registry.register(hooks.QWEN3_VIT_POS_EMBED, hooks.qwen3_vit_graph_pos_embed, hook_type.AROUND)
+
+
 # feature -> what registers it. A registrar shared by features is called once.
 REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "backend_default_table": (_register_backend_selection,),
@@ -64,4 +68,5 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "vit_graph_budgets": (_register_vit_graph_budgets, _register_qwen2_5_vit_forward),
     "vit_host_metadata": (_register_qwen2_5_vit_forward,),
     "vit_graph_internvl_startup": (_register_vit_graph_internvl_startup,),
+    "vit_graph_eager_pos_embed": (_register_vit_graph_eager_pos_embed,),
 }
