@@ -12,13 +12,18 @@ adds, for 1, 3 and 7 images (the eager forward turns vectorized at 6) and videos
   comparison can fail;
 - on the meta device (any read of a device value raises there, as a ``.item()`` / ``.tolist()``
   would sync a GPU) the hooked function runs for every grid and upstream's vectorized one raises.
+
+Without SGLang: the sync-free vectorized computation against an independent fp32 reference
+(``F.interpolate(align_corners=True)``), and on a GPU under ``set_sync_debug_mode("error")``.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn.functional as F
 
-from sglang_fa4.integration.qwen3_vit_pos_embed import checked_grid
+from sglang_fa4.integration.qwen3_vit_pos_embed import checked_grid, eager_pos_embeds
 from sglang_harness import run_with_sglang
 
 GRIDS = {
@@ -140,3 +145,62 @@ def test_graph_pos_embeds_equal_eager(sglang_version):
 def test_bad_grid_is_named(grid, what):
     with pytest.raises(ValueError, match=what):
         checked_grid(grid, 2)
+
+
+class FakeTower(torch.nn.Module):
+    """What eager_pos_embeds reads off SGLang's tower; from_list stands for SGLang's loop (never
+    called here: the vectorized rule is forced on)."""
+
+    def __init__(self, side=12, hidden=8, device="cpu", dtype=torch.float32):
+        super().__init__()
+        self.num_grid_per_side, self.spatial_merge_size = side, 2
+        self.pos_embed = torch.nn.Embedding(side * side, hidden, device=device, dtype=dtype)
+        torch.nn.init.normal_(self.pos_embed.weight)
+        self.device, self.dtype = torch.device(device), dtype
+
+    def _use_vectorized_pos_embed(self, n):
+        return True
+
+    def fast_pos_embed_interpolate_from_list(self, grid):
+        raise AssertionError("not reached")
+
+
+def reference(tower, grid):
+    """Independent fp32 reference: bilinear interpolation of the position table with
+    align_corners=True (HF's linspace coordinates), frames repeated, merge x merge cells
+    contiguous in row-major cell order."""
+    side, m = tower.num_grid_per_side, tower.spatial_merge_size
+    table = tower.pos_embed.weight.detach().float().T.reshape(1, -1, side, side)
+    parts = []
+    for t, h, w in grid:
+        img = F.interpolate(table, size=(h, w), mode="bilinear", align_corners=True)[0]  # C, h, w
+        cells = img.reshape(-1, h // m, m, w // m, m).permute(1, 3, 2, 4, 0).reshape(h * w, -1)
+        parts.append(cells.repeat(t, 1))
+    return torch.cat(parts)
+
+
+def test_vectorized_without_sync_matches_an_independent_reference():
+    torch.manual_seed(0)
+    tower = FakeTower()
+    for grid in (GRIDS["7 images"], GRIDS["videos, 6"], [[1, 2, 2]], [[2, 30, 4], [1, 4, 30]]):
+        got = eager_pos_embeds(tower, grid)
+        want = reference(tower, grid)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vectorized_without_sync_makes_no_sync_on_the_gpu():
+    tower = FakeTower(side=48, hidden=64, device="cuda", dtype=torch.bfloat16)
+    grid = GRIDS["7 images"]
+    eager_pos_embeds(tower, grid)  # first call: allocator and pinned-memory warm
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = eager_pos_embeds(tower, torch.tensor(grid))  # a CPU grid, as SGLang passes it
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), reference(tower, grid).cuda(), rtol=2e-2, atol=2e-2)
