@@ -103,6 +103,12 @@ FEATURES = (
         "sglang-fa4's SM90 FP8 kernel, q cast like the fa3 path, the pool's scales as descales",
         None,
     ),
+    Feature(
+        "vit_graph_eager_pos_embed",
+        "SGLANG_VIT_ENABLE_CUDA_GRAPH=1: Qwen3-VL's graph path adds the eager forward's (HF's) position "
+        "embeddings, not pixel-centre ones; no device sync (SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED, any backend)",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

@@ -51,6 +51,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_WARMUP.get())
     if feature.name == "vit_host_metadata":
         return bool(envs.SGLANG_FA4_VIT_HOST_METADATA.get())
+    if feature.name == "vit_graph_eager_pos_embed":
+        return bool(envs.SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED.get())
     return True
 
 

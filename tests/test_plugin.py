@@ -41,6 +41,7 @@ def fake_sglang(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_VIT_HOST_METADATA", raising=False)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP", raising=False)
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")  # register() would set FA4's cache variables
     return FakeRegistry
 
@@ -55,7 +56,7 @@ def test_plan_0_5_20_hooks_everything():
     assert set(plan.hooked) == {
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
         "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_graph_internvl_startup", "vit_host_metadata",
-        "llm_fa4_fp8_kv_sm90", "vit_graph_rotary_fused",
+        "llm_fa4_fp8_kv_sm90", "vit_graph_rotary_fused", "vit_graph_eager_pos_embed",
     }
     assert plan.upstream == []
 
@@ -64,7 +65,7 @@ def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
                            "vit_graph_internvl_startup", "vit_graph_rotary_fused", "vit_host_metadata",
-                           "llm_fa4_fp8_kv_sm90"]
+                           "llm_fa4_fp8_kv_sm90", "vit_graph_eager_pos_embed"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -109,9 +110,10 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (llm_fp8_kv.PREPARE_QUERY, FakeHookType.AROUND),
         (llm_fp8_kv.BACKEND_INIT, FakeHookType.AFTER),
         (vit_graph_rotary.ROTARY_NATIVE_EAGER, FakeHookType.AROUND),
+        (hooks.QWEN3_VIT_POS_EMBED, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 16  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 16  # idempotent
+    assert len(fake_sglang.registered) == 17  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 17  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -123,6 +125,7 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
         hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL,
         vit_graph_rotary.ROTARY_NATIVE_EAGER, hooks.QWEN2_5_VIT_FORWARD,
         llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT,
+        hooks.QWEN3_VIT_POS_EMBED,
     ]
 
 
@@ -135,7 +138,7 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD, llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY,
-        llm_fp8_kv.BACKEND_INIT]
+        llm_fp8_kv.BACKEND_INIT, hooks.QWEN3_VIT_POS_EMBED]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
@@ -157,6 +160,19 @@ def test_internvl_startup_graphs_after_warmup_and_opt_out(fake_sglang, monkeypat
     plugin.register()
     assert internvl_graphs.capture_after_load_model not in [fn for _, fn, _ in fake_sglang.registered]
     assert hooks.INTERNVL_RUNNER + ".create_graph" not in [t for t, _, _ in fake_sglang.registered]
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_vit_graph_eager_pos_embed_on_by_default_with_opt_out(fake_sglang, monkeypatch, version):
+    use_version(monkeypatch, version)
+    plugin.register()
+    assert (hooks.QWEN3_VIT_POS_EMBED, hooks.qwen3_vit_graph_pos_embed, FakeHookType.AROUND) in fake_sglang.registered
+    monkeypatch.setattr(plugin, "_registered_plan", None)
+    fake_sglang.registered = []
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", "0")
+    assert "vit_graph_eager_pos_embed" not in plugin.make_plan(version).hooked
+    plugin.register()
+    assert hooks.QWEN3_VIT_POS_EMBED not in [t for t, _, _ in fake_sglang.registered]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

@@ -1,5 +1,6 @@
 """The hook functions the plugin registers on SGLang: thin adapters from SGLang's call signatures to
-the logic in selection.py, vision_fa4.py, vit_graph_runners.py, vit_graph_outputs.py and
+the logic in selection.py, vision_fa4.py, vit_graph_runners.py, vit_graph_outputs.py,
+qwen3_vit_pos_embed.py and
 startup/warmup.py (the budget hooks are in vit_budgets.py). SGLang is imported only inside them."""
 
 from __future__ import annotations
@@ -173,3 +174,15 @@ def qwen2_5_vit_forward(original, self, x, grid_thw):
         return original(self, x, grid_thw)
     finally:
         self.enable_cg = True
+
+
+QWEN3_VIT_POS_EMBED = "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel.fast_pos_embed_interpolate"
+
+
+def qwen3_vit_graph_pos_embed(original, self, grid_thw):
+    """AROUND Qwen3VLMoeVisionModel.fast_pos_embed_interpolate, whose one caller is the graph
+    path (``_prepare_graph_inputs``): the position embeddings the eager forward computes for the
+    same grid (qwen3_vit_pos_embed.py), not upstream's pixel-centre / host-numpy ones."""
+    from sglang_fa4.integration import qwen3_vit_pos_embed
+
+    return qwen3_vit_pos_embed.eager_pos_embeds(self, grid_thw)

@@ -66,6 +66,10 @@ def _register_llm_fa4_fp8_kv_sm90(registry, hook_type) -> None:
     registry.register(llm_fp8_kv.BACKEND_INIT, llm_fp8_kv.warm_fp8_after_backend_init, hook_type.AFTER)
 
 
+def _register_vit_graph_eager_pos_embed(registry, hook_type) -> None:
+    registry.register(hooks.QWEN3_VIT_POS_EMBED, hooks.qwen3_vit_graph_pos_embed, hook_type.AROUND)
+
+
 # feature -> what registers it. A registrar shared by features is called once.
 REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "backend_default_table": (_register_backend_selection,),
@@ -81,4 +85,5 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "llm_fp8_kv_upgrade": (_register_llm_fp8_kv_upgrade,),
     "llm_fa4_fp8_kv_sm90": (_register_llm_fa4_fp8_kv_sm90,),
     "vit_graph_rotary_fused": (_register_vit_graph_rotary,),
+    "vit_graph_eager_pos_embed": (_register_vit_graph_eager_pos_embed,),
 }

@@ -1,0 +1,206 @@
+"""Qwen3-VL's graph-path position embeddings against the REAL SGLang 0.5.20 / 0.5.23 (CPU).
+
+One subprocess per version builds SGLang's ``Qwen3VLMoeVisionModel`` without ``__init__`` (its
+rotary needs a GPU op; the position embeddings need only ``pos_embed``, ``patch_embed``'s dtype and
+the grid geometry: Qwen3-VL's 48 x 48 table, merge 2) and runs upstream's real ``forward`` (eager)
+and ``_prepare_graph_inputs`` (graph mode) up to the rotary, recording the position embeddings each
+adds, for 1, 3 and 7 images (the eager forward turns vectorized at 6) and videos, with
+``--enable-precise-embedding-interpolation`` off (default) and on:
+
+- plugin loaded by SGLang's loader: graph == eager, bitwise;
+- upstream's graph function (kept before the hook was applied): differs with the flag off, so the
+  comparison can fail;
+- on the meta device (any read of a device value raises there, as a ``.item()`` / ``.tolist()``
+  would sync a GPU) the hooked function runs for every grid and upstream's vectorized one raises.
+
+Without SGLang: the sync-free vectorized computation against an independent fp32 reference
+(``F.interpolate(align_corners=True)``), and on a GPU under ``set_sync_debug_mode("error")``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_fa4.integration.qwen3_vit_pos_embed import checked_grid, eager_pos_embeds
+from sglang_harness import run_with_sglang
+
+GRIDS = {
+    "1 image": [[1, 16, 20]],
+    "3 images": [[1, 16, 20], [2, 8, 12], [1, 14, 22]],
+    "7 images": [[1, 8, 8], [1, 16, 20], [1, 8, 8], [3, 12, 16], [1, 96, 60], [1, 14, 22], [1, 2, 4]],
+    "video": [[4, 12, 16]],
+    "videos, 6": [[2, 8, 8]] * 4 + [[3, 20, 10], [1, 4, 4]],
+}
+
+SNIPPET = r"""
+import warnings, types; warnings.simplefilter("ignore")
+import torch, torch.nn as nn
+from sglang.srt.models import qwen3_vl as q
+Tower = q.Qwen3VLMoeVisionModel
+UPSTREAM = {"graph": Tower.fast_pos_embed_interpolate}   # in a dict: applying a hook rebinds module globals
+import sglang.srt.plugins as plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+plugins.load_plugins()
+import sglang_fa4.plugin
+GRIDS = __GRIDS__
+C = 32
+
+class Stop(Exception):
+    pass
+
+class PatchEmbed(nn.Module):   # dtype/device come from patch_embed.proj.weight; x is already embedded
+    def __init__(self, device):
+        super().__init__(); self.proj = nn.Linear(2, C, dtype=torch.bfloat16, device=device)
+    def forward(self, x):
+        return x.to(torch.bfloat16)
+
+def tower(align, device="cpu"):
+    t = Tower.__new__(Tower); nn.Module.__init__(t)
+    t.num_grid_per_side, t.spatial_merge_size, t.align_corners = 48, 2, align
+    t.pos_embed = nn.Embedding(48 * 48, C, dtype=torch.bfloat16, device=device)
+    if device != "meta":
+        torch.manual_seed(0); nn.init.normal_(t.pos_embed.weight)
+    t.patch_embed = PatchEmbed(device)
+    return t
+
+def recorded(t, run, names):
+    got = {}
+    for name in names:
+        fn = getattr(t, name)
+        def rec(*a, _fn=fn, _name=name, **k):
+            got[_name] = _fn(*a, **k); return got[_name]
+        setattr(t, name, rec)
+    def stop(*a, **k):
+        raise Stop
+    t.rot_pos_emb = stop
+    try:
+        run()
+    except Stop:
+        pass
+    for name in list(names) + ["rot_pos_emb"]:
+        delattr(t, name)
+    (name, value), = got.items()
+    return name, value
+
+def tokens(grid):
+    return sum(a * b * c for a, b, c in grid)
+
+out = {"patched": Tower.fast_pos_embed_interpolate is not UPSTREAM["graph"]
+                  and "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel.fast_pos_embed_interpolate" in HookRegistry._patched,
+       "plan": sglang_fa4.plugin._registered_plan.hooked, "cases": {}}
+for align in (False, True):
+    t = tower(align)
+    for label, grid in GRIDS.items():
+        x = torch.randn(tokens(grid), C).to(torch.bfloat16)
+        g = torch.tensor(grid, dtype=torch.int32)
+        eager_fn, eager = recorded(t, lambda: t.forward(x.clone(), g),
+                                   ["fast_pos_embed_interpolate_from_list", "fast_pos_embed_interpolate_vectorized"])
+        graph_names = ["fast_pos_embed_interpolate", "fast_pos_embed_interpolate_vectorized"]
+        _, graph = recorded(t, lambda: t._prepare_graph_inputs(x.clone(), g), graph_names)
+        t.fast_pos_embed_interpolate = types.MethodType(UPSTREAM["graph"], t)   # the hook bypassed
+        _, bare = recorded(t, lambda: t._prepare_graph_inputs(x.clone(), g), graph_names)
+        ref = eager.float()
+        out["cases"][f"{label}, align_corners={align}"] = {
+            "eager_fn": eager_fn, "shape": list(graph.shape), "tokens": tokens(grid),
+            "dtype": [str(graph.dtype), str(bare.dtype)], "device": str(graph.device),
+            "hooked_equal": torch.equal(graph, eager), "bare_equal": torch.equal(bare, eager),
+            "bare_rel_err": float((bare.float() - ref).norm() / ref.norm())}
+
+meta = tower(False, "meta")
+out["meta"] = {label: list(meta.fast_pos_embed_interpolate(torch.tensor(grid)).shape) for label, grid in GRIDS.items()}
+try:
+    Tower.fast_pos_embed_interpolate_vectorized(meta, GRIDS["7 images"])
+    out["meta_upstream_vectorized"] = "ran"
+except Exception as e:
+    out["meta_upstream_vectorized"] = type(e).__name__
+emit(out)
+"""
+
+
+def test_graph_pos_embeds_equal_eager(sglang_version):
+    out = run_with_sglang(sglang_version, SNIPPET.replace("__GRIDS__", repr(GRIDS)), env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": None})
+    assert out["patched"] and "vit_graph_eager_pos_embed" in out["plan"]
+    cases = out["cases"]
+    assert len(cases) == 2 * len(GRIDS)
+    for name, case in cases.items():
+        assert case["hooked_equal"], name
+        assert case["shape"] == [case["tokens"], 32] and case["dtype"] == ["torch.bfloat16"] * 2, name
+        assert case["device"] == "cpu", name
+        want_fn = "vectorized" if name.startswith(("7 images", "videos, 6")) else "from_list"
+        assert case["eager_fn"].endswith(want_fn), name
+        if "align_corners=False" in name:  # upstream's pixel centres: far from the eager values
+            assert not case["bare_equal"] and case["bare_rel_err"] > 0.1, name
+    # no device value read: the hooked path runs on meta tensors, upstream's vectorized one cannot
+    assert out["meta"] == {label: [sum(t * h * w for t, h, w in grid), 32] for label, grid in GRIDS.items()}
+    assert out["meta_upstream_vectorized"] != "ran"
+
+
+@pytest.mark.parametrize("grid, what", [
+    ([], "empty"),
+    ([[1, 15, 20]], "grid_thw\\[0\\]"),
+    ([[1, 16, 20], [0, 8, 8]], "grid_thw\\[1\\]"),
+])
+def test_bad_grid_is_named(grid, what):
+    with pytest.raises(ValueError, match=what):
+        checked_grid(grid, 2)
+
+
+class FakeTower(torch.nn.Module):
+    """What eager_pos_embeds reads off SGLang's tower; from_list stands for SGLang's loop (never
+    called here: the vectorized rule is forced on)."""
+
+    def __init__(self, side=12, hidden=8, device="cpu", dtype=torch.float32):
+        super().__init__()
+        self.num_grid_per_side, self.spatial_merge_size = side, 2
+        self.pos_embed = torch.nn.Embedding(side * side, hidden, device=device, dtype=dtype)
+        torch.nn.init.normal_(self.pos_embed.weight)
+        self.device, self.dtype = torch.device(device), dtype
+
+    def _use_vectorized_pos_embed(self, n):
+        return True
+
+    def fast_pos_embed_interpolate_from_list(self, grid):
+        raise AssertionError("not reached")
+
+
+def reference(tower, grid):
+    """Independent fp32 reference: bilinear interpolation of the position table with
+    align_corners=True (HF's linspace coordinates), frames repeated, merge x merge cells
+    contiguous in row-major cell order."""
+    side, m = tower.num_grid_per_side, tower.spatial_merge_size
+    table = tower.pos_embed.weight.detach().float().T.reshape(1, -1, side, side)
+    parts = []
+    for t, h, w in grid:
+        img = F.interpolate(table, size=(h, w), mode="bilinear", align_corners=True)[0]  # C, h, w
+        cells = img.reshape(-1, h // m, m, w // m, m).permute(1, 3, 2, 4, 0).reshape(h * w, -1)
+        parts.append(cells.repeat(t, 1))
+    return torch.cat(parts)
+
+
+def test_vectorized_without_sync_matches_an_independent_reference():
+    torch.manual_seed(0)
+    tower = FakeTower()
+    for grid in (GRIDS["7 images"], GRIDS["videos, 6"], [[1, 2, 2]], [[2, 30, 4], [1, 4, 30]]):
+        got = eager_pos_embeds(tower, grid)
+        want = reference(tower, grid)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vectorized_without_sync_makes_no_sync_on_the_gpu():
+    tower = FakeTower(side=48, hidden=64, device="cuda", dtype=torch.bfloat16)
+    grid = GRIDS["7 images"]
+    eager_pos_embeds(tower, grid)  # first call: allocator and pinned-memory warm
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = eager_pos_embeds(tower, torch.tensor(grid))  # a CPU grid, as SGLang passes it
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), reference(tower, grid).cuda(), rtol=2e-2, atol=2e-2)
