@@ -47,46 +47,87 @@ if [[ ! -x "$vpy" ]] || ! "$vpy" -c 'import sys; assert sys.version_info[:2] == 
 fi
 mkdir -p "$stamps"
 
-# 2. the shared dependencies, torch 2.14.1 + torchvision 0.29.1 among them (one pip resolve)
-want="$(sha < "$req")"
-if ! stamp_ok "$stamps/requirements" "$want"; then
-    log "installing tests/requirements-sglang.txt into .venv"
-    pip_q install -q -r "$req"
-    echo "$want" > "$stamps/requirements"
-    changed=1
-fi
+# Steps 2-3 (the venv's packages), 4-5 (the SGLang target dirs) and 6 (the two cross-compile
+# environments) are independent of one another -- each is a pip install into its own directory,
+# the target dirs with --no-deps -- so they run side by side (downloads and unpacking overlap); each
+# writes its own log, shown if it fails.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
 
-# 3. this package, editable, so its sglang.srt.plugins entry point is visible to SGLang's loader
-want="$(cat pyproject.toml "$req" | sha)"
-if ! stamp_ok "$stamps/project" "$want"; then
-    log "installing sglang-fa4 (-e .[test])"
-    pip_q install -q -e '.[test]'
-    echo "$want" > "$stamps/project"
-    changed=1
-fi
-
-# 4./5. per SGLang version: the wheel, then the target dir
-mkdir -p .cache/wheels .cache/sglang
-for v in "${SGLANG_VERSIONS[@]}"; do
-    wheel="$(ls .cache/wheels/sglang-"$v"-*.whl 2>/dev/null | head -n1 || true)"
-    if [[ -z "$wheel" ]]; then
-        log "downloading the sglang $v wheel"
-        pip_q download -q --no-deps --only-binary=:all: -d .cache/wheels "sglang==$v"
-        wheel="$(ls .cache/wheels/sglang-"$v"-*.whl | head -n1)"
+venv_packages() {
+    # 2. the shared dependencies, torch 2.14.1 + torchvision 0.29.1 among them (one pip resolve)
+    local want
+    want="$(sha < "$req")"
+    if ! stamp_ok "$stamps/requirements" "$want"; then
+        log "installing tests/requirements-sglang.txt into .venv"
+        pip_q install -q -r "$req"
+        echo "$want" > "$stamps/requirements"
     fi
-    target=".cache/sglang/$v"
-    pkgs="${SGLANG_TARGET_PKGS[$v]}"
-    want="$(printf '%s\n%s\n' "$(basename "$wheel")" "$pkgs" | sha)"
-    if ! stamp_ok "$target/.sglang-fa4-stamp" "$want"; then
-        log "installing sglang $v + $pkgs into $target"
-        rm -rf "$target" "$target.tmp"
-        # shellcheck disable=SC2086  # pkgs is a word list
-        pip_q install -q --no-deps --target "$target.tmp" "$wheel" $pkgs
-        echo "$want" > "$target.tmp/.sglang-fa4-stamp"
-        mv "$target.tmp" "$target"
-        changed=1
+    # 3. this package, editable, so its sglang.srt.plugins entry point is visible to SGLang's loader
+    want="$(cat pyproject.toml "$req" | sha)"
+    if ! stamp_ok "$stamps/project" "$want"; then
+        log "installing sglang-fa4 (-e .[test])"
+        pip_q install -q -e '.[test]'
+        echo "$want" > "$stamps/project"
+    fi
+}
+
+sglang_targets() {
+    # 4./5. per SGLang version: the wheel, then the target dir. --no-compile: a snippet imports a
+    # fraction of SGLang, whose .pyc files Python writes on first import.
+    local v wheel target pkgs want
+    mkdir -p .cache/wheels .cache/sglang
+    for v in "${SGLANG_VERSIONS[@]}"; do
+        wheel="$(ls .cache/wheels/sglang-"$v"-*.whl 2>/dev/null | head -n1 || true)"
+        if [[ -z "$wheel" ]]; then
+            log "downloading the sglang $v wheel"
+            pip_q download -q --no-deps --only-binary=:all: -d .cache/wheels "sglang==$v"
+            wheel="$(ls .cache/wheels/sglang-"$v"-*.whl | head -n1)"
+        fi
+        target=".cache/sglang/$v"
+        pkgs="${SGLANG_TARGET_PKGS[$v]}"
+        want="$(printf '%s\n%s\n' "$(basename "$wheel")" "$pkgs" | sha)"
+        if ! stamp_ok "$target/.sglang-fa4-stamp" "$want"; then
+            log "installing sglang $v + $pkgs into $target"
+            rm -rf "$target" "$target.tmp"
+            # shellcheck disable=SC2086  # pkgs is a word list
+            pip_q install -q --no-deps --no-compile --target "$target.tmp" "$wheel" $pkgs
+            echo "$want" > "$target.tmp/.sglang-fa4-stamp"
+            mv "$target.tmp" "$target"
+        fi
+    done
+}
+
+xcompile_envs() {
+    # 6. what the cross-compile tests use (each script is idempotent, stamped): .cache/xc-venv
+    # (tests/test_patch_kernel_xcompile.py) and .cache/cutlass-dsl-4.8.1 (tests/test_fp8_xcompile.py).
+    # Built here, beside the other installs, rather than serially inside pytest.
+    local quiet='is ignored: it is neither a file nor a directory'  # as pip_q
+    bash tests/setup_xcompile_env.sh 2>&1 | { grep -v "$quiet" || true; }
+    bash tests/setup_fp8_xcompile_layer.sh "$vpy" 2>&1 | { grep -v "$quiet" || true; }
+}
+
+stamp_sum() { { cat "$stamps"/* .cache/sglang/*/.sglang-fa4-stamp 2>/dev/null || true; } | sha; }
+before="$(stamp_sum)"
+steps=(venv_packages sglang_targets xcompile_envs)
+pids=()
+for step in "${steps[@]}"; do
+    "$step" > "$logs/$step.log" 2>&1 &
+    pids+=("$!")
+done
+failed=0
+for i in "${!steps[@]}"; do
+    step="${steps[$i]}"
+    if ! wait "${pids[$i]}"; then
+        echo "setup_env.sh: $step failed:" >&2
+        cat "$logs/$step.log" >&2
+        failed=1
+    else
+        cat "$logs/$step.log"
     fi
 done
+[[ "$failed" == 0 ]] || exit 1
+[[ "$(stamp_sum)" == "$before" ]] || changed=1
 
 # after a change, a cheap check that the result is what the tests expect (a CUDA torch is fine:
 # it runs on the CPU)

@@ -4,6 +4,7 @@ dir."""
 
 import pytest
 
+import sglang_harness
 from sglang_harness import SGLangRunError, run_with_sglang
 
 IMPORTS = """
@@ -26,8 +27,9 @@ emit({
 """
 
 
-def test_imports_real_sglang(sglang_version):
-    out = run_with_sglang(sglang_version, IMPORTS)
+@pytest.mark.parametrize("fresh", [False, True], ids=["zygote", "fresh"])
+def test_imports_real_sglang(sglang_version, fresh):
+    out = run_with_sglang(sglang_version, IMPORTS, fresh=fresh)
     assert out["version"] == sglang_version
     assert out["sglang_file"].startswith(out["target"])
     assert out["has_fa4"] is True
@@ -37,3 +39,33 @@ def test_imports_real_sglang(sglang_version):
 def test_failure_reports_output(sglang_version):
     with pytest.raises(SGLangRunError, match="(?s)exited 1.*boom"):
         run_with_sglang(sglang_version, "print('hello'); raise SystemExit('boom')", timeout=60)
+
+
+CHILD = """
+import os, random, sys
+emit({"env": os.environ.get("SGLANG_FA4_HARNESS_PROBE"), "cwd": os.getcwd(), "argv": sys.argv,
+      "main": __name__, "ppid": os.getppid(), "random": random.random(), "sglang_loaded": "sglang" in sys.modules,
+      "sglang_fa4_loaded": "sglang_fa4" in sys.modules})
+"""
+
+
+def test_zygote_child_is_like_a_fresh_interpreter(sglang_version):
+    """What a forked snippet sees: its own environment and empty working directory, a fresh
+    __main__, its own random state, and neither SGLang nor sglang_fa4 imported yet (both read the
+    snippet's environment at import)."""
+    a = run_with_sglang(sglang_version, CHILD, env={"SGLANG_FA4_HARNESS_PROBE": "a"})
+    b = run_with_sglang(sglang_version, CHILD, env={"SGLANG_FA4_HARNESS_PROBE": None})
+    assert (a["env"], b["env"]) == ("a", None)
+    assert a["cwd"] != b["cwd"] and "sglang-harness-" in a["cwd"]
+    assert a["argv"] == ["-c"] and a["main"] == "__main__"
+    assert a["random"] != b["random"]
+    assert not a["sglang_loaded"] and not a["sglang_fa4_loaded"]
+    # both forked by the same zygote (pytest's per-test PYTEST_CURRENT_TEST does not restart it)
+    assert a["ppid"] == b["ppid"] == sglang_harness._zygotes[sglang_version].proc.pid
+
+
+def test_timeout_kills_the_snippet(sglang_version):
+    with pytest.raises(SGLangRunError, match="timed out after 2s"):
+        run_with_sglang(sglang_version, "import time; print('started', flush=True); time.sleep(60)", timeout=2)
+    assert run_with_sglang(sglang_version, "emit(1)") == 1  # the zygote still serves
+
