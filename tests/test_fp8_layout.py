@@ -269,3 +269,10 @@ def test_fa4_varlen_attention_routes_e4m3_to_the_fp8_forward():
         fa4_varlen_attention(q, q, q, c, 16, q_descale=torch.ones(1, 4))
     with pytest.raises(FA4FeatureError, match="sinks are not supported by the FP8"):
         fa4_varlen_attention(q, q, q, c, 16, sinks=torch.zeros(4))
+
+
+def test_pow2_at_least_matches_tritons_next_power_of_2():
+    """The integer-maths stand-in for triton.next_power_of_2 (no constexpr host cost per call)."""
+    from sglang_fa4.kernels.fp8_sm90.layout import pow2_at_least
+
+    assert [pow2_at_least(n) for n in (1, 2, 3, 64, 72, 80, 96, 128, 129)] == [1, 2, 4, 64, 128, 128, 128, 128, 256]

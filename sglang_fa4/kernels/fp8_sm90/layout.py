@@ -157,3 +157,9 @@ def grid_check(max_seqlen_q: Optional[int], total_q: int) -> int:
     if max_seqlen_q < 0:
         raise ValueError(f"max_seqlen must be >= 0, got {max_seqlen_q}")
     return max(max_seqlen_q, 1)
+
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n, in plain integer maths (``triton.next_power_of_2`` is a
+    constexpr function: tens of microseconds per host call in recent Triton)."""
+    return 1 << max(n - 1, 0).bit_length()

@@ -20,6 +20,7 @@ import torch
 from sglang_fa4.kernels.fp8_sm90.layout import (
     VT_ALIGN,
     padded_head_dim,
+    pow2_at_least,
     vt_column_offset,
     vt_columns,
     vt_region_end,
@@ -215,6 +216,20 @@ if triton is not None:
                       1.0 / ds, D, DP, DP_POW2, ALIGN, BLOCK_T)
 
 
+def outputs(q, k, batch: int, out: Optional[Fp8QKV]):
+    """The quantized q, k, packed V^T and descales a quantize writes: ``out``'s, or new ones."""
+    if out is not None:
+        return out.q, out.k, out.vt, out.descale
+    dp = padded_head_dim(q.shape[2])
+    hq, hkv = q.shape[1], k.shape[1]
+    q8 = torch.empty((q.shape[0], hq, dp), dtype=torch.float8_e4m3fn, device=q.device)
+    k8 = torch.empty((k.shape[0], hkv, dp), dtype=torch.float8_e4m3fn, device=q.device)
+    cols, padded = vt_columns(k.shape[0], batch)
+    vt = torch.empty((hkv, dp, padded), dtype=torch.uint8, device=q.device)[:, :, :cols]
+    descale = torch.empty((3, batch, hkv), dtype=torch.float32, device=q.device)
+    return q8, k8, vt, descale
+
+
 def quantize_qkv(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -234,19 +249,12 @@ def quantize_qkv(
     dp = padded_head_dim(d)
     batch = cu_seqlens_q.shape[0] - 1
     hq, hkv = q.shape[1], k.shape[1]
-    if out is None:
-        q8 = torch.empty((q.shape[0], hq, dp), dtype=torch.float8_e4m3fn, device=q.device)
-        k8 = torch.empty((k.shape[0], hkv, dp), dtype=torch.float8_e4m3fn, device=q.device)
-        cols, padded = vt_columns(k.shape[0], batch)
-        vt = torch.empty((hkv, dp, padded), dtype=torch.uint8, device=q.device)[:, :, :cols]
-        descale = torch.empty((3, batch, hkv), dtype=torch.float32, device=q.device)
-    else:
-        q8, k8, vt, descale = out.q, out.k, out.vt, out.descale
+    q8, k8, vt, descale = outputs(q, k, batch, out)
     _quantize_kernel[(batch, hkv, 3)](
         q, k, v, q8, k8, vt, descale, cu_seqlens_q, cu_seqlens_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), vt.stride(0), vt.stride(1),
         batch, hkv, hq // hkv, vt.shape[2],
-        D=d, DP=dp, DP_POW2=triton.next_power_of_2(dp), ALIGN=VT_ALIGN, BLOCK_T=64,
+        D=d, DP=dp, DP_POW2=pow2_at_least(dp), ALIGN=VT_ALIGN, BLOCK_T=64,
     )
     return Fp8QKV(q8, k8, vt, descale, d)

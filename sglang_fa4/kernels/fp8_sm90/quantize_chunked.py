@@ -28,8 +28,8 @@ from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN, padded_head_dim, vt_columns
-from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, _check
+from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN, padded_head_dim, pow2_at_least
+from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, _check, outputs
 
 #: Tokens (q/k rows, V^T columns) per program; BLOCK_T rows per loaded tile.
 CHUNK = 256
@@ -180,18 +180,11 @@ def quantize_qkv_chunked(
     dp = padded_head_dim(d)
     batch = cu_seqlens_q.shape[0] - 1
     hq, hkv = q.shape[1], k.shape[1]
-    if out is None:
-        q8 = torch.empty((q.shape[0], hq, dp), dtype=torch.float8_e4m3fn, device=q.device)
-        k8 = torch.empty((k.shape[0], hkv, dp), dtype=torch.float8_e4m3fn, device=q.device)
-        cols, padded = vt_columns(k.shape[0], batch)
-        vt = torch.empty((hkv, dp, padded), dtype=torch.uint8, device=q.device)[:, :, :cols]
-        descale = torch.empty((3, batch, hkv), dtype=torch.float32, device=q.device)
-    else:
-        q8, k8, vt, descale = out.q, out.k, out.vt, out.descale
+    q8, k8, vt, descale = outputs(q, k, batch, out)
     nch, nch_v = num_chunks(max_seqlen)
     part = torch.empty((3, batch, hkv, nch), dtype=torch.float32, device=q.device)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
-    dp2 = triton.next_power_of_2(dp)
+    dp2 = pow2_at_least(dp)
     t0 = time.perf_counter()
     kernel = _amax_pass[(batch, 3 * hkv, nch)](
         q, k, v, part, cu_seqlens_q, cu_seqlens_k, *strides, batch, hkv, hq // hkv, nch,

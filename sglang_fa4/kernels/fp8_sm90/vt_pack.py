@@ -16,6 +16,7 @@ import torch
 from sglang_fa4.kernels.fp8_sm90.layout import (
     KEY_PERM,
     VT_ALIGN,
+    pow2_at_least,
     vt_column_offset,
     vt_columns,
     vt_region_end,
@@ -115,7 +116,7 @@ def pack_vt(v: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_k: int, out=
     vt = allocate_vt(v, batch) if out is None else out
     # a region spans at most max_seqlen_k rounded up plus the alignment slack; the last one runs
     # to the end of the buffer (at most 2 * ALIGN past its keys)
-    grid = (triton.cdiv(int(max_seqlen_k) + 3 * VT_ALIGN, _BLOCK_R), batch, hkv)
+    grid = (-(-(int(max_seqlen_k) + 3 * VT_ALIGN) // _BLOCK_R), batch, hkv)  # ceil-div without triton.cdiv's host cost
     _pack_vt_kernel[grid](
         v8,
         vt,
@@ -127,7 +128,7 @@ def pack_vt(v: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_k: int, out=
         vt.stride(0),
         vt.stride(1),
         D=d,
-        D_POW2=triton.next_power_of_2(d),
+        D_POW2=pow2_at_least(d),
         ALIGN=VT_ALIGN,
         BLOCK_R=_BLOCK_R,
     )
