@@ -34,6 +34,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from sglang_fa4.bench.timing import graph_replay_ms  # noqa: E402
+
 DEV = "cuda"
 RESULT: dict = {"sections": {}}
 T0 = time.perf_counter()
@@ -483,28 +485,8 @@ def section_correctness(quick=False, start=0):
 
 
 def bench_graph(fn, iters=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    times.sort()
-    return times[len(times) // 2]
+    """Median microseconds of single CUDA-graph replays of fn."""
+    return graph_replay_ms(fn, replays=iters) * 1000
 
 
 SPEED_WHAT = "both"

@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from sglang_fa4.bench.timing import graph_replay_ms  # noqa: E402
+
 DEV = "cuda"
 FP8 = torch.float8_e4m3fn
 HQ, HKV, D = 28, 4, 128
@@ -123,29 +125,8 @@ def section_correctness():
 
 
 def graph_ms(fn, replays=20):
-    """Median ms of CUDA-graph replays of fn (after warmup on a side stream); None if capture fails."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    """Median ms of CUDA-graph replays of fn (after warmup on a side stream)."""
+    return graph_replay_ms(fn, replays=replays)
 
 
 def eager_ms(fn, iters=20):

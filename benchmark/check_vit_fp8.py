@@ -52,27 +52,9 @@ def rel(a, b) -> float:
 
 def graph_ms(fn, reps: int = 7) -> float:
     """Median ms of CUDA-graph replays of ``fn`` (captured after two eager warm calls)."""
-    import torch
+    from sglang_fa4.bench.timing import graph_replay_ms
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(), fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    del g
-    return statistics.median(times)
+    return graph_replay_ms(fn, replays=reps, warmup=2, pre_replays=1)
 
 
 def reference(q, k, v, lens):

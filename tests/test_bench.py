@@ -397,3 +397,15 @@ def test_check_vit_graphs_default_budgets_parse():
     budgets = mod.build_parser().parse_args(["--out", "x"]).budgets
     var = envs.SGLANG_FA4_VIT_GRAPH_BUDGETS
     assert var.parse(budgets) == var.default
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_replay_ms_times_single_replays():
+    import torch
+
+    from sglang_fa4.bench.timing import graph_replay_ms
+
+    x = torch.zeros(1, device="cuda")
+    ms = graph_replay_ms(lambda: x.add_(1), replays=5, warmup=2, pre_replays=3)
+    # 2 eager warmups + 3 untimed + 5 timed replays (the capture itself does not run)
+    assert ms > 0 and float(x) == 10

@@ -82,6 +82,19 @@ class GraphedCalls:
         self.outputs = []
 
 
+def graph_replay_ms(fn: Callable[[], object], replays: int = 20, warmup: int = 2, pre_replays: int = 3) -> float:
+    """Median milliseconds of single CUDA-graph replays of ``fn`` (captured after ``warmup`` calls
+    on a side stream, ``pre_replays`` untimed replays first); the graph is released after."""
+    graphed = GraphedCalls([fn], 1, warmup=warmup)
+    try:
+        for _ in range(pre_replays):
+            graphed.replay()
+        times = [event_time_ms(graphed.replay, 1) for _ in range(replays)]
+    finally:
+        graphed.release()
+    return median(times)
+
+
 def measure_matmul_tflops(n: int = 8192, iters: int = 20, repeats: int = 5) -> dict:
     """bf16 n x n x n matmul on random data through torch: median TFLOP/s of `repeats` samples."""
     import torch
