@@ -27,7 +27,6 @@ import os
 import shlex
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -565,9 +564,15 @@ def main(argv=None) -> int:
         res["runs"].append(r)
         print(f"[serve-check] {r['run']}: ready={r.get('ready')} startup={r.get('startup_s')}s wall={r.get('wall_s')}s "
               f"{r.get('error', '')}", flush=True)
-        (a.out / "server.json").write_text(json.dumps(res, indent=1, default=str))
+        write_json(res, a.out)  # after every server: a later one failing keeps what ran
     finish(res, a.out, a.text_layers)
     return 0
+
+
+def write_json(res: dict, out: Path) -> None:
+    """server.json without indentation: its per-request records are the bulk, and the tree that
+    travels to the GPU machine beside the FA4 bundle must stay under the 64 MiB a call carries."""
+    (out / "server.json").write_text(json.dumps(res, separators=(",", ":"), default=str) + "\n")
 
 
 def finish(res: dict, out: Path, text_layers: int) -> None:
@@ -577,7 +582,7 @@ def finish(res: dict, out: Path, text_layers: int) -> None:
     note = f"video: not sent: {video}" if video else "video: no server answered"
     if note not in res["notes"]:
         res["notes"].append(note)
-    (out / "server.json").write_text(json.dumps(res, indent=1, default=str))
+    write_json(res, out)
     (out / "server.md").write_text(markdown(res))
     print(markdown(res))
 

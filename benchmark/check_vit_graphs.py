@@ -80,7 +80,6 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
     import torch
 
     from sglang_fa4.integration import vit_budgets
-    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
     from sglang_fa4.bench.timing import event_time_ms
 
     recorded.clear()
