@@ -336,6 +336,7 @@ def check_model(model: str, args, seed: int) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"# ViT graph canary through SGLang {result['sglang']['sglang_version']}'s real towers ({result['gpu']})",
              "", f"`{result['command']}`", "",
+             f"SGLang's batch-invariant kernels: {'on' if result.get('batch_invariant') else 'off'}.", "",
              "Graph path (budget replay, or eager above the budgets) vs eager on the same input; every output "
              "held uncloned to the end of its 100-forward pass, then re-checked. Mismatch: any element beyond "
              f"bf16 rounding (|d| > 2^-7 (|ref| + rms)) of its reference: the same blocks run eagerly on the graph's inputs, and the plain eager tower.", "",
@@ -381,6 +382,10 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit-s", type=float, default=0,
                     help="per model: start no new pass after this many seconds of stress (0: none)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="SGLang's batch-invariant GEMM kernels on before the startup (a server with "
+                         "--enable-deterministic-inference): a budget graph's padded GEMMs then round as the "
+                         "unpadded eager ones do, so graph == eager is expected bitwise")
     args = ap.parse_args(argv)
     import torch
 
@@ -389,7 +394,11 @@ def main(argv=None) -> int:
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_JIT_MONITOR": "raise"}
     info = prepare_sglang("fa4", env)
-    result = {"command": "python3 " + " ".join(["benchmark/check_vit_canary.py"] + list(argv or sys.argv[1:])),
+    if args.batch_invariant:
+        from sglang.srt.batch_invariant_ops import enable_batch_invariant_mode
+
+        enable_batch_invariant_mode()
+    result = {"batch_invariant": args.batch_invariant, "command": "python3 " + " ".join(["benchmark/check_vit_canary.py"] + list(argv or sys.argv[1:])),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": info, "env": env,
               "models": []}
     args.out.mkdir(parents=True, exist_ok=True)
