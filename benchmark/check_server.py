@@ -189,8 +189,11 @@ def video_site(bundle: str | None) -> str | None:
     the bundle travelled in this call, else /tmp/video when an earlier call unpacked it; None
     without either (the video is then skipped, the reason recorded)."""
     if bundle and (Path(bundle) / "install.sh").is_file():
-        out = subprocess.run(["bash", str(Path(bundle) / "install.sh")], capture_output=True, text=True, check=True)
-        return out.stdout.strip().splitlines()[-1]
+        out = subprocess.run(["bash", str(Path(bundle) / "install.sh")], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[-1]
+        # not fatal: the servers still run; the preflight records that no decoder was found
+        print(f"[serve-check] {bundle}/install.sh failed ({out.returncode}): {out.stderr.strip()[-500:]}", flush=True)
     return str(VIDEO_SITE) if (VIDEO_SITE / ".done").is_file() else None
 
 

@@ -414,6 +414,8 @@ def test_video_site_prefers_the_bundle_then_an_earlier_unpack(tmp_path, monkeypa
     bundle.mkdir()
     (bundle / "install.sh").write_text("echo unpacking >&2; echo /somewhere/video\n")
     assert check_server.video_site(str(bundle)) == "/somewhere/video"
+    (bundle / "install.sh").write_text("echo 'decord.tar.xz missing' >&2; exit 3\n")
+    assert check_server.video_site(str(bundle)) == str(tmp_path / "site")  # falls back, does not raise
     a = argparse.Namespace(pythonpath=["0.5.23=BASE"], work=tmp_path)
     assert check_server.version_pythonpath(a, "0.5.23", "/v").split(":")[-2:] == ["BASE", "/v"]
     assert check_server.version_pythonpath(a, "0.5.23").endswith(":BASE")
