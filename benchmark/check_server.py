@@ -6,15 +6,16 @@ For each run (SGLang version, model, ViT graphs on/off) it starts
 (entry point), graphs on = ``SGLANG_VIT_ENABLE_CUDA_GRAPH=1 SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=1``,
 ``SGLANG_FA4_JIT_MONITOR=raise`` always; waits for ready; sends through the ``openai`` client
 single images (448x448, 720p, 1080p, 4K), three images of different sizes in one request, a video
-where the machine can decode one, TTFT rounds per image size, then N random requests concurrently
-in a random order and each of them again alone; stops the server; reads its log.
+(the committed clip, serve_check/video.py) where that SGLang's video decoder reads it, TTFT rounds
+per image size and for the video, then N random requests (and the video) concurrently in a random
+order and each of them again alone; stops the server; reads its log.
 
 Checkpoints: benchmark/serve_check/checkpoints.py (public configs, vision towers at full size,
 language models cut to a few layers, local tokenizer). Weights: SGLang's dummy loader, redrawn at
 a usable scale by the check's own plugin (benchmark/serve_check/check_plugin.py says why).
 
 usage (GPU machine; see benchmark/sglang_on_gpu/README.md for the bundles):
-  python3 benchmark/check_server.py --out DIR --sgl-bundle .sgl --repo REPO \
+  python3 benchmark/check_server.py --out DIR --sgl-bundle .sgl --repo REPO [--video-bundle .video] \
       --runs 0.5.23:qwen2_5_vl:on 0.5.23:qwen2_5_vl:off ...
 Writes DIR/server.json, DIR/server.md and one log per run.
 """
@@ -39,6 +40,7 @@ sys.path[:0] = [str(SERVE)]
 
 import checkpoints  # noqa: E402
 import logcheck  # noqa: E402
+import video  # noqa: E402
 
 PLUGIN_DIST = "sglang_fa4_serve_check-0.0.0.dist-info"
 STAND_INS = {
@@ -179,19 +181,20 @@ def wait_gpu_idle(limit_mib: float = 2048, timeout_s: float = 60) -> float | Non
     return used
 
 
-_DECODERS: dict = {}
+VIDEO_SITE = Path("/tmp/video")  # where .video/install.sh unpacks decord (kept while the machine is warm)
 
 
-def video_decoder_available(pythonpath: str) -> str | None:
-    """torchcodec or decord, as SGLang's video decoder looks for them, in the server's Python."""
-    if pythonpath in _DECODERS:
-        return _DECODERS[pythonpath]
-    code = ("import importlib.util as u; "
-            "print(next((m for m in ('torchcodec', 'decord') if u.find_spec(m)), ''))")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": pythonpath},
-                         capture_output=True, text=True, timeout=60)
-    _DECODERS[pythonpath] = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else None
-    return _DECODERS[pythonpath]
+def video_site(bundle: str | None) -> str | None:
+    """The folder holding decord for the servers' PYTHONPATH: ``bundle``/install.sh's answer when
+    the bundle travelled in this call, else /tmp/video when an earlier call unpacked it; None
+    without either (the video is then skipped, the reason recorded)."""
+    if bundle and (Path(bundle) / "install.sh").is_file():
+        out = subprocess.run(["bash", str(Path(bundle) / "install.sh")], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[-1]
+        # not fatal: the servers still run; the preflight records that no decoder was found
+        print(f"[serve-check] {bundle}/install.sh failed ({out.returncode}): {out.stderr.strip()[-500:]}", flush=True)
+    return str(VIDEO_SITE) if (VIDEO_SITE / ".done").is_file() else None
 
 
 PIDS = "server_pgids"  # in --work: process groups of servers this script started (killed on the next start)
@@ -214,7 +217,7 @@ def kill_leftovers(work: Path) -> list[int]:
 
 
 def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str) -> dict:
-    from client import Client, SIZES, fixed_requests, random_requests
+    from client import Client, SIZES, fixed_requests, random_requests, video_request
 
     version, model, mode = spec["version"], spec["model"], spec["mode"]
     graphs = mode == "on"
@@ -248,23 +251,28 @@ def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str) -> dict:
         client.images = a.images  # encoded once, before the first server (same pictures every run)
         fixed = fixed_requests()
         rand = random_requests(a.requests, seed=a.seed)
+        # the video: only where this SGLang's own decoder read the clip (preflight in main)
+        pre = a.video.get(version) or {"ok": False, "why": "no preflight"}
+        vid = [video_request()] if pre.get("ok") else []
+        result["video"] = {"sent": True, "decoder": pre["decoder"], "request": vid[0].name,
+                           "expected_video_tokens": video.expected_video_tokens(model)} if vid else \
+            {"sent": False, "why": pre["why"]}
+        fixed += vid
         result["fixed"] = [client.send(r) for r in fixed]
-        # video: only where SGLang's decoder can read one
-        dec = video_decoder_available(pythonpath)
-        result["video"] = {"sent": False, "why": "neither torchcodec nor decord is installed on this machine "
-                           "(SGLang's video decoder needs one; both ship FFmpeg binaries)"} if dec is None else \
-            {"sent": False, "why": f"{dec} present but no video encoder here to make a clip"}
         result["ttft"] = {}
-        for r in fixed[:len(SIZES)]:
+        for r in fixed[:len(SIZES)] + vid:
             result["ttft"][r.name.split("-", 1)[1]] = client.ttft(r, a.ttft_rounds)
+        # the video goes into the concurrent batch among the images (a prefill batch, one ViT call)
         t0 = time.monotonic()
-        conc = client.send_concurrently(rand, a.concurrency, seed=a.seed + 1)
+        conc = client.send_concurrently(rand + vid, a.concurrency, seed=a.seed + 1)
         result["concurrent_s"] = round(time.monotonic() - t0, 2)
         t0 = time.monotonic()
-        alone = [client.send(r) for r in rand]
+        alone = [client.send(r) for r in rand + vid]
         result["alone_s"] = round(time.monotonic() - t0, 2)
         result["random"] = [{"name": r.name, "images": [list(i[:2]) + [i[3]] for i in r.images],
                              "concurrent": c, "alone": s} for r, c, s in zip(rand, conc, alone)]
+        if vid:
+            result["video"].update(concurrent=conc[-1], alone=alone[-1])
         try:
             _, body = http_get(f"http://127.0.0.1:{port}/server_info", timeout=10)
             info = json.loads(body)
@@ -293,7 +301,15 @@ def evaluate(runs: list[dict], kv_bytes_per_token: dict) -> dict:
         c = {"ready": bool(r.get("ready"))}
         if r.get("ready"):
             fixed_ok = all(x.get("ok") for x in r.get("fixed", []))
-            rand = r.get("random", [])
+            rand = list(r.get("random", []))
+            vid = r.get("video") or {}
+            if vid.get("sent"):  # its concurrent/alone pair is checked like a random request's
+                rand.append({"name": vid["request"], "concurrent": vid.get("concurrent") or {},
+                             "alone": vid.get("alone") or {}})
+                rec = next((x for x in r.get("fixed", []) if x["name"] == vid["request"]), {})
+                c["video_tokens"] = rec.get("video_tokens")
+                c["video_tokens_as_expected"] = rec.get("video_tokens") == vid["expected_video_tokens"]
+            c["video"] = "sent" if vid.get("sent") else f"not sent: {vid.get('why', 'no record')}"
             c["all_requests_ok"] = fixed_ok and all(x["concurrent"].get("ok") and x["alone"].get("ok") for x in rand) \
                 and all(t["median_ms"] is not None and not t["errors"] for t in r.get("ttft", {}).values())
             c["requests_sent"] = len(r.get("fixed", [])) + 2 * len(rand) + sum(
@@ -322,10 +338,15 @@ def evaluate(runs: list[dict], kv_bytes_per_token: dict) -> dict:
         key = f"{on['version']}-{on['model']}"
         p: dict = {}
         same, diff = [], []
-        for a_, b_ in zip(on.get("fixed", []) + [x["alone"] for x in on.get("random", [])],
-                          off.get("fixed", []) + [x["alone"] for x in off.get("random", [])]):
-            (same if ids_of(a_) is not None and ids_of(a_) == ids_of(b_) else diff).append(a_["name"])
+        # paired by request name (the video, where sent, is among the fixed requests)
+        ron, roff = ({x["name"]: x for x in run.get("fixed", []) + [y["alone"] for y in run.get("random", [])]}
+                     for run in (on, off))
+        for name, a_ in ron.items():
+            if name in roff:
+                (same if ids_of(a_) is not None and ids_of(a_) == ids_of(roff[name]) else diff).append(name)
         p["graphs_on_equals_off"] = {"equal": len(same), "different": diff}
+        if set(ron) ^ set(roff):
+            p["graphs_on_equals_off"]["unpaired"] = sorted(set(ron) ^ set(roff))
         p["ttft_ms"] = {size: {"on": on["ttft"][size]["median_ms"], "off": off["ttft"][size]["median_ms"]}
                         for size in on.get("ttft", {}) if size in off.get("ttft", {})}
         ton, toff = on["log_facts"].get("max_total_num_tokens"), off["log_facts"].get("max_total_num_tokens")
@@ -393,12 +414,14 @@ def markdown(res: dict) -> str:
                      f"/{len(r.get('random', []))}; prefill batches by requests in them "
                      f"{f.get('prefill_batches_by_requests')} (a batch's images go through one ViT call), "
                      f"up to {f.get('max_running_requests_seen')} requests running")
-        lines += ["", "| request | image tokens | prompt tokens | latency ms | TTFT median ms (rounds) |", "|---|---|---|---|---|"]
+        lines.append(video_line(r.get("video") or {}, c))
+        lines += ["", "| request | image / video tokens | prompt tokens | latency ms | TTFT median ms (rounds) |",
+                  "|---|---|---|---|---|"]
         for q in r.get("fixed", []):
             size = q["name"].split("-", 1)[1]
             t = r.get("ttft", {}).get(size)
             tt = f"{t['median_ms']:.1f} ({', '.join(f'{x:.1f}' for x in t['ms'])})" if t and t.get("median_ms") else ""
-            lines.append(f"| {q['name']} | {q.get('image_tokens')} | {q.get('prompt_tokens')} | "
+            lines.append(f"| {q['name']} | {q.get('image_tokens')} / {q.get('video_tokens')} | {q.get('prompt_tokens')} | "
                          f"{q['latency_s'] * 1e3:.1f} | {tt} |")
     if ev["pairs"]:
         lines += ["", "## Graphs on vs off", ""]
@@ -418,6 +441,16 @@ def markdown(res: dict) -> str:
             lines.append("")
     lines += ["", "## Not run / notes", ""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def video_line(v: dict, c: dict) -> str:
+    """The per-server markdown line on the video request."""
+    if not v.get("sent"):
+        return f"- video not sent: {v.get('why', 'no record (run before the check sent videos)')}"
+    same = ids_of(v.get("concurrent")) is not None and ids_of(v.get("concurrent")) == ids_of(v.get("alone"))
+    return (f"- video (`{video.CLIP.name}`, {video.FRAMES} frames {video.WIDTH}x{video.HEIGHT} at {video.FPS} fps, "
+            f"decoded by {v.get('decoder')}): {c.get('video_tokens')} video tokens (expected "
+            f"{v.get('expected_video_tokens')}); sent among the random requests, greedy ids equal to alone: {same}")
 
 
 def run_estimate(done: list[dict]) -> float:
@@ -457,10 +490,11 @@ def parse_run(s: str) -> dict:
     return spec
 
 
-def version_pythonpath(a, version: str) -> str:
+def version_pythonpath(a, version: str, vsite: str | None = None) -> str:
     """Server PYTHONPATH: the stand-ins' sitecustomize, the check's plugin (and its dist-info),
     then what ``.sgl/install.sh VERSION REPO`` prints (that SGLang, shared packages, sglang_fa4's
-    entry point, the repo, the FA4 bundle). ``--pythonpath V=PATH`` replaces install.sh (CPU tests)."""
+    entry point, the repo, the FA4 bundle), then the video decoder's folder if any.
+    ``--pythonpath V=PATH`` replaces install.sh (CPU tests)."""
     given = dict(p.split("=", 1) for p in a.pythonpath)
     if version in given:
         base = given[version]
@@ -468,7 +502,7 @@ def version_pythonpath(a, version: str) -> str:
         out = subprocess.run(["bash", str(Path(a.sgl_bundle) / "install.sh"), version, str(a.repo)],
                              capture_output=True, text=True, check=True)
         base = out.stdout.strip().splitlines()[-1]
-    return ":".join([str(SERVE / "site"), str(SERVE), str(a.work / "ep"), base])
+    return ":".join([str(SERVE / "site"), str(SERVE), str(a.work / "ep"), base] + ([vsite] if vsite else []))
 
 
 def main(argv=None) -> int:
@@ -476,6 +510,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--runs", type=parse_run, nargs="+", default=[], help="VERSION:MODEL:on|off ... (not with --merge)")
     ap.add_argument("--sgl-bundle", default=".sgl")
+    ap.add_argument("--video-bundle", help="the .video bundle (decord; make_video_bundle.sh); without it, "
+                    "/tmp/video if an earlier call unpacked it there; else the video is skipped (reason recorded)")
     ap.add_argument("--repo", type=Path, default=HERE.parent, help="where sglang_fa4 is (server cwd)")
     ap.add_argument("--pythonpath", action="append", default=[], help="VERSION=PATH instead of install.sh")
     ap.add_argument("--work", type=Path, default=Path("/tmp/serve_check"))
@@ -513,7 +549,10 @@ def main(argv=None) -> int:
     ckpt_root = a.work / "ckpt"
     for m in models:
         checkpoints.write_checkpoint(m, ckpt_root / m, a.text_layers)
-    paths = {v: version_pythonpath(a, v) for v in sorted({r["version"] for r in a.runs})}
+    vsite = video_site(a.video_bundle)
+    paths = {v: version_pythonpath(a, v, vsite) for v in sorted({r["version"] for r in a.runs})}
+    # can each SGLang take the clip? (its own decoder, in the server's Python, minus the stand-ins)
+    a.video = {v: video.preflight(p.split(":", 1)[1]) for v, p in paths.items()}
     # the client (openai, its pydantic) comes from the first version's packages
     for p in reversed(paths[min(paths)].split(":")[2:]):
         if p not in sys.path:
@@ -528,7 +567,10 @@ def main(argv=None) -> int:
            "meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "gpu": gpu, "models": models,
                     "text_layers": a.text_layers, "requests": a.requests, "concurrency": a.concurrency,
                     "ttft_rounds": a.ttft_rounds, "max_tokens": a.max_tokens, "deterministic": a.deterministic,
-                    "stand_ins": STAND_INS, "server_env": {k: "see each run's command" for k in SERVER_ENV_KEYS}},
+                    "stand_ins": STAND_INS, "server_env": {k: "see each run's command" for k in SERVER_ENV_KEYS},
+                    "video": {"clip": video.CLIP.name, "bytes": video.CLIP.stat().st_size, "frames": video.FRAMES,
+                              "size": [video.WIDTH, video.HEIGHT], "fps": video.FPS, "decoder_site": vsite,
+                              "preflight": a.video}},
            "runs": [], "notes": []}
     if leftovers:
         res["notes"].append(f"killed servers left by an interrupted earlier invocation: process groups {leftovers}")
@@ -578,10 +620,11 @@ def write_json(res: dict, out: Path) -> None:
 def finish(res: dict, out: Path, text_layers: int) -> None:
     models = sorted({r["model"] for r in res["runs"]}) or res["meta"]["models"]
     res["checks"] = evaluate(res["runs"], {m: kv_bytes_per_token(m, text_layers) for m in models})
-    video = next((r["video"]["why"] for r in res["runs"] if "video" in r), None)
-    note = f"video: not sent: {video}" if video else "video: no server answered"
-    if note not in res["notes"]:
-        res["notes"].append(note)
+    for r in res["runs"]:
+        v = r.get("video")
+        note = None if v is None or v.get("sent") else f"video: not sent on SGLang {r['version']}: {v.get('why')}"
+        if note and note not in res["notes"]:
+            res["notes"].append(note)
     write_json(res, out)
     (out / "server.md").write_text(markdown(res))
     print(markdown(res))

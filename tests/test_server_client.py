@@ -4,6 +4,7 @@ answers like SGLang (``response_token_ids`` / ``prompt_token_ids`` when ``return
 asked), the log reader against lines formatted with sglang-fa4's own format strings, and the
 verdicts (concurrent vs alone, graphs on vs off, KV cache taken by the budgets)."""
 
+import argparse
 import hashlib
 import json
 import re
@@ -58,18 +59,21 @@ class FakeSGLang(BaseHTTPRequestHandler):
         FakeSGLang.requests.append(req)
         parts = req["messages"][0]["content"]
         images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        videos = [p["video_url"]["url"] for p in parts if p["type"] == "video_url"]
         assert all(u.startswith("data:image/") for u in images)
+        assert all(u.startswith("data:video/mp4;base64,") for u in videos)
         text = [p["text"] for p in parts if p["type"] == "text"][0]
-        digest = hashlib.sha256((text + "".join(images)).encode()).digest()
+        digest = hashlib.sha256((text + "".join(images + videos)).encode()).digest()
         ids = [b % 1000 for b in digest[: req["max_tokens"]]]
-        key = text + "".join(images)
+        key = text + "".join(images + videos)
         FakeSGLang.seen[key] = FakeSGLang.seen.get(key, 0) + 1
         if text in FakeSGLang.corrupt and FakeSGLang.seen[key] == 1:
             ids = [i + 1 for i in ids]
         choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
         if req.get("return_token_ids"):
             choice["response_token_ids"] = ids
-            choice["prompt_token_ids"] = [151644] + [client.IMAGE_PAD] * (7 * len(images)) + [151645]
+            choice["prompt_token_ids"] = [151644] + [client.IMAGE_PAD] * (7 * len(images)) \
+                + [client.VIDEO_PAD] * (1196 * len(videos)) + [151645]
         self._json({"id": "c", "object": "chat.completion", "created": 0, "model": req["model"],
                     "choices": [choice], "usage": {"prompt_tokens": 9, "completion_tokens": len(ids), "total_tokens": 9}})
 
@@ -245,3 +249,173 @@ def test_run_specs_and_diagnostic_variants():
     for bad in ("0.5.23:qwen3_vl", "0.5.23:qwen3_vl:on:fast", "0.5.23:qwen3_vl:off:upstream", "0.5.23:llama:on"):
         with pytest.raises(Exception, match="bad run"):
             check_server.parse_run(bad)
+
+
+def test_video_request_goes_out_as_sglang_takes_it(fake_server):
+    """The clip as one ``video_url`` part with a base64 data URL of the committed bytes (what
+    SGLang's openai front end hands its video decoder), through the real openai client; its
+    prompt's <|video_pad|> count is recorded."""
+    import base64
+
+    import video
+
+    req = client.video_request()
+    assert req.images == [] and req.name == "single-video"
+    parts = req.messages({})[0]["content"]
+    assert [p["type"] for p in parts] == ["video_url", "text"]
+    head, b64 = parts[0]["video_url"]["url"].split(",", 1)
+    assert head == "data:video/mp4;base64" and base64.b64decode(b64) == video.CLIP.read_bytes()
+    assert 10_000 < video.CLIP.stat().st_size < 200_000  # committed: small
+    r = client.Client(fake_server, "m").send(req)
+    assert r["ok"] and r["video_tokens"] == 1196 and r["image_tokens"] == 0
+    assert FakeSGLang.requests[-1]["messages"][0]["content"][0]["type"] == "video_url"
+
+
+def test_expected_video_geometry():
+    """The clip's grid from the geometry alone: 4 s at 2 sampled fps = 8 frames = 4 temporal
+    patches; 640x360 -> 644x364 (multiples of 28), then 640x352 for Qwen3-VL's 32."""
+    import video
+
+    assert (video.FRAMES, video.WIDTH, video.HEIGHT) == (32, 640, 360)
+    assert video.expected_video_grid("qwen2_5_vl") == (4, 26, 46)
+    assert video.expected_video_grid("qwen3_vl") == (4, 22, 40)
+    assert video.expected_video_tokens("qwen2_5_vl") == 1196 and video.expected_video_tokens("qwen3_vl") == 880
+
+
+def _run_with_video(mode: str, video_rec: dict | None, ids=(1, 2)) -> dict:
+    run = {"run": f"0.5.23-qwen2_5_vl-{mode}", "version": "0.5.23", "model": "qwen2_5_vl", "mode": mode,
+           "ready": True, "ttft": {}, "log_facts": {},
+           "fixed": [{"name": "single-448", "ok": True, "output_ids": [9], "latency_s": 0.1}],
+           "random": [{"name": "random-00", "concurrent": {"ok": True, "output_ids": [1]},
+                       "alone": {"ok": True, "name": "random-00", "output_ids": [1]}}]}
+    if video_rec is None:
+        run["video"] = {"sent": False, "why": "ImportError: no decord"}
+    else:
+        run["fixed"].append({"name": "single-video", "ok": True, "output_ids": list(ids), "video_tokens": 1196,
+                             "latency_s": 0.2})
+        run["video"] = {"sent": True, "decoder": "decord 0.6.0", "request": "single-video",
+                        "expected_video_tokens": 1196, **video_rec}
+    return run
+
+
+def test_video_verdicts_sent_and_skipped():
+    ok = {"ok": True, "output_ids": [1, 2]}
+    sent = _run_with_video("on", {"concurrent": ok, "alone": ok})
+    bad = _run_with_video("on", {"concurrent": {"ok": True, "output_ids": [1, 3]}, "alone": ok})
+    ev = check_server.evaluate([sent], {"qwen2_5_vl": 8192})["per_run"]["0.5.23-qwen2_5_vl-on"]
+    assert ev["video"] == "sent" and ev["video_tokens_as_expected"] and ev["concurrent_equals_alone"]
+    assert ev["requests_sent"] == 2 + 2 * 2
+    ev = check_server.evaluate([bad], {"qwen2_5_vl": 8192})["per_run"]["0.5.23-qwen2_5_vl-on"]
+    assert ev["concurrent_mismatches"] == ["single-video"] and ev["concurrent_equals_alone"] is False
+    skipped = _run_with_video("on", None)
+    ev = check_server.evaluate([skipped], {"qwen2_5_vl": 8192})["per_run"]["0.5.23-qwen2_5_vl-on"]
+    assert ev["video"] == "not sent: ImportError: no decord" and "video_tokens" not in ev
+    # graphs on vs off: requests paired by name, the video among them
+    off = _run_with_video("off", {"concurrent": ok, "alone": ok}, ids=(1, 5))
+    p = check_server.evaluate([sent, off], {"qwen2_5_vl": 8192})["pairs"]["0.5.23-qwen2_5_vl"]
+    assert p["graphs_on_equals_off"] == {"equal": 2, "different": ["single-video"]}
+    p = check_server.evaluate([skipped, off], {"qwen2_5_vl": 8192})["pairs"]["0.5.23-qwen2_5_vl"]
+    assert p["graphs_on_equals_off"] == {"equal": 2, "different": [], "unpaired": ["single-video"]}
+
+
+def test_video_in_the_markdown_and_notes(tmp_path):
+    ok = {"ok": True, "output_ids": [1, 2]}
+    res = {"command": "python3 benchmark/check_server.py ...", "notes": [],
+           "meta": {"date": "d", "gpu": "g", "models": ["qwen2_5_vl"], "text_layers": 4, "concurrency": 8},
+           "runs": [_run_with_video("on", {"concurrent": ok, "alone": ok}),
+                    {**_run_with_video("off", None), "version": "0.5.20", "run": "0.5.20-qwen2_5_vl-off"}]}
+    check_server.finish(res, tmp_path, 4)
+    md = (tmp_path / "server.md").read_text()
+    assert "1196 video tokens (expected 1196)" in md and "greedy ids equal to alone: True" in md
+    assert "video not sent: ImportError: no decord" in md
+    assert "| single-video | None / 1196 |" in md
+    assert res["notes"] == ["video: not sent on SGLang 0.5.20: ImportError: no decord"]
+    assert json.loads((tmp_path / "server.json").read_text())["checks"]["per_run"]["0.5.23-qwen2_5_vl-on"]["video"] == "sent"
+
+
+FAKE_LAUNCH_SERVER = '''
+"""A stand-in for ``python -m sglang.launch_server`` (CPU test): answers /v1/models, /server_info
+and chat completions like the in-process fake, logs SGLang's ready line."""
+import hashlib, json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def _json(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._json({"object": "list", "data": [{"id": "m", "object": "model"}], "version": "fake"})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        parts = req["messages"][0]["content"]
+        n_img = sum(p["type"] == "image_url" for p in parts)
+        n_vid = sum(p["type"] == "video_url" for p in parts)
+        ids = list(hashlib.sha256(json.dumps(parts).encode()).digest()[: req["max_tokens"]])
+        choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length",
+                  "response_token_ids": ids,
+                  "prompt_token_ids": [1] + [151655] * (5 * n_img) + [151656] * (1196 * n_vid)}
+        self._json({"id": "c", "object": "chat.completion", "created": 0, "model": req["model"], "choices": [choice],
+                    "usage": {"prompt_tokens": 9, "completion_tokens": len(ids), "total_tokens": 9}})
+
+srv = ThreadingHTTPServer(("127.0.0.1", port), H)
+print("The server is fired up and ready to roll!", flush=True)
+srv.serve_forever()
+'''
+
+
+@pytest.mark.parametrize("video_ok", [True, False])
+def test_one_run_sends_the_video_where_the_preflight_allows(tmp_path, video_ok):
+    """check_server.one_run end to end against a stand-in launch_server (a real subprocess and
+    HTTP): the video is sent alone, in the TTFT rounds and among the concurrent requests when the
+    version's preflight read the clip; otherwise it is skipped with the preflight's reason."""
+    pkg = tmp_path / "fake" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
+    pre = {"ok": True, "decoder": "decord 0.6.0 (x)"} if video_ok else {"ok": False, "why": "ImportError: no decord"}
+    a = argparse.Namespace(deterministic=True, start_timeout_s=60, log_dir=tmp_path, work=tmp_path, repo=tmp_path,
+                           max_tokens=3, requests=3, seed=0, ttft_rounds=1, concurrency=2, video={"0.5.23": pre})
+    a.images = {}
+    for req in client.fixed_requests()[:1] + client.random_requests(3, seed=0):
+        req.messages(a.images)
+    r = check_server.one_run({"version": "0.5.23", "model": "qwen2_5_vl", "mode": "on"}, a, tmp_path / "ckpt",
+                             str(tmp_path / "fake"))
+    assert r["ready"], r
+    names = [q["name"] for q in r["fixed"]]
+    assert all(q["ok"] for q in r["fixed"])
+    if video_ok:
+        assert names[-1] == "single-video" and r["fixed"][-1]["video_tokens"] == 1196
+        assert "video" in r["ttft"] and r["ttft"]["video"]["median_ms"] > 0
+        v = r["video"]
+        assert v["sent"] and v["expected_video_tokens"] == 1196 and v["concurrent"]["name"] == "single-video"
+        assert v["concurrent"]["output_ids"] == v["alone"]["output_ids"] == r["fixed"][-1]["output_ids"]
+        assert len(r["random"]) == 3
+        ev = check_server.evaluate([r], {"qwen2_5_vl": 8192})["per_run"][r["run"]]
+        assert ev["video_tokens_as_expected"] and ev["concurrent_equals_alone"] and ev["all_requests_ok"]
+    else:
+        assert "single-video" not in names and "video" not in r["ttft"]
+        assert r["video"] == {"sent": False, "why": "ImportError: no decord"}
+
+
+def test_video_site_prefers_the_bundle_then_an_earlier_unpack(tmp_path, monkeypatch):
+    monkeypatch.setattr(check_server, "VIDEO_SITE", tmp_path / "site")
+    assert check_server.video_site(None) is None and check_server.video_site(str(tmp_path / "absent")) is None
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / ".done").touch()
+    assert check_server.video_site(None) == str(tmp_path / "site")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "install.sh").write_text("echo unpacking >&2; echo /somewhere/video\n")
+    assert check_server.video_site(str(bundle)) == "/somewhere/video"
+    (bundle / "install.sh").write_text("echo 'decord.tar.xz missing' >&2; exit 3\n")
+    assert check_server.video_site(str(bundle)) == str(tmp_path / "site")  # falls back, does not raise
+    a = argparse.Namespace(pythonpath=["0.5.23=BASE"], work=tmp_path)
+    assert check_server.version_pythonpath(a, "0.5.23", "/v").split(":")[-2:] == ["BASE", "/v"]
+    assert check_server.version_pythonpath(a, "0.5.23").endswith(":BASE")

@@ -1,6 +1,7 @@
-"""The client side of the server check: images made here, requests through the real ``openai``
-client (chat completions, base64 data URLs), greedy decoding with the output token ids returned
-(SGLang's ``return_token_ids``), concurrency through threads. Loopback only."""
+"""The client side of the server check: images made here (and the committed test clip), requests
+through the real ``openai`` client (chat completions, base64 data URLs), greedy decoding with the
+output token ids returned (SGLang's ``return_token_ids``), concurrency through threads. Loopback
+only."""
 
 from __future__ import annotations
 
@@ -75,6 +76,15 @@ def fixed_requests() -> list[Request]:
     reqs.append(Request("three-images", [(448, 448, 200, "PNG"), (1280, 720, 201, "JPEG"), (640, 960, 202, "PNG")],
                         "Compare the three pictures."))
     return reqs
+
+
+def video_request() -> Request:
+    """The committed test clip (serve_check/video.py: 4 s, 640x360, 8 fps, H.264) as one
+    ``video_url`` part (base64 data URL, the form SGLang's openai front end passes to its video
+    decoder as bytes) and a prompt."""
+    import video
+
+    return Request("single-video", [], "Describe the video.", videos=[video.data_url()])
 
 
 def random_requests(n: int, seed: int) -> list[Request]:
