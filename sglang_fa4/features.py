@@ -109,6 +109,12 @@ FEATURES = (
         "embeddings, not pixel-centre ones; no device sync (SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED, any backend)",
         None,
     ),
+    Feature(
+        "vit_pos_embed_batch_invariant",
+        "--enable-deterministic-inference: Qwen3-VL's position embeddings per image in any batch (upstream's "
+        "vectorized path from 6 images rounds differently), eager and graph (SGLANG_FA4_VIT_POS_EMBED_BATCH_INVARIANT)",
+        None,
+    ),
 )
 
 FEATURES_BY_NAME = {f.name: f for f in FEATURES}

@@ -53,6 +53,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_VIT_HOST_METADATA.get())
     if feature.name == "vit_graph_eager_pos_embed":
         return bool(envs.SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED.get())
+    if feature.name == "vit_pos_embed_batch_invariant":
+        return bool(envs.SGLANG_FA4_VIT_POS_EMBED_BATCH_INVARIANT.get())
     return True
 
 

@@ -57,6 +57,7 @@ def test_plan_0_5_20_hooks_everything():
         "backend_default_table", "fa4_list_seqlens", "fa4_checked_forward", "vit_graph_runners_fa4",
         "vit_graph_outputs_owned", "fa4_startup_warmup", "vit_graph_internvl_startup", "vit_host_metadata",
         "llm_fa4_fp8_kv_sm90", "vit_graph_rotary_fused", "vit_graph_eager_pos_embed",
+        "vit_pos_embed_batch_invariant",
     }
     assert plan.upstream == []
 
@@ -65,7 +66,7 @@ def test_plan_0_5_23_hooks_only_what_goes_beyond():
     plan = plugin.make_plan("0.5.23")
     assert plan.hooked == ["vit_graph_outputs_owned", "fa4_checked_forward", "fa4_startup_warmup",
                            "vit_graph_internvl_startup", "vit_graph_rotary_fused", "vit_host_metadata",
-                           "llm_fa4_fp8_kv_sm90", "vit_graph_eager_pos_embed"]
+                           "llm_fa4_fp8_kv_sm90", "vit_graph_eager_pos_embed", "vit_pos_embed_batch_invariant"]
     assert set(plan.upstream) == {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_fa4"}
 
 
@@ -111,9 +112,10 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (llm_fp8_kv.BACKEND_INIT, FakeHookType.AFTER),
         (vit_graph_rotary.ROTARY_NATIVE_EAGER, FakeHookType.AROUND),
         (hooks.QWEN3_VIT_POS_EMBED, FakeHookType.AROUND),
+        (hooks.QWEN3_VIT_VECTORIZED_POS_EMBED, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 17  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 17  # idempotent
+    assert len(fake_sglang.registered) == 18  # two features share the forward hook: registered once
+    assert plugin.register() is plan and len(fake_sglang.registered) == 18  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -125,7 +127,7 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
         hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL,
         vit_graph_rotary.ROTARY_NATIVE_EAGER, hooks.QWEN2_5_VIT_FORWARD,
         llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT,
-        hooks.QWEN3_VIT_POS_EMBED,
+        hooks.QWEN3_VIT_POS_EMBED, hooks.QWEN3_VIT_VECTORIZED_POS_EMBED,
     ]
 
 
@@ -138,7 +140,7 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD, llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY,
-        llm_fp8_kv.BACKEND_INIT, hooks.QWEN3_VIT_POS_EMBED]
+        llm_fp8_kv.BACKEND_INIT, hooks.QWEN3_VIT_POS_EMBED, hooks.QWEN3_VIT_VECTORIZED_POS_EMBED]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

@@ -108,6 +108,30 @@ for align in (False, True):
             "hooked_equal": torch.equal(graph, eager), "bare_equal": torch.equal(bare, eager),
             "bare_rel_err": float((bare.float() - ref).norm() / ref.norm())}
 
+# SGLang's batch-invariant mode (--enable-deterministic-inference): per image in any batch
+import sglang.srt.batch_invariant_ops.batch_invariant_ops as bio
+out["vectorized_hooked"] = ("sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel._use_vectorized_pos_embed"
+                            in HookRegistry._patched)
+grid = GRIDS["7 images"]
+t = tower(False)
+x = torch.randn(tokens(grid), C).to(torch.bfloat16)
+names = ["fast_pos_embed_interpolate_from_list", "fast_pos_embed_interpolate_vectorized"]
+bio._batch_invariant_MODE = True
+try:
+    eager_fn, eager = recorded(t, lambda: t.forward(x.clone(), torch.tensor(grid, dtype=torch.int32)), names)
+    _, graph = recorded(t, lambda: t._prepare_graph_inputs(x.clone(), torch.tensor(grid, dtype=torch.int32)),
+                        ["fast_pos_embed_interpolate", "fast_pos_embed_interpolate_vectorized"])
+    alone, start = [], 0
+    for g1 in grid:
+        n = tokens([g1])
+        _, one = recorded(t, lambda: t.forward(x[start:start + n].clone(), torch.tensor([g1], dtype=torch.int32)), names)
+        alone.append(torch.equal(one, eager[start:start + n])); start += n
+finally:
+    bio._batch_invariant_MODE = False
+off_fn, _ = recorded(t, lambda: t.forward(x.clone(), torch.tensor(grid, dtype=torch.int32)), names)
+out["batch_invariant"] = {"eager_fn": eager_fn, "graph_equal": torch.equal(graph, eager), "alone_equal": alone,
+                          "mode_off_eager_fn": off_fn}
+
 meta = tower(False, "meta")
 out["meta"] = {label: list(meta.fast_pos_embed_interpolate(torch.tensor(grid)).shape) for label, grid in GRIDS.items()}
 try:
@@ -135,6 +159,18 @@ def test_graph_pos_embeds_equal_eager(sglang_version):
     # no device value read: the hooked path runs on meta tensors, upstream's vectorized one cannot
     assert out["meta"] == {label: [sum(t * h * w for t, h, w in grid), 32] for label, grid in GRIDS.items()}
     assert out["meta_upstream_vectorized"] != "ran"
+
+
+def test_batch_invariant_mode_computes_each_image_alone(sglang_version):
+    """Under --enable-deterministic-inference a 7-image call takes the per-image loop (upstream:
+    vectorized from 6 images, other bf16 rounding), in the eager forward and the graph path alike,
+    so each image's rows equal the image alone, bitwise; with the mode off upstream's rule stays."""
+    out = run_with_sglang(sglang_version, SNIPPET.replace("__GRIDS__", repr(GRIDS)), env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": None})
+    assert out["vectorized_hooked"] and "vit_pos_embed_batch_invariant" in out["plan"]
+    bi = out["batch_invariant"]
+    assert bi["eager_fn"].endswith("from_list") and bi["mode_off_eager_fn"].endswith("vectorized")
+    assert bi["graph_equal"]
+    assert bi["alone_equal"] == [True] * len(GRIDS["7 images"])
 
 
 @pytest.mark.parametrize("grid, what", [

@@ -186,3 +186,22 @@ def qwen3_vit_graph_pos_embed(original, self, grid_thw):
     from sglang_fa4.integration import qwen3_vit_pos_embed
 
     return qwen3_vit_pos_embed.eager_pos_embeds(self, grid_thw)
+
+
+QWEN3_VIT_VECTORIZED_POS_EMBED = "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel._use_vectorized_pos_embed"
+
+
+def qwen3_vit_pos_embed_batch_invariant(original, self, num_images):
+    """AROUND Qwen3VLMoeVisionModel._use_vectorized_pos_embed: under SGLang's batch-invariant mode
+    (``--enable-deterministic-inference``) always the per-image loop. Upstream switches to its
+    vectorized interpolation at 6 images, whose bf16 rounding differs from the loop's (its 4-term
+    sum runs over all images' tokens at once), so an image's position embeddings, and with them its
+    tower output and the request's greedy tokens, depended on how many images shared its ViT call
+    (seen on the H200 in SGLang 0.5.20 and 0.5.23 servers: images of 7- to 13-image calls differed
+    from the same image alone). The loop computes each image on its own: the same bits in any batch.
+    Applies to the eager forward and, through qwen3_vit_pos_embed, the graph path."""
+    from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
+
+    if is_batch_invariant_mode_enabled():
+        return False
+    return original(self, num_images)

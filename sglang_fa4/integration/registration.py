@@ -70,6 +70,11 @@ def _register_vit_graph_eager_pos_embed(registry, hook_type) -> None:
     registry.register(hooks.QWEN3_VIT_POS_EMBED, hooks.qwen3_vit_graph_pos_embed, hook_type.AROUND)
 
 
+def _register_vit_pos_embed_batch_invariant(registry, hook_type) -> None:
+    registry.register(hooks.QWEN3_VIT_VECTORIZED_POS_EMBED, hooks.qwen3_vit_pos_embed_batch_invariant,
+                      hook_type.AROUND)
+
+
 # feature -> what registers it. A registrar shared by features is called once.
 REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "backend_default_table": (_register_backend_selection,),
@@ -86,4 +91,5 @@ REGISTRARS: dict[str, tuple[Callable, ...]] = {
     "llm_fa4_fp8_kv_sm90": (_register_llm_fa4_fp8_kv_sm90,),
     "vit_graph_rotary_fused": (_register_vit_graph_rotary,),
     "vit_graph_eager_pos_embed": (_register_vit_graph_eager_pos_embed,),
+    "vit_pos_embed_batch_invariant": (_register_vit_pos_embed_batch_invariant,),
 }
