@@ -143,9 +143,11 @@ class ConsumerMainLoop:
                         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.pingpong):
+                if cutlass.const_expr(self.pingpong and not self.pingpong_late):
                     self.pass_turn(wg, n_iters == 1)
                 warpgroup.wait_group(0)
+                if cutlass.const_expr(self.pingpong_late):
+                    self.pass_turn(wg, n_iters == 1)  # S ready: the other warpgroup's QK^T may start
                 self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
                 self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
                 self.p_to_operand(acc_s, tOrP)
@@ -182,9 +184,11 @@ class ConsumerMainLoop:
                             tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
                             cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
                     warpgroup.commit_group()
-                    if cutlass.const_expr(self.pingpong):
+                    if cutlass.const_expr(self.pingpong and not self.pingpong_late):
                         self.pass_turn(wg, i == n_iters - 1)
                     warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                    if cutlass.const_expr(self.pingpong_late):
+                        self.pass_turn(wg, i == n_iters - 1)
                     self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
                     self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
                     if cutlass.const_expr(self.pin_wait):

@@ -74,6 +74,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         ilp: int = 4,
         emu: int = 0,
         rowsum_mma: bool = True,
+        pingpong_late: bool = False,
     ):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
@@ -97,7 +98,16 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         # Ping-pong of the two consumer warpgroups (FA3's warp-scheduler barriers): they take turns
         # issuing their GEMMs, so one warpgroup's softmax (MUFU/FMA pipes) runs while the other's
         # GEMMs hold the tensor cores.  Needs the overlapped main loop (one GEMM turn per tile).
-        self.pingpong = self.overlap and (pingpong or "pingpong" in self.debug) and "no_pingpong" not in self.debug
+        self.pingpong = self.overlap and (pingpong or pingpong_late or "pingpong" in self.debug
+                                          or "pp_late" in self.debug) and "no_pingpong" not in self.debug
+        # Ping-pong with the turn passed once this warpgroup's S = QK^T is complete (after its
+        # wait), not right after issuing its GEMMs.  Why: Nsight Compute on the H200
+        # (results/h200/fp8_attention_ncu.md) shows tensor pipe and MUFU each ~44% busy and almost
+        # never at the same time -- both warpgroups wait for their QK^T together, then both run
+        # their exp2s together.  Passing the turn after issue does not separate them (the tensor
+        # cores interleave both warpgroups' queued WGMMAs, so both S tiles still land together);
+        # passing it after S is ready does: the other warpgroup's QK^T runs during this one's softmax.
+        self.pingpong_late = self.pingpong and (pingpong_late or "pp_late" in self.debug)
         # Pairwise (tree) row max / row sum instead of serial chains.  Off: measured slower on the
         # H200 (more live registers in the overlapped loop), kept for experiments.
         self.tree_reduce = (tree_reduce or "tree_reduce" in self.debug) and "no_tree_reduce" not in self.debug
