@@ -231,7 +231,10 @@ def pick(det: dict, raw_m: dict) -> dict:
             "pipes_pct_of_peak_active": dict(sorted(pipes.items(), key=lambda kv: -kv[1])), "shared_memory": smem}
 
 
-def summarize(raw_dir: Path, out_prefix: Path, command: str, notes: list[str]) -> None:
+NUM_SMS = 132  # H200
+
+
+def summarize(raw_dir: Path, out_prefix: Path, command: str, notes: list[str], timing: str = "") -> None:
     result = {"command": command, "shape": SHAPE, "kernels": {}}
     for which in ("fp8", "bf16"):
         det_p = raw_dir / f"{which}_details.csv"
@@ -242,6 +245,22 @@ def summarize(raw_dir: Path, out_prefix: Path, command: str, notes: list[str]) -
         src = source(raw_dir / f"{which}_source.csv") if (raw_dir / f"{which}_source.csv").exists() else {}
         result["kernels"][which] = {"kernel": det.get("kernel"), **pick(det, raw_m), "sass": src,
                                     "details": det.get("sections")}
+    # per 128x128 tile of one CTA (both consumer warpgroups): elapsed, tensor-pipe and XU (MUFU)
+    # busy cycles per SM; the grid is (seqlen/128 m-blocks, heads, batch), 128-key tiles, 132 SMs
+    tiles_per_sm = SHAPE["batch"] * SHAPE["heads"] * (SHAPE["seqlen"] // 128) ** 2 / NUM_SMS
+    for k in result["kernels"].values():
+        cyc = (k["headline"].get("Elapsed Cycles") or (None,))[0]
+        pipes = k["pipes_pct_of_peak_active"]
+        if isinstance(cyc, float):
+            per = cyc / tiles_per_sm
+            k["per_tile_cycles"] = {
+                "elapsed": per,
+                "tensor_busy": per * pipes.get("cycles tensor", float("nan")) / 100,
+                "xu_busy": per * pipes.get("inst xu", float("nan")) / 100,
+                "issue_busy": per * (k["headline"].get("Issue Slots Busy") or (float("nan"),))[0] / 100,
+            }
+    if timing:
+        result["timing_same_call"] = json.loads(Path(timing).read_text())
     result["notes"] = notes
     out_prefix.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
     out_prefix.with_suffix(".md").write_text(markdown(result))
@@ -269,6 +288,16 @@ def markdown(r: dict) -> str:
         keys += [x for x in k[w]["headline"] if x not in keys]
     for m in keys:
         lines.append(f"| {m} | " + " | ".join(_fmt(k[w]["headline"].get(m, "-")) for w in names) + " |")
+    if all("per_tile_cycles" in k[w] for w in names):
+        lines += ["", "## Per 128x128 tile of a CTA (SM cycles; elapsed / tiles per SM, busy = elapsed x pipe %)", "",
+                  "| cycles per tile | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for m in ("elapsed", "tensor_busy", "xu_busy", "issue_busy"):
+            lines.append(f"| {m} | " + " | ".join(f"{k[w]['per_tile_cycles'][m]:.0f}" for w in names) + " |")
+    if r.get("timing_same_call"):
+        lines += ["", "## Timing in the same call (CUDA-graph replay medians, us; d128 non-causal, 16 heads)", "",
+                  "| variant | flags | shape | us | TFLOP/s |", "|---|---|---|---|---|"]
+        for t in r["timing_same_call"]:
+            lines.append(f"| {t['variant']} | `{t['flags'] or '-'}` | {t['shape']} | {t['us']:.1f} | {t['tflops']:.0f} |")
     lines += ["", "## Pipe utilisation (% of peak, active cycles; raw page)", "",
               "| pipe | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     pk = []
@@ -324,13 +353,14 @@ def main() -> None:
     s.add_argument("--out", required=True)
     s.add_argument("--command", default="")
     s.add_argument("--note", action="append", default=[])
+    s.add_argument("--timing", default="", help="a 'time' mode JSON from the same call, embedded")
     a = ap.parse_args()
     if a.mode == "workload":
         workload(a.which, a.flags, a.warmup)
     elif a.mode == "time":
         time_variants(a.variants, a.out)
     else:
-        summarize(Path(a.raw), Path(a.out), a.command, a.note)
+        summarize(Path(a.raw), Path(a.out), a.command, a.note, a.timing)
 
 
 if __name__ == "__main__":
