@@ -140,6 +140,11 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         # the E4M3 P that also multiplies V).  Overlap loop only.
         self.rowsum_mma = self.overlap and (rowsum_mma or "rowsum_mma" in self.debug) and "no_rowsum_mma" not in self.debug
         self.fold_early = self.overlap and (fold_early or "fold_early" in self.debug) and "no_fold_early" not in self.debug
+        # A warpgroup starts its exp2s only once the other one has issued its next GEMMs (a second
+        # pair of named barriers).  Why: the QGMMAs that follow a MUFU stream in the MIO queue stall
+        # (mio_throttle in the profile), so a GEMM issue that overlaps the other warpgroup's exp2s
+        # reaches the tensor cores late.  Not yet measured on the GPU; off by default.
+        self.mufu_gate = self.rowsum_mma and "mufu_gate" in self.debug  # reads the block of ones
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
