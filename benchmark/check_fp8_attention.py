@@ -574,6 +574,7 @@ VARIANT_CASES = [  # quick correctness per variant: (name, lens, heads, d, causa
     ("2seq d64", [1000, 3000], 16, 64, False),
     ("24,1000 d64 causal", [24, 1000], 4, 64, True),
 ]
+VARIANT_DIMS = (64, 128)  # head dims of the variant cases / shapes (--variant-dims)
 VARIANT_SHAPES = [("8x4096", [4096] * 8, 16, 128), ("1x16384", [16384], 16, 128),
                   ("8x4096", [4096] * 8, 16, 64), ("1x16384", [16384], 16, 64)]
 
@@ -587,6 +588,8 @@ def section_variants():
     from sglang_fa4.kernels.fp8_sm90 import launch, quantize
 
     specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
+    cases = [c for c in VARIANT_CASES if c[3] in VARIANT_DIMS]
+    shapes = [sh for sh in VARIANT_SHAPES if sh[3] in VARIANT_DIMS]
     bf16_us = {}
     kernels = {}  # flags -> that variant's compiled kernels, so the winner is not compiled again
     rows = RESULT["sections"].setdefault("variants", [])
@@ -594,7 +597,7 @@ def section_variants():
         launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
         launch._compiled.clear()
         v = {"name": name, "flags": flags, "cases": [], "speed": []}
-        for cname, lens, h, d, causal in VARIANT_CASES:
+        for cname, lens, h, d, causal in cases:
             try:
                 r = run_case(f"{cname} [{name}]", lens, lens, h, h, d, causal)
             except Exception as e:  # noqa: BLE001
@@ -603,7 +606,7 @@ def section_variants():
         v["ok"] = all(r.get("ok") for r in v["cases"])
         v["worst_err"] = max((r.get("err_ref", float("nan")) for r in v["cases"]), default=float("nan"))
         logs = []
-        for sname, lens, h, d in VARIANT_SHAPES:
+        for sname, lens, h, d in shapes:
             cu = make_cu(lens)
             t = sum(lens)
             q, k, vv = (torch.randn(t, h, d, device=DEV).bfloat16() for _ in range(3))
@@ -822,7 +825,7 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
 
 
 def main():
-    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD
+    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
     ap.add_argument("--sections", default="bringup,speed,speed_parts,host,quantize,correctness")
@@ -841,6 +844,7 @@ def main():
     ap.add_argument("--render", help="only rewrite the markdown beside this result JSON")
     ap.add_argument("--variants", default=None,
                     help="section 'variants': name=flags;name=flags (kernel switches, e.g. 'base=;pin=pin_wait')")
+    ap.add_argument("--variant-dims", default="64,128", help="section 'variants': head dims of its cases and shapes")
     ap.add_argument("--note", action="append", default=[], help="a line for the markdown's header")
     args = ap.parse_args()
     if args.render:
@@ -852,6 +856,7 @@ def main():
     ARGS_CHILD = args.child
     if args.variants is not None:
         VARIANTS = args.variants
+    VARIANT_DIMS = tuple(int(x) for x in args.variant_dims.split(",") if x)
     if args.note:
         RESULT["analysis_after_run"] = list(args.note)
     out_dir = OUT_DIR = Path(args.out_dir)

@@ -31,6 +31,9 @@ def facts(ptx: str) -> dict:
         "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global", ptx)),
         "setmaxnreg": re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx),
         "named_bar_arrive": len(re.findall(r"\bbar\.arrive\s+[12],\s*256;", ptx)),
+        # arrives / waits on a barrier id held in a register (mufu_gate's ISSUED_BAR + warpgroup)
+        "reg_bar_arrive": len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx)),
+        "reg_bar_sync_256": len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx)),
         "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)),
         # the no-op behind a branch that keeps ptxas from hoisting the PV wait (forward.pin_wait)
         "warp_sync": len(re.findall(r"\bbar\.warp\.sync\b", ptx)),

@@ -22,7 +22,7 @@ def dsl_pythonpath() -> str:
     return os.pathsep.join([str(LAYER / "nvidia_cutlass_dsl" / "dsl_packages"), str(LAYER), str(ROOT)])
 
 
-def xcompile(pythonpath: str, dump: Path, variants: list[str]) -> dict:
+def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "") -> dict:
     dump.mkdir(parents=True)  # the DSL silently writes nothing into a missing directory
     env = {
         **os.environ,
@@ -31,7 +31,7 @@ def xcompile(pythonpath: str, dump: Path, variants: list[str]) -> dict:
         "CUTE_DSL_KEEP": "ptx",
         "CUTE_DSL_DUMP_DIR": str(dump),
     }
-    cmd = [sys.executable, str(ROOT / "tests" / "fp8_xcompile.py"), "--dump-dir", str(dump)]
+    cmd = [sys.executable, str(ROOT / "tests" / "fp8_xcompile.py"), "--dump-dir", str(dump), "--flags", flags]
     for v in variants:
         cmd += ["--variant", v]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -60,8 +60,20 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
         # and the wait for 0 sits behind a branch (bar.warp.sync) so ptxas keeps it there
         assert v["wgmma_wait_1"] >= 1
         assert v["warp_sync"] == 1
-        # ping-pong of the consumer warpgroups (named barriers 1/2) is off by default: it measured
-        # no gain on the H200 (results/h200/fp8_attention.md)
-        assert v["named_bar_arrive"] == 0
+    # ping-pong of the consumer warpgroups (named barriers 1/2, the turn passed once S is complete):
+    # on at d=128 (results/h200/fp8_attention_speed3.md), off at other head dims
+    assert d128["named_bar_arrive"] >= 3  # warpgroup 1's opening arrive + a pass after each S
+    assert d64["named_bar_arrive"] == 0
     # P (64 values of a 64x128 tile per thread) becomes E4M3 two at a time, in registers
     assert d128["cvt_e4m3x2"] == d64["cvt_e4m3x2"] == 2 * 32  # first tile + loop
+
+
+def test_fp8_forward_mufu_gate_variant_cross_compiles(dsl_pythonpath, tmp_path):
+    """The not-yet-measured 'mufu_gate' variant (a warpgroup's exp2s wait until the other one has
+    issued its GEMMs) builds: same GEMMs, the extra arrives and waits on the ISSUED barriers."""
+    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["128,0,0"], flags="pp_late,no_fold_early,mufu_gate")
+    v = r["128,0,0"]
+    assert v["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"] and v["wgmma_other"] == []
+    assert v["reg_bar_arrive"] >= 3  # issue #0 (warpgroup 1), each loop issue, the last PV (warpgroup 0)
+    assert v["reg_bar_sync_256"] >= 3  # the ping-pong turn waits and the gate before the exp2s
+

@@ -12,7 +12,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import PINGPONG_BAR, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import ISSUED_BAR, PINGPONG_BAR, WG_ROWS
 
 
 class ConsumerMainLoop:
@@ -63,6 +63,8 @@ class ConsumerMainLoop:
         acc_st = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))  # this tile's
         acc_so.fill(0.0)
         acc_st.fill(0.0)
+        # mufu_gate: a word of the block of ones, read after the barrier (tile_softmax.softmax_tile)
+        ones32 = cute.make_tensor(cute.recast_ptr(sOnes_wg.iterator, dtype=Int32), cute.make_layout(1))
         # (m, n) coordinates of this thread's accumulator values, for masking
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         row_max = cute.make_rmem_tensor((2,), Float32)
@@ -103,7 +105,7 @@ class ConsumerMainLoop:
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
                 self.p_to_operand(acc_s, tOrP)
                 warpgroup.fence()
                 if cutlass.const_expr("skip_pv" in self.debug):
@@ -143,11 +145,16 @@ class ConsumerMainLoop:
                         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.pingpong):
+                if cutlass.const_expr(self.mufu_gate):
+                    if wg == 1:  # issue #0 (warpgroup 0 counts its issues from #1; see signal_issued)
+                        self.signal_issued(wg)
+                if cutlass.const_expr(self.pingpong and not self.pingpong_late):
                     self.pass_turn(wg, n_iters == 1)
                 warpgroup.wait_group(0)
+                if cutlass.const_expr(self.pingpong_late):
+                    self.pass_turn(wg, n_iters == 1)  # S ready: the other warpgroup's QK^T may start
                 self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
                 self.p_to_operand(acc_s, tOrP)
                 for r in cutlass.range_constexpr(2):
                     f_prev[r] = factor[r]
@@ -182,11 +189,15 @@ class ConsumerMainLoop:
                             tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
                             cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
                     warpgroup.commit_group()
-                    if cutlass.const_expr(self.pingpong):
+                    if cutlass.const_expr(self.mufu_gate):
+                        self.signal_issued(wg)
+                    if cutlass.const_expr(self.pingpong and not self.pingpong_late):
                         self.pass_turn(wg, i == n_iters - 1)
                     warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                    if cutlass.const_expr(self.pingpong_late):
+                        self.pass_turn(wg, i == n_iters - 1)
                     self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-                    self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                    self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
                     if cutlass.const_expr(self.pin_wait):
                         self.pin_below(acc_s[cute.size(acc_s) - 1])  # P's last value (>= 0)
                     warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
@@ -219,6 +230,9 @@ class ConsumerMainLoop:
                         tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
                 warpgroup.commit_group()
+                if cutlass.const_expr(self.mufu_gate):
+                    if wg == 0:  # warpgroup 1's last softmax waits for this last PV issue
+                        self.signal_issued(wg)
                 warpgroup.wait_group(0)
                 pipe_kv.consumer_release(prev_state)
                 self.rescale_add(acc_o, acc_t, f_prev)
@@ -263,6 +277,14 @@ class ConsumerMainLoop:
         (see forward.pin_wait)."""
         if x > Float32(-1.0):
             cute.arch.sync_warp()
+
+    @cute.jit
+    def signal_issued(self, wg: Int32):
+        """mufu_gate: this warpgroup's GEMMs of the round are issued.  The softmax of round k of one
+        warpgroup waits for the other's next issue: warpgroup 0's for warpgroup 1's issue k (#0..),
+        warpgroup 1's for warpgroup 0's issue k+1 (#1.., the last being its PV-only issue after the
+        loop), so each barrier sees n_iters arrivals and n_iters waits."""
+        cute.arch.barrier_arrive(barrier_id=ISSUED_BAR + wg, number_of_threads=2 * 128)
 
     @cute.jit
     def pass_turn(self, wg: Int32, last: cutlass.Boolean):

@@ -19,10 +19,11 @@ Shape of the kernel (one CTA per 128 query rows of one head of one sequence, 3 w
   tensor cores as P x ones with the PV GEMM (``rowsum_mma``) and the row max is 4 interleaved
   chains (``ilp``).  Measured side by side on the H200 (benchmark/results/h200/
   fp8_attention_speed2.md): d64 11-16% faster than without these four, d128 unchanged (+-2%).
-  Options measured and left off: ``pingpong`` (the consumer warpgroups take turns issuing GEMMs),
-  ``tree_reduce`` (pairwise row max/sum), ``emu`` (part of the exp2s on the FMA pipe);
-  ``no_overlap`` is the one-tile-at-a-time loop.  d128 is bound by neither the GEMMs nor the
-  per-tile instruction count we removed: see the results file.
+  At d=128 the two consumer warpgroups also take turns issuing their GEMMs, the turn passed once
+  S is complete (``pingpong_late``), and every 8th exp2 runs on the FMA pipe (``emu``): 3-5% less
+  time (fp8_attention_speed3.md).  Options measured and left off: ``pingpong`` with the turn
+  passed right after issue, ``tree_reduce`` (pairwise row max/sum); ``no_overlap`` is the
+  one-tile-at-a-time loop.  Where the d128 time goes (Nsight Compute): fp8_attention_ncu.md.
 
 V^T comes from global memory already transposed, with its keys permuted inside groups of 16
 (``layout.KEY_PERM``) so that P needs no register shuffles, each sequence starting at a 16-aligned
@@ -72,8 +73,9 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         fold_early: bool = True,
         pin_wait: bool = True,
         ilp: int = 4,
-        emu: int = 0,
+        emu=None,
         rowsum_mma: bool = True,
+        pingpong_late=None,
     ):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
@@ -88,7 +90,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         self.num_stages = num_stages or (4 if head_dim <= 128 else 2)
         # Bisection / timing switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv",
         # "skip_kv", "skip_store", "skip_mask", "skip_softmax"; the skip_* ones give wrong results),
-        # and main-loop choices ("overlap"/"no_overlap", "pingpong", "tree_reduce") for timing.
+        # and main-loop choices ("overlap"/"no_overlap", "pingpong", "pp_late"/"pp_early", "no_pingpong",
+        # "emuN", "tree_reduce", ...) for timing; "no_pingpong,emu0" is the d=128 loop before speed3.
         # launch.DEBUG_FLAGS is empty in use.
         self.debug = frozenset(debug)
         # Issue the next tile's QK^T GEMM with the previous tile's PV GEMM and run the softmax
@@ -97,7 +100,24 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         # Ping-pong of the two consumer warpgroups (FA3's warp-scheduler barriers): they take turns
         # issuing their GEMMs, so one warpgroup's softmax (MUFU/FMA pipes) runs while the other's
         # GEMMs hold the tensor cores.  Needs the overlapped main loop (one GEMM turn per tile).
-        self.pingpong = self.overlap and (pingpong or "pingpong" in self.debug) and "no_pingpong" not in self.debug
+        # d=128 default (None): pp_late + emu8, measured side by side with the previous default on
+        # the H200 (results/h200/fp8_attention_speed3.md: 3-5% less time at 8x4096 and 1x16384, all
+        # 22 correctness cases); other head dims keep the previous loop (not measured side by side).
+        d128_default = head_dim == 128
+        if pingpong_late is None:
+            pingpong_late = d128_default
+        if emu is None:
+            emu = 8 if d128_default else 0
+        self.pingpong = self.overlap and (pingpong or pingpong_late or "pingpong" in self.debug
+                                          or "pp_late" in self.debug) and "no_pingpong" not in self.debug
+        # Ping-pong with the turn passed once this warpgroup's S = QK^T is complete (after its
+        # wait), not right after issuing its GEMMs.  Why: Nsight Compute on the H200
+        # (results/h200/fp8_attention_ncu.md) shows tensor pipe and MUFU each ~44% busy and almost
+        # never at the same time -- both warpgroups wait for their QK^T together, then both run
+        # their exp2s together.  Passing the turn after issue does not separate them (the tensor
+        # cores interleave both warpgroups' queued WGMMAs, so both S tiles still land together);
+        # passing it after S is ready does: the other warpgroup's QK^T runs during this one's softmax.
+        self.pingpong_late = self.pingpong and (pingpong_late or "pp_late" in self.debug) and "pp_early" not in self.debug
         # Pairwise (tree) row max / row sum instead of serial chains.  Off: measured slower on the
         # H200 (more live registers in the overlapped loop), kept for experiments.
         self.tree_reduce = (tree_reduce or "tree_reduce" in self.debug) and "no_tree_reduce" not in self.debug
@@ -120,6 +140,11 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         # the E4M3 P that also multiplies V).  Overlap loop only.
         self.rowsum_mma = self.overlap and (rowsum_mma or "rowsum_mma" in self.debug) and "no_rowsum_mma" not in self.debug
         self.fold_early = self.overlap and (fold_early or "fold_early" in self.debug) and "no_fold_early" not in self.debug
+        # A warpgroup starts its exp2s only once the other one has issued its next GEMMs (a second
+        # pair of named barriers).  Why: the QGMMAs that follow a MUFU stream in the MIO queue stall
+        # (mio_throttle in the profile), so a GEMM issue that overlaps the other warpgroup's exp2s
+        # reaches the tensor cores late.  Not yet measured on the GPU; off by default.
+        self.mufu_gate = self.rowsum_mma and "mufu_gate" in self.debug  # reads the block of ones
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)

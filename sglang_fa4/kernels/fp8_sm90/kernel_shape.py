@@ -18,3 +18,5 @@ WG_ROWS = 64  # query rows per consumer warpgroup
 PINGPONG_BAR = 1
 #: Named barriers ONES_BAR + consumer warpgroup: its block of ones is written (rowsum_mma).
 ONES_BAR = 3
+#: Named barriers ISSUED_BAR + consumer warpgroup: it has issued this turn's GEMMs (mufu_gate).
+ISSUED_BAR = 5

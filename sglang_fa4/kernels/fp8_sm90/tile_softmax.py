@@ -11,7 +11,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, ISSUED_BAR, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import P_LOG2_OFFSET
 
 
@@ -93,49 +93,75 @@ class TileSoftmax:
 
     @cute.jit
     def softmax_tile(self, acc_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor,
-                     scale_log2: Float32):
+                     scale_log2: Float32, wg: Int32, ones32: cute.Tensor):
         """Online softmax in place (2 rows per thread; a row lives in one quad): acc_s becomes
-        P = exp2(s*scale - max*scale + 8), factor the rescale of everything before this tile."""
-        for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
-            mx = row_max[r]
-            if cutlass.const_expr(self.ilp > 1):
-                mx = cute.arch.fmax(mx, _chains_reduce(
-                    [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
-                    cute.arch.fmax, self.ilp))
-            elif cutlass.const_expr(self.tree_reduce):
-                mx = cute.arch.fmax(mx, _tree_reduce(
-                    [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)], cute.arch.fmax))
-            else:
-                for j in cutlass.range_constexpr(self.tile_n // 8):
-                    for e in cutlass.range_constexpr(2):
-                        mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-            m_use = mx
-            if mx == -Float32.inf:
-                m_use = Float32(0.0)
-            factor[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
-            row_max[r] = mx
-            bias = m_use * scale_log2 - P_LOG2_OFFSET
-            s = Float32(0.0)
+        P = exp2(s*scale - max*scale + 8), factor the rescale of everything before this tile.
+        ``mufu_gate``: both rows' maxima first, then wait until the other consumer warpgroup has
+        issued its GEMMs (named barrier ISSUED_BAR + other), then the exp2s (forward.mufu_gate)."""
+        bias = cute.make_rmem_tensor((2,), Float32)
+        if cutlass.const_expr(self.mufu_gate):
+            for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+            cute.arch.barrier(barrier_id=ISSUED_BAR + 1 - wg, number_of_threads=2 * 128)
+            # ptxas moves register-only instructions across a bar.sync; a shared-memory load is not
+            # moved above it, so the exp2s take their scale through one: a word of the block of
+            # E4M3 ones (0x38383838, written before the main loop), shifted to 0.
+            gated_scale = scale_log2 + Float32(ones32[0] >> 30)
+            for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
+                self.exp_row_step(acc_s, row_sum, factor, bias, gated_scale, r)
+        else:
+            for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+                self.exp_row_step(acc_s, row_sum, factor, bias, scale_log2, r)
+
+    @cute.jit
+    def row_max_step(self, acc_s: cute.Tensor, row_max: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
+                     scale_log2: Float32, r: cutlass.Constexpr):
+        """Row r's new maximum (quad shuffles), its rescale factor and the exp2 bias."""
+        mx = row_max[r]
+        if cutlass.const_expr(self.ilp > 1):
+            mx = cute.arch.fmax(mx, _chains_reduce(
+                [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                cute.arch.fmax, self.ilp))
+        elif cutlass.const_expr(self.tree_reduce):
+            mx = cute.arch.fmax(mx, _tree_reduce(
+                [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)], cute.arch.fmax))
+        else:
             for j in cutlass.range_constexpr(self.tile_n // 8):
                 for e in cutlass.range_constexpr(2):
-                    v = e + 2 * r + 4 * j
-                    if cutlass.const_expr(self.emu > 0 and (2 * j + e) % self.emu == self.emu - 1):
-                        acc_s[v] = exp2_on_fma(acc_s[v] * scale_log2 - bias)  # FMA pipe, not MUFU
-                    else:
-                        acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias, fastmath=True)
-                    if cutlass.const_expr(not self.tree_reduce and self.ilp <= 1 and not self.rowsum_mma):
-                        s += acc_s[v]
-            if cutlass.const_expr(self.rowsum_mma):
-                pass  # the PV GEMM's companion P x ones sums the row (consumer_mainloop)
-            elif cutlass.const_expr(self.ilp > 1):
-                s = _chains_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
-                                   lambda a, b: a + b, self.ilp)
-            elif cutlass.const_expr(self.tree_reduce):
-                s = _tree_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
-                                 lambda a, b: a + b)
-            row_sum[r] = row_sum[r] * factor[r] + s
+                    mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
+        mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+        mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+        m_use = mx
+        if mx == -Float32.inf:
+            m_use = Float32(0.0)
+        factor[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
+        row_max[r] = mx
+        bias[r] = m_use * scale_log2 - P_LOG2_OFFSET
+
+    @cute.jit
+    def exp_row_step(self, acc_s: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
+                     scale_log2: Float32, r: cutlass.Constexpr):
+        """Row r's P = exp2(s * scale - bias) in place, and its running sum (unless rowsum_mma)."""
+        s = Float32(0.0)
+        for j in cutlass.range_constexpr(self.tile_n // 8):
+            for e in cutlass.range_constexpr(2):
+                v = e + 2 * r + 4 * j
+                if cutlass.const_expr(self.emu > 0 and (2 * j + e) % self.emu == self.emu - 1):
+                    acc_s[v] = exp2_on_fma(acc_s[v] * scale_log2 - bias[r])  # FMA pipe, not MUFU
+                else:
+                    acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias[r], fastmath=True)
+                if cutlass.const_expr(not self.tree_reduce and self.ilp <= 1 and not self.rowsum_mma):
+                    s += acc_s[v]
+        if cutlass.const_expr(self.rowsum_mma):
+            pass  # the PV GEMM's companion P x ones sums the row (consumer_mainloop)
+        elif cutlass.const_expr(self.ilp > 1):
+            s = _chains_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                               lambda a, b: a + b, self.ilp)
+        elif cutlass.const_expr(self.tree_reduce):
+            s = _tree_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                             lambda a, b: a + b)
+        row_sum[r] = row_sum[r] * factor[r] + s
 
     @cute.jit
     def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor):
