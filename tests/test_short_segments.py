@@ -95,7 +95,7 @@ def test_fa2_route_matches_fp32_reference():
 
 def test_short_attention_picks_the_kernel(monkeypatch):
     calls = []
-    monkeypatch.setattr(short_segments.short_window_kernel, "short_window_attention", lambda *a, **k: calls.append("triton"))
+    monkeypatch.setattr(short_segments.short_window_kernel, "launch_checked", lambda *a, **k: calls.append("triton"))
     monkeypatch.setattr(short_segments, "fa2_varlen_attention", lambda *a, **k: calls.append("fa2"))
     checks = short_segments.check_tensors  # the real input checks, less the CUDA-device one (CPU test)
     monkeypatch.setattr(short_segments, "check_tensors", lambda *a, require_cuda: checks(*a, require_cuda=False))
@@ -216,3 +216,30 @@ def test_out_of_the_wrong_shape_is_an_error():
     for bad in (torch.empty(8, 2, 32, dtype=torch.bfloat16), torch.empty(8, 2, 64), "not a tensor"):
         with pytest.raises(FA4InputError, match="out must be"):
             check_out_shape(bad, 8, 2, 64, torch.bfloat16, q)
+
+
+def test_short_window_launch_memo_and_checks(monkeypatch):
+    """The short-window kernel's hot path hands the cached launch a memo of exactly what fixes the
+    specialization (dtype, the four stride tuples, heads per kv head, head dim, warps) when every
+    pointer is 16-byte aligned, none otherwise; its public entry rejects mixed dtypes and int64
+    cu_seqlens (the memo relies on both)."""
+    from sglang_fa4.kernels import short_window_kernel as sw
+
+    seen = []
+    monkeypatch.setattr(sw.HANDLES, "launch", lambda grid, args, dev, memo=None, **o: seen.append((grid, memo, args)))
+    q = torch.randn(40, 4, 80, dtype=torch.bfloat16)
+    k = v = torch.randn(40, 2, 80, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 30, 40], dtype=torch.int32)
+    out = sw.short_window_attention(q, k, v, cu, 30)
+    grid, memo, args = seen[-1]
+    assert grid == (2, 4) and out.shape == q.shape
+    assert memo == (torch.bfloat16, q.stride(), k.stride(), v.stride(), out.stride(), 2, 80, 4)
+    assert args[5:13] == (320, 80, 160, 80, 160, 80, 320, 80) and args[14:] == (2, 80, 128, 64)
+    buf = torch.empty(40 * 4 * 80 + 1, dtype=torch.bfloat16)
+    misaligned = buf[1:].view(40, 4, 80)  # 2 bytes off: Triton keys it differently
+    sw.short_window_attention(q, k, v, cu, 30, out=misaligned)
+    assert seen[-1][1] is None
+    with pytest.raises(ValueError, match="one dtype"):
+        sw.short_window_attention(q, k.half(), v, cu, 30)
+    with pytest.raises(ValueError, match="int32"):
+        sw.short_window_attention(q, k, v, cu.long(), 30)

@@ -70,34 +70,56 @@ def short_window_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: 
                            num_warps: int = 4):
     """Attention within each segment of ``cu_seqlens``; q (tokens, heads, d), k/v (tokens, kv_heads, d)
     with a contiguous last dim; every segment at most BLOCK_S tokens."""
-    import torch
-
     if max_seqlen > BLOCK_S:
         raise ValueError(f"short_window_attention handles segments of <= {BLOCK_S} tokens, got max_seqlen {max_seqlen}")
-    tokens, heads, d = q.shape
-    kv_heads = k.shape[1]
+    heads, kv_heads = q.shape[1], k.shape[1]
     if heads % kv_heads:
         raise ValueError(f"{heads} q heads are not a multiple of {kv_heads} kv heads")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} needs a contiguous last dim")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} is {t.dtype}, q is {q.dtype}: one dtype for q, k, v and out")
+    import torch
+
+    if cu_seqlens.dtype is not torch.int32:
+        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if out is None:
-        out = torch.empty_like(q)
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+        out = q.new_empty(q.shape)
+    tokens, heads, d = q.shape
+    return launch_checked(q, k, v, cu_seqlens, softmax_scale, out, tokens, heads, k.shape[1], d,
+                          q.stride(), k.stride(), v.stride(), out.stride(), num_warps)
+
+
+def launch_checked(q, k, v, cu_seqlens, softmax_scale: Optional[float], out, tokens: int, heads: int, kv_heads: int,
+                   d: int, qs: tuple, ks: tuple, vs: tuple, os_: tuple, num_warps: int = 4):
+    """The launch alone, for a caller that has checked the call and read its shapes and strides
+    (``short_segments.short_attention``: dtypes, devices, unit last strides, segments <= BLOCK_S,
+    ``out`` of q's shape and dtype). Host time is the point here (issue #18): nothing is read twice,
+    and a memo of the values that fix the specialization lets a repeated layout launch without
+    computing Triton's key."""
     segments = cu_seqlens.numel() - 1
-    if segments > 0 and tokens > 0:
-        # plain integer maths for BLOCK_D: triton.next_power_of_2 is a constexpr function (tens of
-        # us per host call, measured on this project's machine with Triton 3.8)
-        HANDLES.launch(
-            (segments, heads),
-            (q, k, v, out, cu_seqlens,
-             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-             scale * _LOG2E,
-             heads // kv_heads, d, max(16, 1 << (d - 1).bit_length()), BLOCK_S),
-            q.device.index or 0,
-            num_warps=num_warps,
-        )
+    if segments <= 0 or tokens == 0:
+        return out
+    group = heads // kv_heads
+    scale = (softmax_scale if softmax_scale is not None else d ** -0.5) * _LOG2E
+    # all five pointers 16-byte aligned (the usual case): the memo is exact; otherwise the keyed path
+    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | cu_seqlens.data_ptr()) & 15
+    memo = (q.dtype, qs, ks, vs, os_, group, d, num_warps) if aligned else None
+    # plain integer maths for BLOCK_D: triton.next_power_of_2 is a constexpr function (tens of us per
+    # host call, measured on this project's machine with Triton 3.8)
+    HANDLES.launch(
+        (segments, heads),
+        (q, k, v, out, cu_seqlens, qs[0], qs[1], ks[0], ks[1], vs[0], vs[1], os_[0], os_[1], scale,
+         group, d, _BLOCK_D[d] if d in _BLOCK_D else max(16, 1 << (d - 1).bit_length()), BLOCK_S),
+        max(q.get_device(), 0),
+        memo,
+        num_warps=num_warps,
+    )
     return out
+
+
+_BLOCK_D = {d: max(16, 1 << (d - 1).bit_length()) for d in (64, 80, 128)}
 
 
 def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", device=None) -> int:
