@@ -100,10 +100,10 @@ def test_short_attention_picks_the_kernel(monkeypatch):
     checks = short_segments.check_tensors  # the real input checks, less the CUDA-device one (CPU test)
     monkeypatch.setattr(short_segments, "check_tensors", lambda *a, require_cuda: checks(*a, require_cuda=False))
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    for d, max_seqlen in ((64, 64), (80, 8), (128, 64), (72, 64), (80, 65)):
+    for d, max_seqlen in ((64, 64), (80, 8), (128, 64), (72, 64), (80, 65), (96, 64)):
         q = torch.randn(8, 2, d, dtype=torch.bfloat16)
         short_segments.short_attention(q, q, q, cu, max_seqlen, None)
-    assert calls == ["triton", "triton", "triton", "fa2", "fa2"]
+    assert calls == ["triton", "triton", "triton", "triton", "fa2", "fa2"]
     q = torch.randn(8, 2, 160, dtype=torch.bfloat16)[..., ::2]  # a strided last dim: the Triton kernel needs it contiguous
     short_segments.short_attention(q, q, q, cu, 8, None)
     assert calls[-1] == "fa2"
@@ -114,7 +114,7 @@ import json, torch
 from sglang_fa4.kernels.short_window_kernel import short_window_attention
 torch.manual_seed(0)
 out_json = {}
-for d, heads, kv_heads in ((64, 2, 2), (80, 4, 2), (128, 2, 1)):
+for d, heads, kv_heads in ((64, 2, 2), (72, 2, 2), (80, 4, 2), (128, 2, 1)):
     seqlens = [64, 16, 0, 48, 4, 64]
     cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32)
     t = sum(seqlens)
@@ -234,7 +234,7 @@ def test_short_window_launch_memo_and_checks(monkeypatch):
     grid, memo, args = seen[-1]
     assert grid == (2, 4) and out.shape == q.shape
     assert memo == (torch.bfloat16, q.stride(), k.stride(), v.stride(), out.stride(), 2, 80, 4)
-    assert args[5:13] == (320, 80, 160, 80, 160, 80, 320, 80) and args[14:] == (2, 80, 128, 64)
+    assert args[5:13] == (320, 80, 160, 80, 160, 80, 320, 80) and args[14:] == (2, 80, 128, 64, True)
     buf = torch.empty(40 * 4 * 80 + 1, dtype=torch.bfloat16)
     misaligned = buf[1:].view(40, 4, 80)  # 2 bytes off: Triton keys it differently
     sw.short_window_attention(q, k, v, cu, 30, out=misaligned)

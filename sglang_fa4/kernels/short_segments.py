@@ -27,7 +27,7 @@ from sglang_fa4.kernels.inputs import check_out_shape, check_tensors
 # compute capabilities (major*10+minor) where the route was measured faster than FA4 and triton_attn
 ROUTED_ARCHS = (90,)
 # head dims where the Triton short-window kernel was measured faster than FA2 (the rest use FA2)
-TRITON_HEAD_DIMS = (64, 80, 128)
+TRITON_HEAD_DIMS = (64, 72, 80, 128)
 
 
 @lru_cache(maxsize=1)
