@@ -6,8 +6,12 @@ time is per-tile pipeline latency: on the H200, 700 x 64-token windows at d=80 t
 (``aten._flash_attention_forward``) and ~140 us in our one-tile-per-segment Triton kernel
 (:mod:`sglang_fa4.kernels.short_window_kernel`), against an HBM floor of ~108 us
 (benchmark/results/h200/short_windows*.json). So, on SM90, a layout whose longest segment is short:
-- head_dim 64/80/128 (measured 1.0-1.35x the HBM floor): the Triton kernel;
-- other head dims (d=72: the Triton kernel pads to 128 and loses to FA2): FA2.
+- head_dim 64/72/80/128 (on 180+ windows 1.0-1.35x the HBM floor at d=64/80/128, 1.5-1.75x at d=72,
+  1.6-2.0x faster than FA2 there once its rows load as 16-byte vectors, short_windows_d72.json):
+  the Triton kernel;
+- other head dims: FA2.
+Host time per call on the H200 (kernels_host_routes.md, kernels_d72_triton.md, kernels_host_d64.md):
+12.6-14.7 us on the Triton route, as FA4's own cached launch (11.5-12.6 us); FA2 took 27-47 us.
 On long segments FA4 is 1.4-1.9x faster than FA2, so nothing else is routed; Blackwell keeps FA4
 until measured there. Neither route has attention sinks or sliding windows: such calls stay on FA4.
 Results are exact attention within bf16 rounding (rel. error vs fp32 ~2.3e-3, as FA4), not

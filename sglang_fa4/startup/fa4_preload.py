@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 import threading
 import time
 from typing import Optional
@@ -21,11 +20,6 @@ from typing import Optional
 logger = logging.getLogger("sglang_fa4")
 
 MODULE = "flash_attn.cute"
-#: the interpreter's thread switch interval while the import runs (Python's default: 5 ms). Each time
-#: the loading thread leaves the GIL for a copy, the import takes it, and the loader waits up to one
-#: interval to get it back: with 729 tensors and a few GIL-free calls each, 5 ms per wait made the
-#: H200 load stand-in 5.9 s longer (benchmark/results/h200/start*.md), more than the import itself
-SWITCH_INTERVAL_S = 0.0005
 
 _lock = threading.Lock()
 _thread: Optional[threading.Thread] = None
@@ -33,16 +27,13 @@ _seconds: Optional[float] = None
 _error: Optional[str] = None
 
 
-def _import(module: str, previous_interval: float) -> None:
+def _import(module: str) -> None:
     global _seconds, _error
     t0 = time.perf_counter()
     try:
         importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - reported by wait(); the warmup's import raises
         _error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if sys.getswitchinterval() == SWITCH_INTERVAL_S:  # unless someone else changed it meanwhile
-            sys.setswitchinterval(previous_interval)
     _seconds = time.perf_counter() - t0
 
 
@@ -50,15 +41,15 @@ def start(module: str = MODULE) -> bool:
     """Start importing ``module`` in the background, once per process (after FA4's disk-cache
     variables are set: FA4 reads them at import). False when it is already imported or started."""
     global _thread
+    import sys
+
     from sglang_fa4.startup.fa4_env import configure_fa4_disk_cache
 
     with _lock:
         if _thread is not None or module in sys.modules:
             return False
         configure_fa4_disk_cache()
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))
-        _thread = threading.Thread(target=_import, args=(module, previous), name="sglang-fa4-preload", daemon=True)
+        _thread = threading.Thread(target=_import, args=(module,), name="sglang-fa4-preload", daemon=True)
         _thread.start()
     return True
 
