@@ -26,6 +26,7 @@ Prints a short summary; the JSON holds per-variant times, compile counts and the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -303,6 +304,8 @@ def main() -> int:
     p.add_argument("--sizes", type=int, default=60, help="random image batches in the trace (>= 50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=200, help="seconds per phase")
+    p.add_argument("--keep-cache", type=Path, default=None,
+                   help="use this (empty) directory as the kernel cache and keep it (bench_start.py --cache-dir)")
     p.add_argument("--child", choices=("cold", "warm"), help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -321,7 +324,12 @@ def main() -> int:
         return 2
     out = args.out or Path("warmup.json")
     result = {"meta": meta()}
-    with tempfile.TemporaryDirectory(prefix="sglang-fa4-kernels-") as cache_dir:
+    if args.keep_cache:
+        args.keep_cache.mkdir(parents=True, exist_ok=True)
+        if any(args.keep_cache.iterdir()):
+            raise SystemExit(f"--keep-cache {args.keep_cache} is not empty: the cold phase needs an empty cache")
+    with (contextlib.nullcontext(str(args.keep_cache)) if args.keep_cache
+          else tempfile.TemporaryDirectory(prefix="sglang-fa4-kernels-")) as cache_dir:
         result["cold"] = run_phase("cold", Path(cache_dir), args)
         result["warm"] = run_phase("warm", Path(cache_dir), args)
         files = [f for f in Path(cache_dir).rglob("*") if f.is_file()]

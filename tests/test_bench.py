@@ -5,6 +5,7 @@ torch / transformers are installed) the SDPA varlen path and the transformers at
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,33 @@ def test_validate_and_reports(tmp_path):
     assert "sglang-fa4 bench kernels --quick" in md and "2.50 (4/4)" in md and "## Failures" in md
     summary = report.kernels_summary(back)
     assert "2.50x" in summary
+
+
+def test_host_mode_table(tmp_path):
+    """Host rows: the host time per call, fa4's route and its loop wall time, side by side."""
+    res = _kernels_result()
+    for b, us in (("fa4", 11.5), ("triton_attn", 31.0)):
+        res["rows"].append({"backend": b, "head_dim": 80, "layout": "180x64", "mode": "host", "median_us": us,
+                            "rel_err": 2e-3, "loop_wall_us": 38.6 if b == "fa4" else 140.0, "iters": 100,
+                            **({"route": "triton short-window"} if b == "fa4" else {})})
+    res["pairs"].append({"layout": "180x64", "head_dim": 80, "mode": "host", "a": "fa4", "b": "triton_attn",
+                         "rounds": 5, "median_ratio": 2.7, "wins_a": 5, "wins_b": 0})
+    assert report.validate(res, "kernels") == []
+    report.write_kernels_markdown(res, tmp_path / "k.md")
+    md = (tmp_path / "k.md").read_text()
+    assert "## mode: host (µs of host time per call)" in md
+    assert "| 80 | 180x64 | triton short-window | 11.5 | 31.0 | — | 38.6 | 2.70 (5/5) | 2.0e-03 |" in md
+
+
+def test_host_submit_time_excludes_the_gpu_wait(monkeypatch):
+    """host_submit_us stops the host clock before the final sync: a 'GPU' that needs 50 ms to drain
+    shows in the wall time only."""
+    from sglang_fa4.bench import timing
+
+    syncs = []
+    monkeypatch.setattr(timing, "sync", lambda: syncs.append(1) or (len(syncs) == 2 and time.sleep(0.05)))
+    host_us, wall_us = timing.host_submit_us(lambda: None, 10)
+    assert host_us < 1000 and wall_us >= 50_000 / 10 and len(syncs) == 2
 
 
 def test_validate_finds_problems():

@@ -95,15 +95,15 @@ def test_fa2_route_matches_fp32_reference():
 
 def test_short_attention_picks_the_kernel(monkeypatch):
     calls = []
-    monkeypatch.setattr(short_segments.short_window_kernel, "short_window_attention", lambda *a, **k: calls.append("triton"))
+    monkeypatch.setattr(short_segments.short_window_kernel, "launch_checked", lambda *a, **k: calls.append("triton"))
     monkeypatch.setattr(short_segments, "fa2_varlen_attention", lambda *a, **k: calls.append("fa2"))
     checks = short_segments.check_tensors  # the real input checks, less the CUDA-device one (CPU test)
     monkeypatch.setattr(short_segments, "check_tensors", lambda *a, require_cuda: checks(*a, require_cuda=False))
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    for d, max_seqlen in ((64, 64), (80, 8), (128, 64), (72, 64), (80, 65)):
+    for d, max_seqlen in ((64, 64), (80, 8), (128, 64), (72, 64), (80, 65), (96, 64)):
         q = torch.randn(8, 2, d, dtype=torch.bfloat16)
         short_segments.short_attention(q, q, q, cu, max_seqlen, None)
-    assert calls == ["triton", "triton", "triton", "fa2", "fa2"]
+    assert calls == ["triton", "triton", "triton", "triton", "fa2", "fa2"]
     q = torch.randn(8, 2, 160, dtype=torch.bfloat16)[..., ::2]  # a strided last dim: the Triton kernel needs it contiguous
     short_segments.short_attention(q, q, q, cu, 8, None)
     assert calls[-1] == "fa2"
@@ -114,7 +114,7 @@ import json, torch
 from sglang_fa4.kernels.short_window_kernel import short_window_attention
 torch.manual_seed(0)
 out_json = {}
-for d, heads, kv_heads in ((64, 2, 2), (80, 4, 2), (128, 2, 1)):
+for d, heads, kv_heads in ((64, 2, 2), (72, 2, 2), (80, 4, 2), (128, 2, 1)):
     seqlens = [64, 16, 0, 48, 4, 64]
     cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32)
     t = sum(seqlens)
@@ -216,3 +216,66 @@ def test_out_of_the_wrong_shape_is_an_error():
     for bad in (torch.empty(8, 2, 32, dtype=torch.bfloat16), torch.empty(8, 2, 64), "not a tensor"):
         with pytest.raises(FA4InputError, match="out must be"):
             check_out_shape(bad, 8, 2, 64, torch.bfloat16, q)
+
+
+def test_short_window_launch_memo_and_checks(monkeypatch):
+    """The short-window kernel's hot path hands the cached launch a memo of exactly what fixes the
+    specialization (dtype, the four stride tuples, heads per kv head, head dim, warps) when every
+    pointer is 16-byte aligned, none otherwise; its public entry rejects mixed dtypes and int64
+    cu_seqlens (the memo relies on both)."""
+    from sglang_fa4.kernels import short_window_kernel as sw
+
+    seen = []
+    monkeypatch.setattr(sw.HANDLES, "launch", lambda grid, args, dev, memo=None, **o: seen.append((grid, memo, args)))
+    q = torch.randn(40, 4, 80, dtype=torch.bfloat16)
+    k = v = torch.randn(40, 2, 80, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 30, 40], dtype=torch.int32)
+    out = sw.short_window_attention(q, k, v, cu, 30)
+    grid, memo, args = seen[-1]
+    assert grid == (2, 4) and out.shape == q.shape
+    assert memo == (torch.bfloat16, q.stride(), k.stride(), v.stride(), out.stride(), 2, 80, 4)
+    assert args[5:13] == (320, 80, 160, 80, 160, 80, 320, 80) and args[14:] == (2, 80, 128, 64, True)
+    buf = torch.empty(40 * 4 * 80 + 1, dtype=torch.bfloat16)
+    misaligned = buf[1:].view(40, 4, 80)  # 2 bytes off: Triton keys it differently
+    sw.short_window_attention(q, k, v, cu, 30, out=misaligned)
+    assert seen[-1][1] is None
+    with pytest.raises(ValueError, match="one dtype"):
+        sw.short_window_attention(q, k.half(), v, cu, 30)
+    with pytest.raises(ValueError, match="int32"):
+        sw.short_window_attention(q, k, v, cu.long(), 30)
+
+
+def _sm90_global_accesses(head_dim: int, align8: bool) -> dict:
+    """The short-window kernel compiled for sm_90 on this machine (Triton's own ptxas, no GPU), as
+    Triton specializes a contiguous (tokens, 16, head_dim) call: 16-byte aligned pointers, token
+    strides % 16, head strides % 16 only when head_dim is. Counts of each global load/store form."""
+    import re
+    from collections import Counter
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    from sglang_fa4.kernels import short_window_kernel as sw
+
+    fn = sw._kernel()
+    names = list(fn.arg_names)
+    ints = [n for n in names if n.startswith("stride_")]
+    sig = {n: "*bf16" for n in ("Q", "K", "V", "O")} | {"CU": "*i32", "qk_scale": "fp32"} | {n: "i32" for n in ints}
+    consts = {"KV_GROUP": 1, "HEAD_DIM": head_dim, "BLOCK_D": max(16, 1 << (head_dim - 1).bit_length()),
+              "BLOCK_S": sw.BLOCK_S, "ALIGN8": align8}
+    sig.update({n: "constexpr" for n in consts})
+    divisible = [n for n in names[:5]] + [n for n in ints if n.endswith("t") or head_dim % 16 == 0]
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    return Counter(re.findall(r"(?:ld|st)\.global[^\s]*", ptx))
+
+
+def test_short_window_kernel_d72_loads_16_byte_vectors():
+    """d=72: Triton knows no divisibility of a head stride of 72, so without the host-checked hint
+    every q/k/v element was its own 2-byte load (the kernel ran 4x slower than at d=80 on the H200);
+    with it, 16-byte vectors like d=80."""
+    hinted, plain, d80 = _sm90_global_accesses(72, True), _sm90_global_accesses(72, False), _sm90_global_accesses(80, True)
+    assert plain["ld.global.b16"] > 0
+    assert hinted["ld.global.b16"] == 0 and hinted["ld.global.v4.b32"] == d80["ld.global.v4.b32"] > 0
+    assert hinted["st.global.v4.b32"] > 0

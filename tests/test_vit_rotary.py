@@ -247,3 +247,31 @@ emit({"equal": bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]))
 def test_torch_compile_traces_sglang_rotary_through_the_hook(sglang_version):
     res = run_with_sglang(sglang_version, TRACED, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}, timeout=600)
     assert res == {"equal": True, "fused_calls": 0}
+
+
+def test_caller_memo_skips_the_key_and_never_resolves_twice(fake_handles, monkeypatch):
+    """A caller's memo (issue #18: host time) launches its handle without computing Triton's key; a
+    new memo whose key is known reuses that handle (no resolve, no compile event)."""
+    handles, jit = fake_handles
+    events = []
+    remove = triton_handles.add_compile_listener(events.append)
+    keys = []
+    real_key = handles._key
+    monkeypatch.setattr(handles, "_key", lambda *a: keys.append(1) or real_key(*a))
+    try:
+        x = torch.zeros(64, dtype=torch.float16)
+        handles.launch((3,), (x, 100, 32, 16), 0, ("m", 32), num_warps=4)  # resolves, remembered
+        handles.launch((4,), (x, 7, 32, 16), 0, ("m", 32), num_warps=4)  # memo hit: no key
+        assert [e[0] for e in jit.log] == ["jit", "fast"] and len(keys) == 1
+        assert jit.log[1] == ("fast", (4, 1, 1), (x, 7, 32, 16))
+        handles.launch((5,), (x, 9, 48, 16), 0, ("m", 48), num_warps=4)  # new memo, same Triton key
+        assert [e[0] for e in jit.log] == ["jit", "fast", "fast"] and len(keys) == 2
+        handles.launch((5,), (x, 9, 48, 16), 0, ("m", 48), num_warps=4)
+        assert len(keys) == 2 and len(events) == 1 and handles.resolved() == 1
+        monkeypatch.setattr(triton_handles, "MEMO_LIMIT", 2)
+        handles.launch((5,), (x, 9, 64, 16), 0, ("m", 64), num_warps=4)  # a third memo: the table starts over
+        assert set(handles._memo) == {("m", 64)}
+        handles.clear()
+        assert not handles._memo
+    finally:
+        remove()

@@ -4,8 +4,9 @@ For each head dim and layout: every backend is checked against an fp32 reference
 data (outputs poisoned with NaN first), then timed in N rounds whose backend order alternates
 (stats.round_order); per mode (eager, graph) one row per backend with the median over rounds,
 plus a pair entry per backend pair (median per-round ratio, wins). Small layouts rotate several
-input sets so that repeated calls do not just hit L2. Mode `host` times a launch-bound loop
-on the smallest layout (µs per call). Results are written after every case, so an interrupted
+input sets so that repeated calls do not just hit L2. Mode `host` times the host side of a loop of
+calls (µs of the calling thread per call, the GPU not waited for; the loop's wall time beside it)
+on the smallest layout and any --host-layouts. Results are written after every case, so an interrupted
 run still leaves valid JSON.
 """
 
@@ -19,10 +20,11 @@ from . import report
 from .backends import BACKENDS, OPTIONAL_BACKENDS, BackendUnavailable, make_problem, make_runner, reference_fp32, rel_err, sdpa_groups
 from .layouts import Layout, kernel_layout
 from .stats import all_pairs, median, round_order
-from .timing import GraphedCalls, event_time_ms, host_us_per_call, iters_for, sync
+from .timing import GraphedCalls, event_time_ms, host_submit_us, iters_for, sync
 
 MODES = ("eager", "graph", "host")
 HOST_LAYOUT = "1x256"
+HOST_ITERS = 100  # calls per host sample: far below the driver's launch queue (see host_submit_us)
 
 
 def _cycle_call(calls):
@@ -38,6 +40,21 @@ def _input_sets(layout: Layout, heads: int, head_dim: int, l2_bytes: int | None)
 
 def _poison(t) -> None:
     t.fill_(float("nan"))
+
+
+def fa4_route(p, max_seqlen: int) -> str:
+    """Which kernel the fa4 backend's call on problem ``p`` runs (kernels.short_segments)."""
+    from sglang_fa4.kernels import dispatch, short_segments, short_window_kernel
+
+    if not short_segments.should_route(dispatch.kernel_cache().arch, p.q, max_seqlen, (None, None), None):
+        return "fa4"
+    if p.q.shape[-1] in short_segments.TRITON_HEAD_DIMS and max_seqlen <= short_window_kernel.BLOCK_S:
+        return "triton short-window"
+    return "fa2"
+
+
+def _merge(extra: dict, more: dict) -> dict:
+    return {b: {**extra.get(b, {}), **more.get(b, {})} for b in set(extra) | set(more)}
 
 
 def bench_case(layout: Layout, head_dim: int, backends, modes, rounds: int, heads: int, ceil: dict,
@@ -72,6 +89,7 @@ def bench_case(layout: Layout, head_dim: int, backends, modes, rounds: int, head
             runners.pop(b, None)
     del ref
     live = [b for b in backends if b in runners]
+    route = {"fa4": {"route": fa4_route(check, check.max_seqlen)}} if "fa4" in live else {}
     for b in live:
         for c in runners[b]:
             c()
@@ -112,7 +130,7 @@ def bench_case(layout: Layout, head_dim: int, backends, modes, rounds: int, head
         for r in range(rounds):
             for b in round_order(live, r):
                 times[b].append(event_time_ms(calls[b], iters[b]))
-        add_rows("eager", times, eager_err, {b: {"iters": iters[b]} for b in live})
+        add_rows("eager", times, eager_err, _merge({b: {"iters": iters[b]} for b in live}, route))
         add_pairs("eager", times)
 
     if "graph" in modes and live:
@@ -141,19 +159,26 @@ def bench_case(layout: Layout, head_dim: int, backends, modes, rounds: int, head
             for b in round_order(glive, r):
                 times[b].append(graphs[b].ms_per_call(reps[b]))
         add_rows("graph", times, graph_err,
-                 {b: {"calls_per_graph": graphs[b].count, "replays": reps[b]} for b in glive}, graph_failed)
+                 _merge({b: {"calls_per_graph": graphs[b].count, "replays": reps[b]} for b in glive}, route),
+                 graph_failed)
         add_pairs("graph", times)
         for g in graphs.values():
             g.release()
         del graphs
 
     if "host" in modes and live:
+        # the calling thread's time per call (not the loop's wall time, which is the GPU's on layouts
+        # whose kernel outlasts the launch); the wall time is kept beside it
         times = {b: [] for b in live}
+        walls = {b: [] for b in live}
         calls = {b: _cycle_call(runners[b]) for b in live}
         for r in range(max(3, min(rounds, 7))):
             for b in round_order(live, r):
-                times[b].append(host_us_per_call(calls[b], 200) / 1e3)
-        add_rows("host", times, eager_err)
+                host_us, wall_us = host_submit_us(calls[b], HOST_ITERS)
+                times[b].append(host_us / 1e3)
+                walls[b].append(wall_us)
+        add_rows("host", times, eager_err,
+                 _merge({b: {"loop_wall_us": median(walls[b]), "iters": HOST_ITERS} for b in live}, route))
         add_pairs("host", times)
 
     del problems, check, runners

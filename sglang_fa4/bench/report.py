@@ -136,8 +136,10 @@ def write_kernels_markdown(result: dict, path: Path) -> None:
         mode_rows = [r for r in rows if r["mode"] == mode]
         if not mode_rows:
             continue
-        unit = "µs/call (host loop)" if mode == "host" else "µs"
-        lines += [f"## mode: {mode} ({unit})", ""]
+        if mode == "host":
+            lines += _host_table(mode_rows, backends, idx, pairs)
+            continue
+        lines += [f"## mode: {mode} (µs)", ""]
         head = ["d", "layout"] + backends + ["fa4 TFLOP/s", "%mm", "floor µs", "x triton", "x sdpa", "max rel err"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         cases = []
@@ -167,6 +169,35 @@ def write_kernels_markdown(result: dict, path: Path) -> None:
         lines += ["## Failures", ""] + [f"- {r['backend']} d={r['head_dim']} {r['layout']} {r['mode']}: {r['error']}"
                                         for r in failed] + [""]
     path.write_text("\n".join(lines))
+
+
+def _host_table(mode_rows, backends, idx, pairs) -> list[str]:
+    """Host mode: µs of the calling thread per call (the GPU not waited for), which route fa4's call
+    took, and the loop's wall time per call (the GPU's time where the kernel outlasts the launch)."""
+    lines = ["## mode: host (µs of host time per call)", "",
+             "Host time: a loop of calls timed until the last call returns, before the GPU is waited for "
+             "(medians over rounds). `fa4 wall` = the same loop's wall time per call, GPU included.", ""]
+    head = ["d", "layout", "fa4 route"] + backends + ["fa4 wall µs", "x triton", "max rel err"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cases = []
+    for r in mode_rows:
+        if (r["head_dim"], r["layout"]) not in cases:
+            cases.append((r["head_dim"], r["layout"]))
+    for hd, lay in cases:
+        f = idx.get(("fa4", hd, lay, "host")) or {}
+        cells = [str(hd), lay, f.get("route", "—")]
+        errs = []
+        for b in backends:
+            r = idx.get((b, hd, lay, "host"))
+            cells.append(_fmt(r.get("median_us")) if r else "—")
+            if r and r.get("rel_err") is not None:
+                errs.append(r["rel_err"])
+        cells.append(_fmt(f.get("loop_wall_us")))
+        pr = _pair_ratio(pairs, "fa4", "triton_attn", head_dim=hd, layout=lay, mode="host")
+        cells.append(f"{pr[0]:.2f} ({pr[1]}/{pr[2]})" if pr else "—")
+        cells.append(_err(max(errs)) if errs else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def kernels_summary(result: dict) -> str:

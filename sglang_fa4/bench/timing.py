@@ -39,6 +39,22 @@ def host_us_per_call(fn: Callable[[], object], iters: int) -> float:
     return (time.perf_counter() - t0) * 1e6 / iters
 
 
+def host_submit_us(fn: Callable[[], object], iters: int) -> tuple[float, float]:
+    """(host us per call, wall us per call) of ``iters`` calls issued back to back: the host number
+    stops the clock when the last call returns, before the GPU is waited for, so it is the calling
+    thread's cost per call even where the kernel is longer than the launch (a 180-window layout
+    runs ~40-90 us on the GPU: a loop's wall time there is the GPU's, not the launch path's).
+    ``iters`` stays far below the driver's launch queue, which would block the host once full."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    sync()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e6 / iters, (t2 - t0) * 1e6 / iters
+
+
 def iters_for(est_ms: float, target_ms: float, lo: int = 1, hi: int = 200) -> int:
     if est_ms <= 0:
         return hi

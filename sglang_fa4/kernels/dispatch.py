@@ -97,7 +97,7 @@ def fa4_varlen_attention(
     k_descale=None,
     v_descale=None,
 ):
-    fp8 = _float8_e4m3fn()
+    fp8 = _fp8 if _fp8 is not None else _float8_e4m3fn()
     if getattr(q, "dtype", None) is fp8:
         # E4M3 q/k/v (SM90): the native FP8 forward, see sglang_fa4.kernels.fp8_sm90
         return _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out,
@@ -115,10 +115,15 @@ def fa4_varlen_attention(
     return cache(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
 
 
+_fp8 = None
+
+
 def _float8_e4m3fn():
+    global _fp8
     import torch
 
-    return torch.float8_e4m3fn
+    _fp8 = torch.float8_e4m3fn
+    return _fp8
 
 
 def _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out, qd, kd, vd):

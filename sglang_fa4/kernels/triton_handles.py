@@ -29,6 +29,8 @@ from typing import Any, Callable, Optional
 
 logger = logging.getLogger("sglang_fa4")
 _INT32_MAX = 2**31 - 1
+#: remembered caller memos per kernel (distinct stride sets are few: a model's tensors keep theirs)
+MEMO_LIMIT = 256
 _lock = threading.Lock()
 _listeners: list[Callable[["CompileEvent"], None]] = []
 _events: list["CompileEvent"] = []
@@ -120,6 +122,9 @@ class KernelHandles:
         self._knobs = None
         self._kinds: Optional[tuple] = None
         self._jit_only: Optional[bool] = None  # interpreter, or no cached launch: Triton's dispatch
+        # caller memo -> handle: a caller that knows which of its values fix the specialization (its
+        # exact strides, dtype, constexprs; pointers known 16-byte aligned) skips _key per call
+        self._memo: dict = {}
 
     def jit(self):
         if self._jit is None:
@@ -172,8 +177,20 @@ class KernelHandles:
             return self._key(args, options)
         return (tuple(parts), tuple(options.items()))
 
-    def launch(self, grid: tuple, args: tuple, device_index: int, **options) -> None:
-        """Launch on the current stream of CUDA device ``device_index``."""
+    def launch(self, grid: tuple, args: tuple, device_index: int, memo=None, **options) -> None:
+        """Launch on the current stream of CUDA device ``device_index``.
+
+        ``memo``: optional, hashable, from a caller on a hot path: values that determine this call's
+        specialization (with ``options``) exactly as ``_key`` would, e.g. the dtype, the exact stride
+        values and the constexprs of a call whose pointers the caller checked to be 16-byte aligned.
+        A memo seen before launches its handle without computing the key (a few microseconds of
+        host time less); a new one takes the keyed path once and is remembered (at most
+        ``MEMO_LIMIT``; then the table starts over). None: the keyed path."""
+        if memo is not None:
+            entry = self._memo.get(memo)
+            if entry is not None:
+                self._run(entry, grid, args, device_index, options)
+                return
         if self._jit_only is None:
             self._jit_only = interpreting()
         if self._jit_only:  # CPU tests (Triton's interpreter) or no cached launch: Triton's dispatch
@@ -183,7 +200,20 @@ class KernelHandles:
         entry = self._handles.get(key) if key is not None else None
         if entry is None:
             self._resolve(key, grid, args, options)
+            entry = self._handles.get(key) if key is not None else None
+            if entry is not None and memo is not None:
+                self._remember(memo, entry)
             return
+        if memo is not None:
+            self._remember(memo, entry)
+        self._run(entry, grid, args, device_index, options)
+
+    def _remember(self, memo, entry) -> None:
+        if len(self._memo) >= MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[memo] = entry
+
+    def _run(self, entry, grid, args, device_index, options) -> None:
         run, function, packed, kernel = entry
         knobs = self._knobs.runtime
         enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
@@ -198,6 +228,7 @@ class KernelHandles:
             logger.warning("sglang-fa4: cached launch of Triton kernel %s failed (%s); using Triton's dispatch",
                            self.name, exc)
             self._handles.clear()
+            self._memo.clear()
             self._jit_only = True
             self.jit()[grid](*args, **options)
 
@@ -237,4 +268,5 @@ class KernelHandles:
     def clear(self) -> None:
         """Forget the handles (tests; the next launch of each key resolves again)."""
         self._handles.clear()
+        self._memo.clear()
         self._jit_only = None
