@@ -373,6 +373,18 @@ def markdown(r) -> str:
     return "\n".join(lines) + "\n"
 
 
+def wait_for(path, limit_s=90.0):
+    if not path:
+        return
+    t = time.time()
+    while not Path(path).exists() and time.time() - t < limit_s:
+        time.sleep(0.5)
+    RESULT["notes"].append(f"timing started after {time.time() - t:.1f} s waiting for {Path(path).name} "
+                           f"({'present' if Path(path).exists() else 'absent'}): the GPU was not shared while timing"
+                           if Path(path).exists() else f"{Path(path).name} absent after {limit_s} s: timing may "
+                           "overlap the other process's work")
+
+
 def main():
     global DEV, OUT
     ap = argparse.ArgumentParser()
@@ -380,6 +392,8 @@ def main():
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--budget-s", type=float, default=150.0, help="skip speed rows after this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--wait-file", help="before timing, wait (up to 90 s) for this file: another process "
+                    "sharing the GPU (the other SGLang version's correctness run) is done")
     ap.add_argument("--md-from", help="only rewrite the markdown from this JSON")
     args = ap.parse_args()
     OUT = Path(args.out)
@@ -396,7 +410,7 @@ def main():
     log(RESULT["env"])
     sections = [("correctness", section_correctness)]
     if args.speed:
-        sections.append(("speed", lambda: section_speed(args.budget_s)))
+        sections.append(("speed", lambda: (wait_for(args.wait_file), section_speed(args.budget_s))))
     for name, fn in sections:
         try:
             fn()
