@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -55,6 +56,8 @@ RESULT: dict = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.arg
 T0 = time.time()
 DEV = "cuda"
 ROUTED_CALLS: list = []
+SPEED_FILTER = None
+STEM_SUFFIX = ""
 
 
 def log(*a):
@@ -301,6 +304,8 @@ def section_speed(budget_s):
         row = {"shape": name, "layer": lname, "hq": hq, "hkv": hkv, "d": d, "page_size": page_size}
         for backend_name, kv in SPEED_BACKENDS:
             label = f"{backend_name}_{'fp8' if kv == 'fp8_e4m3' else 'bf16'}_ms"
+            if SPEED_FILTER and not re.search(SPEED_FILTER, f"{name}|{lname}|{backend_name}|{kv}"):
+                continue
             if time.time() - T0 > budget_s:
                 row[label + "_error"] = "skipped: time budget"
                 continue
@@ -318,7 +323,8 @@ def section_speed(budget_s):
         for key in ("fa4_fp8_ms", "triton_fp8_ms", "triton_bf16_ms"):
             if base and row.get(key):
                 row[key.replace("_ms", "_vs_fa4_bf16")] = base / row[key]
-        RESULT["speed"].append(row)
+        if any(k.endswith("_ms") for k in row):
+            RESULT["speed"].append(row)
         save()
 
 
@@ -329,7 +335,7 @@ def save():
     if OUT is None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"fp8_kv_backend-{RESULT.get('env', {}).get('sglang', 'x')}"
+    name = f"fp8_kv_backend-{RESULT.get('env', {}).get('sglang', 'x')}{STEM_SUFFIX}"
     (OUT / f"{name}.json").write_text(json.dumps(RESULT, indent=1))
     (OUT / f"{name}.md").write_text(markdown(RESULT))
 
@@ -390,6 +396,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--no-correctness", action="store_true")
+    ap.add_argument("--suffix", default="", help="output file name suffix")
+    ap.add_argument("--speed-filter", default=None,
+                    help="speed: only rows/backends whose 'shape|layer|backend|kv' matches this regex")
     ap.add_argument("--budget-s", type=float, default=150.0, help="skip speed rows after this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--wait-file", help="before timing, wait (up to 90 s) for this file: another process "
@@ -408,7 +418,10 @@ def main():
     RESULT["env"].update(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (smoke)",
                          torch=torch.__version__)
     log(RESULT["env"])
-    sections = [("correctness", section_correctness)]
+    global SPEED_FILTER, STEM_SUFFIX
+    SPEED_FILTER = args.speed_filter
+    STEM_SUFFIX = args.suffix
+    sections = [] if args.no_correctness else [("correctness", section_correctness)]
     if args.speed:
         sections.append(("speed", lambda: (wait_for(args.wait_file), section_speed(args.budget_s))))
     for name, fn in sections:
