@@ -402,6 +402,7 @@ def main():
                     help="speed: only rows/backends whose 'shape|layer|backend|kv' matches this regex")
     ap.add_argument("--budget-s", type=float, default=150.0, help="skip speed rows after this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--layers", default=None, help="comma list of layer names (default: all of LAYERS)")
     ap.add_argument("--wait-file", help="before timing, wait (up to 90 s) for this file: another process "
                     "sharing the GPU (the other SGLang version's correctness run) is done")
     ap.add_argument("--md-from", help="only rewrite the markdown from this JSON")
@@ -413,7 +414,10 @@ def main():
         return
     if args.cpu_smoke:
         DEV = "cpu"
-        LAYERS.update({k: (hq, hkv, d) for k, (hq, hkv, d) in LAYERS.items()})
+    if args.layers:
+        for name in list(LAYERS):
+            if name not in args.layers.split(","):
+                del LAYERS[name]
     RESULT["env"] = setup(args.cpu_smoke)
     RESULT["env"].update(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (smoke)",
                          torch=torch.__version__)
