@@ -32,7 +32,8 @@ Descales are per (batch, kv head): q and k fold into the softmax scale, v into t
 
 Modules: this one is the host side (variant options, the MMAs, shared-memory layouts and TMA atoms,
 the launch); :mod:`.kernel_entry` the device entry (block bounds, pipelines, the producer's TMA
-loads); :mod:`.consumer_mainloop` the consumers' GEMM main loop and epilogue;
+loads); :mod:`.consumer_mainloop` the consumers' GEMM main loop and epilogue (d <= 128; above, the one-level loop
+of :mod:`.consumer_mainloop_wide`);
 :mod:`.tile_softmax` masking, online softmax and P -> E4M3; :mod:`.kernel_shape` the constants.
 """
 
