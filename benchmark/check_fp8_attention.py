@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import os
 import shlex
 import sys
@@ -442,7 +443,23 @@ def section_correctness(quick=False, start=0):
         ("1x16384 causal", [16384], [16384], 2, 2, 128, True, (None, None), "randn", "vt"),
         ("all zeros", [300, 0, 1], [300, 0, 1], 4, 4, 128, False, (None, None), "zeros", "vt"),
         ("large scores x8", [1000], [1000], 4, 4, 128, False, (None, None), "randn8", "vt"),
+        # head dims 192 / 256 (the one-level O accumulation, fewer K/V stages)
+        ("2seq d192", [1000, 3000], [1000, 3000], 16, 16, 192, False, (None, None), "randn", "vt"),
+        ("2seq d192 causal", [1000, 3000], [1000, 3000], 16, 16, 192, True, (None, None), "randn", "vt"),
+        ("gqa 28/4 causal d192", [513, 2049], [513, 2049], 28, 4, 192, True, (None, None), "randn", "vt"),
+        ("d160->192 padded v-path", [777, 300], [777, 300], 8, 8, 160, False, (None, None), "randn", "v"),
+        ("2seq d256", [1000, 3000], [1000, 3000], 16, 16, 256, False, (None, None), "randn", "vt"),
+        ("2seq d256 causal", [1000, 3000], [1000, 3000], 16, 16, 256, True, (None, None), "randn", "vt"),
+        ("gqa 28/4 causal d256", [513, 2049], [513, 2049], 28, 4, 256, True, (None, None), "randn", "vt"),
+        ("q!=k causal d256 gqa 8/2", [100, 700], [900, 1700], 8, 2, 256, True, (None, None), "randn", "vt"),
+        ("sliding window 64 d256", [2000, 700], [2000, 700], 8, 8, 256, False, (64, 0), "randn", "vt"),
+        (">256 segs d256 causal", many, many, 8, 8, 256, True, (None, None), "randn", "vt"),
+        ("1x16384 causal d256", [16384], [16384], 2, 2, 256, True, (None, None), "randn", "vt"),
+        ("large scores x8 d256", [1000], [1000], 4, 4, 256, False, (None, None), "randn8", "vt"),
+        ("all zeros d256", [300, 0, 1], [300, 0, 1], 4, 4, 256, False, (None, None), "zeros", "vt"),
     ]
+    if CASE_FILTER:
+        cases = [c for c in cases if re.search(CASE_FILTER, c[0])]
     if quick:
         cases = cases[:2]
     for idx, (name, lq, lk, hq, hkv, d, causal, window, data, path) in enumerate(cases):
@@ -459,7 +476,7 @@ def section_correctness(quick=False, start=0):
         RESULT["sections"]["correctness"] = rows
         save(OUT_DIR)
         print(f"CASEDONE {idx}", flush=True)
-    if start > len(cases):
+    if start > len(cases) or CASE_FILTER:
         return
     # +-448 directly as fp8 inputs with descale 1: finite output
     from sglang_fa4.kernels.fp8_sm90 import launch
@@ -490,6 +507,8 @@ def bench_graph(fn, iters=20):
 
 
 SPEED_WHAT = "both"
+#: --case-filter: only the correctness cases whose name matches this regex (None: all)
+CASE_FILTER = None
 
 
 def section_speed():
@@ -825,7 +844,7 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
 
 
 def main():
-    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS
+    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS, CASE_FILTER
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
     ap.add_argument("--sections", default="bringup,speed,speed_parts,host,quantize,correctness")
@@ -841,6 +860,7 @@ def main():
                     help="seconds for a compute-sanitizer run of the first faulting bring-up step (0: none)")
     ap.add_argument("--speed-what", default="both", choices=["both", "fp8", "bf16"])
     ap.add_argument("--json-name", default="fp8_attention.json")
+    ap.add_argument("--case-filter", default=None, help="correctness: only cases whose name matches this regex")
     ap.add_argument("--render", help="only rewrite the markdown beside this result JSON")
     ap.add_argument("--variants", default=None,
                     help="section 'variants': name=flags;name=flags (kernel switches, e.g. 'base=;pin=pin_wait')")
@@ -852,6 +872,7 @@ def main():
         Path(args.render).with_suffix(".md").write_text(markdown())
         return
     SPEED_WHAT = args.speed_what
+    CASE_FILTER = args.case_filter
     JSON_NAME = args.json_name
     ARGS_CHILD = args.child
     if args.variants is not None:

@@ -46,6 +46,8 @@ HQ, HKV, D = 28, 4, 128
 RESULT: dict = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv), "correctness": [], "speed": [],
                 "notes": []}
 T0 = time.time()
+DECODE_ONLY = False
+STEM = "fp8_kv_route"
 
 
 def log(*a):
@@ -54,8 +56,8 @@ def log(*a):
 
 def save(out: Path):
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_kv_route.json").write_text(json.dumps(RESULT, indent=1))
-    (out / "fp8_kv_route.md").write_text(markdown(RESULT))
+    (out / f"{STEM}.json").write_text(json.dumps(RESULT, indent=1))
+    (out / f"{STEM}.md").write_text(markdown(RESULT))
 
 
 def make_cache(lens, page_size, k_scale, v_scale, seed):
@@ -170,6 +172,8 @@ def section_speed(budget_s):
 
     shapes = [("prefill 8k", [8192], [8192], 16), ("decode b64 ctx4k", [4096] * 64, [1] * 64, 16),
               ("decode b64 ctx4k", [4096] * 64, [1] * 64, 1)]
+    if DECODE_ONLY:
+        shapes = [sh for sh in shapes if max(sh[2]) == 1]
     for name, lens, new, page_size in shapes:
         if time.time() - T0 > budget_s:
             RESULT["notes"].append(f"skipped {name} P={page_size}: time budget")
@@ -193,6 +197,19 @@ def section_speed(budget_s):
             q8, k.view(FP8), None, cu_q, cu_kg, max(new), bound, descale=desc, softmax_scale=D ** -0.5,
             causal=True, vt=vt, out=out), row)
         timed("gather_pack_ms", lambda: pack_vt(gather_paged_kv(kc, vc, table, seqlens)[1], cu_kg, bound), row)
+        if max(new) == 1:  # decode: the GQA group packed into the tile (the default) vs one CTA per q head
+            from sglang_fa4.kernels import fp8_paged_kv
+
+            qp, cu_qp, g = fp8_paged_kv.decode_gqa_pack(q8, HKV)
+            timed("fp8_kernel_only_packed_ms", lambda: fp8_varlen_attention(
+                qp, k.view(FP8), None, cu_qp, cu_kg, g, bound, descale=desc, softmax_scale=D ** -0.5,
+                causal=False, vt=vt), row)
+            fp8_paged_kv.PACK_GQA_DECODE = False
+            try:
+                timed("fa4_fp8_routed_unpacked_ms", lambda: sglang_call(
+                    q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out), row)
+            finally:
+                fp8_paged_kv.PACK_GQA_DECODE = True
         # FA4 bf16, contiguous K/V (its best case) and paged as SGLang's bf16 fa4 call passes it
         qb = torch.randn(tq, HQ, D, device=DEV, dtype=torch.bfloat16)
         kb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
@@ -212,7 +229,8 @@ def section_speed(budget_s):
             if row.get(key):
                 row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
         base = row.get("fa4_bf16_contig_ms")
-        for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_paged_ms"):
+        for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_paged_ms", "fa4_fp8_routed_unpacked_ms",
+                    "fp8_kernel_only_packed_ms"):
             if base and row.get(key):
                 row[key.replace("_ms", "_speedup_vs_bf16_contig")] = base / row[key]
         RESULT["speed"].append(row)
@@ -244,6 +262,18 @@ def markdown(r) -> str:
         errs = {k: v for k, v in s.items() if k.endswith("_error")}
         if errs:
             lines.append(f"|  | errors: {errs} |  |  |  |  |  |  |  |")
+    packed = [s for s in r["speed"] if "fa4_fp8_routed_unpacked_ms" in s]
+    if packed:
+        lines += ["", "## Decode: the GQA group packed into the M tile (default) vs one CTA per (sequence, q head)", "",
+                  "| shape | page | routed, packed | routed, unpacked | kernel alone, packed | kernel alone, unpacked "
+                  "| fa4-bf16 contiguous | fa4-bf16 paged | packed / unpacked (routed) |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in packed:
+            ratio = (s["fa4_fp8_routed_unpacked_ms"] / s["fa4_fp8_routed_ms"]
+                     if s.get("fa4_fp8_routed_unpacked_ms") and s.get("fa4_fp8_routed_ms") else None)
+            lines.append(
+                f"| {s['shape']} | {s['page_size']} | {f(s.get('fa4_fp8_routed_ms'))} | {f(s.get('fa4_fp8_routed_unpacked_ms'))} | "
+                f"{f(s.get('fp8_kernel_only_packed_ms'))} | {f(s.get('fp8_kernel_only_ms'))} | {f(s.get('fa4_bf16_contig_ms'))} | "
+                f"{f(s.get('fa4_bf16_paged_ms'))} | {f(ratio)}x faster |")
     if r.get("notes"):
         lines += ["", "Notes:", ""] + [f"- {n}" for n in r["notes"]]
     return "\n".join(lines) + "\n"
@@ -254,19 +284,23 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=95.0, help="skip optional work after this many seconds")
     ap.add_argument("--md-from", help="only rewrite the markdown from this JSON")
+    ap.add_argument("--decode-only", action="store_true", help="speed: the decode shapes only")
+    ap.add_argument("--json-name", default="fp8_kv_route", help="output file stem")
     args = ap.parse_args()
+    global DECODE_ONLY, STEM
+    DECODE_ONLY, STEM = args.decode_only, args.json_name
     out = Path(args.out)
     if args.md_from:
         r = json.loads(Path(args.md_from).read_text())
-        (out / "fp8_kv_route.md").write_text(markdown(r))
+        Path(args.md_from).with_suffix(".md").write_text(markdown(r))
         return
     from importlib import metadata
 
     RESULT["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                      "fa4": metadata.version("flash-attn-4") if _has("flash-attn-4") else None}
-    RESULT["notes"].append("SGLang did not travel (its bundle + FA4's exceed one call's 64 MiB): the plugin's hook "
-                           "was called with the tensors SGLang's FlashAttentionBackend passes; SGLang's triton "
-                           "backend therefore was not timed; FA3-FP8 was not built (device budget).")
+    RESULT["notes"].append("This script calls the plugin's hook with the tensors SGLang's FlashAttentionBackend passes "
+                           "(no SGLang on the machine); benchmark/check_fp8_kv_backend.py runs SGLang's real backend "
+                           "and pool (results/h200/fp8_kv_backend-*.md). FA3-FP8 was not built (device budget).")
     for name, fn in (("correctness", section_correctness), ("speed", lambda: section_speed(args.budget_s))):
         try:
             fn()

@@ -24,8 +24,8 @@ FA4 = "fa4"
 #: SGLang's own Hopper MHA default, the one the rule upgrades.
 FA3 = "fa3"
 FP8_KV_DTYPE = "fp8_e4m3"
-#: Head dims the FP8 kernel runs natively (the issue lists 64/96/128/192/256; 192/256 are not
-#: built yet, so those models keep fa3). Read from the kernel so the rule follows it.
+#: Head dims the FP8 kernel runs natively (64/96/128/192/256, the issue's list). Read from the
+#: kernel so the rule follows it.
 FP8_KV_HEAD_DIMS = tuple(SUPPORTED_HEAD_DIMS)
 
 

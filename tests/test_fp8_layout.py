@@ -120,14 +120,15 @@ def test_variants():
     assert len(allv) == len(set(allv)) == 3 * len(layout.SUPPORTED_HEAD_DIMS)
 
 
-@pytest.mark.parametrize("d,want", [(64, 64), (72, 96), (80, 96), (96, 96), (100, 128), (128, 128)])
+@pytest.mark.parametrize("d,want", [(64, 64), (72, 96), (80, 96), (96, 96), (100, 128), (128, 128), (160, 192),
+                                    (192, 192), (200, 256), (256, 256)])
 def test_padded_head_dim(d, want):
     assert layout.padded_head_dim(d) == want
 
 
 def test_padded_head_dim_too_large():
-    with pytest.raises(ValueError, match="up to 128"):
-        layout.padded_head_dim(192)
+    with pytest.raises(ValueError, match="up to 256"):
+        layout.padded_head_dim(257)
 
 
 def test_grid_check():
@@ -276,3 +277,12 @@ def test_pow2_at_least_matches_tritons_next_power_of_2():
     from sglang_fa4.kernels.fp8_sm90.layout import pow2_at_least
 
     assert [pow2_at_least(n) for n in (1, 2, 3, 64, 72, 80, 96, 128, 129)] == [1, 2, 4, 64, 128, 128, 128, 128, 256]
+
+
+def test_wide_head_dim_configuration():
+    # Q (TILE_M x d) + stages x (K + V^T: 2 x TILE_N x d bytes) + barriers/ones within shared memory
+    for d in layout.SUPPORTED_HEAD_DIMS:
+        stages = layout.head_dim_stages(d)
+        assert stages >= 2
+        assert layout.TILE_M * d + stages * 2 * layout.TILE_N * d + 4096 <= layout.SM90_SMEM_BYTES
+    assert layout.head_dim_stages(128) == 4 and layout.TWO_LEVEL_MAX_HEAD_DIM == 128

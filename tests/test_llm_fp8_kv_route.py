@@ -126,7 +126,38 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, page_siz
                                     softmax_scale=0.09, causal=True)
     err = (out.float() - ref).norm() / ref.norm()
     assert err < 1e-2, err
-    assert fake_kernel[-1]["max_q"] == max(new) and fake_kernel[-1]["max_k"] == max(lens)
+    assert fake_kernel[-1]["max_k"] == max(lens)
+    if mode == "decode":  # the GQA group (7 q heads per kv head) packed into the tile, non-causal
+        assert fake_kernel[-1]["max_q"] == hq // hkv and fake_kernel[-1]["causal"] is False
+    else:
+        assert fake_kernel[-1]["max_q"] == max(new) and fake_kernel[-1]["causal"] is True
+
+
+def test_decode_gqa_pack_roundtrip_and_when_it_applies(fake_kernel, monkeypatch):
+    q = torch.randn(5, 28, 16)
+    packed, cu, g = fp8_paged_kv.decode_gqa_pack(q, 4)
+    assert g == 7 and packed.shape == (35, 4, 16) and cu.tolist() == list(range(0, 36, 7))
+    assert torch.equal(packed[2 * 7 + 3, 1], q[2, 1 * 7 + 3])  # row b*g+j of kv head h = q head h*g+j
+    assert torch.equal(fp8_paged_kv.decode_gqa_unpack(packed, 5, 4, 7), q)
+    packable = fp8_paged_kv.decode_gqa_packable
+    assert packable(q, 5, 4, 1, (-1, -1), True) and packable(q, 5, 4, 1, (-1, -1), False)
+    assert not packable(q, 5, 4, 2, (-1, -1), True)  # not one token per sequence
+    assert not packable(q, 4, 4, 1, (-1, -1), True)  # rows != batch
+    assert not packable(q, 5, 4, None, (-1, -1), True)  # no host max_seqlen_q
+    assert not packable(q, 5, 28, 1, (-1, -1), True)  # MHA: nothing to pack
+    assert not packable(q, 5, 4, 1, (127, 0), True)  # a sliding window moves with the position
+    monkeypatch.setattr(fp8_paged_kv, "PACK_GQA_DECODE", False)
+    assert not packable(q, 5, 4, 1, (-1, -1), True)
+    # unpacked and packed decode agree (the same torch model of the kernel)
+    k_cache, v_cache, table, seqlens = make_pool([33, 129, 64, 1], 16, 4, 128)
+    cu_q = torch.arange(5, dtype=torch.int32)
+    q8 = torch.randn(4, 28, 128).to(FP8)
+    kw = dict(k_descale=torch.tensor([0.7]), v_descale=torch.tensor([1.3]), causal=True)
+    plain = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, 1, **kw)
+    monkeypatch.setattr(fp8_paged_kv, "PACK_GQA_DECODE", True)
+    packed_out = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, 1, **kw)
+    assert [c["max_q"] for c in fake_kernel] == [1, 7]
+    assert torch.allclose(plain.float(), packed_out.float(), atol=1e-2)
 
 
 def test_exact_sizes_once_per_tensor_version_and_the_bound_without_them():
@@ -283,12 +314,14 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
     warmed = []
     monkeypatch.setattr(warmup, "warm_fp8_variants", lambda variants: warmed.append(list(variants)))
     backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
-                                    device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095)
+                                    device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095,
+                                    num_attention_heads=28, num_kv_heads=4)
     assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
-    assert warmed == [[Fp8Variant(128, True, False), Fp8Variant(128, False, True)]]
-    for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=256)):
+    # causal (extend), non-causal (GQA decode, the group packed), local (the sliding window)
+    assert warmed == [[Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)]]
+    for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=80)):
         llm_fp8_kv.warm_fp8_after_backend_init(None, types.SimpleNamespace(**{**vars(backend), **change}))
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)

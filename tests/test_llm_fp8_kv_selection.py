@@ -62,12 +62,13 @@ def test_head_dims_follow_the_kernel():
         (dict(det=True), "deterministic"),
         (dict(model=None), "unknown"),
         (dict(model=LlmModelFacts(80, 80)), "head_dim 80"),
-        (dict(model=LlmModelFacts(256, 256)), "head_dim 256"),
-        (dict(model=LlmModelFacts(192, 128)), "head_dim 192"),
+        (dict(model=LlmModelFacts(160, 160)), "head_dim 160"),
+        (dict(model=LlmModelFacts(512, 512)), "head_dim 512"),
+        (dict(model=LlmModelFacts(192, 128)), "v_head_dim 128"),
         (dict(model=LlmModelFacts(128, 64)), "v_head_dim 64"),
         (dict(model=LlmModelFacts(128, 128, softcap=50.0)), "softcap"),
         (dict(model=LlmModelFacts(128, 128, use_mla=True)), "MLA"),
-        (dict(model=LlmModelFacts(128, 128, swa_head_dims=(256,))), "head_dim 256"),
+        (dict(model=LlmModelFacts(128, 128, swa_head_dims=(80,))), "head_dim 80"),
     ],
 )
 def test_every_rule_keeps_sglangs_choice(upgrade_on, kwargs, why):

@@ -213,14 +213,17 @@ def _short(value) -> str:
 BACKEND_INIT = f"{FA_BACKEND}.__init__"
 
 
-def fp8_variants_for(head_dim: int, sliding_window: Optional[int]) -> list:
+def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = False) -> list:
     """The FP8 kernel variants a FlashAttentionBackend on the route will launch: causal (extend and
-    decode, bottom-right aligned), and the local one for sliding-window layers."""
+    decode, bottom-right aligned), the non-causal one for GQA decode (the group packed into the
+    tile: kernels.fp8_paged_kv.decode_gqa_pack), and the local one for sliding-window layers."""
     from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, variant_for
 
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return []
     variants = [variant_for(head_dim, True)]
+    if gqa:
+        variants.append(variant_for(head_dim, False))
     if sliding_window is not None and sliding_window > -1:
         variants.append(variant_for(head_dim, True, (sliding_window, 0)))
     return variants
@@ -235,7 +238,8 @@ def warm_fp8_after_backend_init(result, self, *args, **kwargs):
     if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
         return None
     window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
-    variants = fp8_variants_for(int(getattr(self, "head_dim", 0) or 0), window)
+    gqa = int(getattr(self, "num_attention_heads", 0) or 0) > int(getattr(self, "num_kv_heads", 0) or 0) > 0
+    variants = fp8_variants_for(int(getattr(self, "head_dim", 0) or 0), window, gqa)
     if variants:
         from sglang_fa4.startup import warmup
 

@@ -17,6 +17,13 @@ first gathers the pages the batch uses into that layout:
 Cost per call: read K and V pages once and write them twice (rows, then V^T): ~4x the KV bytes the
 attention itself reads.  Fine against prefill's compute; it dominates decode (see the README).
 
+Decode packs the GQA group (``decode_gqa_pack``): with one new token per sequence, the g q heads
+that share a kv head see the same keys (a decode query sees the whole cache, causal or not), so
+they are handed to the kernel as g query rows of one head -- q (batch, Hq, d) viewed as
+(batch * g, Hkv, d), ``cu_seqlens_q`` = 0, g, 2g, ..., non-causal -- and the output is permuted
+back.  One CTA per (sequence, kv head) with g live rows of its 128, instead of one per (sequence,
+q head) with one row each re-reading the same K/V: g times fewer CTAs and K/V reads.
+
 Imports nothing from SGLang.
 """
 
@@ -27,6 +34,9 @@ from typing import Optional
 import torch
 
 FP8 = torch.float8_e4m3fn
+#: Pack the GQA group into the M tile on decode-shaped calls (see the module doc); False: one CTA
+#: per (sequence, q head), for side-by-side timing (benchmark/check_fp8_kv_route.py).
+PACK_GQA_DECODE = True
 
 
 class PagedKVError(ValueError):
@@ -144,6 +154,33 @@ def descales(k_descale, v_descale, batch: int, hkv: int, device) -> torch.Tensor
     return out
 
 
+def decode_gqa_packable(q, batch: int, hkv: int, max_seqlen_q: Optional[int], window_size, causal: bool) -> bool:
+    """Exactly one query token per sequence (host facts: ``max_seqlen_q`` 1 and ``batch`` rows),
+    more q heads than kv heads, no bounded window (a window moves with the query position, which
+    packing would misplace): the group can be packed."""
+    from sglang_fa4.kernels.fp8_sm90.layout import normalize_window
+
+    _, local, _, _ = normalize_window(causal, window_size)
+    return (PACK_GQA_DECODE and max_seqlen_q == 1 and q.shape[0] == batch and batch > 0
+            and q.shape[1] > hkv and not local)
+
+
+def decode_gqa_pack(q, hkv: int):
+    """q (batch, Hq, d), head h = kvh * g + j -> (batch * g, Hkv, d) with row b * g + j of head kvh
+    = q[b, kvh * g + j], and its cu_seqlens_q (0, g, 2g, ...; device ops only, capturable)."""
+    batch, hq, d = q.shape
+    g = hq // hkv
+    packed = q.view(batch, hkv, g, d).transpose(1, 2).reshape(batch * g, hkv, d)
+    cu = torch.arange(0, (batch + 1) * g, g, dtype=torch.int32, device=q.device)
+    return packed, cu, g
+
+
+def decode_gqa_unpack(o, batch: int, hkv: int, g: int):
+    """The inverse permutation of :func:`decode_gqa_pack` on the output: (batch * g, Hkv, d) ->
+    (batch, Hq, d)."""
+    return o.view(batch, g, hkv, o.shape[-1]).transpose(1, 2).reshape(batch, g * hkv, o.shape[-1])
+
+
 def paged_fp8_attention(
     q,
     k_cache,
@@ -176,12 +213,22 @@ def paged_fp8_attention(
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
 
     want = (q.shape[0], q.shape[1], k.shape[2])
+    desc = descales(k_descale, v_descale, batch, hkv, q.device)
+    if decode_gqa_packable(q, batch, hkv, max_seqlen_q, window_size, causal):
+        qp, cu_qp, g = decode_gqa_pack(q.contiguous(), hkv)
+        # every packed row is the sequence's last token: it sees all keys, causal or not
+        o = fp8_varlen_attention(qp, k.view(FP8), v.view(FP8), cu_qp, cu_k, g, max_k, descale=desc,
+                                 softmax_scale=softmax_scale, causal=False, window_size=(-1, -1), out=None)
+        result = decode_gqa_unpack(o, batch, hkv, g)
+        if out is not None:
+            out.copy_(result.view(out.shape))
+            return out
+        return result
     direct = out if (out is not None and out.dtype == torch.bfloat16 and tuple(out.shape) == want
                      and out.stride(-1) == 1) else None
     result = fp8_varlen_attention(
         q.contiguous(), k.view(FP8), v.view(FP8), cu_seqlens_q, cu_k, max_seqlen_q, max_k,
-        descale=descales(k_descale, v_descale, batch, hkv, q.device),
-        softmax_scale=softmax_scale, causal=causal, window_size=window_size, out=direct,
+        descale=desc, softmax_scale=softmax_scale, causal=causal, window_size=window_size, out=direct,
     )
     if out is not None and direct is None:
         out.copy_(result.view(out.shape))

@@ -33,7 +33,8 @@ Descales are per (batch, kv head): q and k fold into the softmax scale, v into t
 
 Modules: this one is the host side (variant options, the MMAs, shared-memory layouts and TMA atoms,
 the launch); :mod:`.kernel_entry` the device entry (block bounds, pipelines, the producer's TMA
-loads); :mod:`.consumer_mainloop` the consumers' GEMM main loop and epilogue;
+loads); :mod:`.consumer_mainloop` the consumers' GEMM main loop and epilogue (d <= 128; above, the one-level loop
+of :mod:`.consumer_mainloop_wide`);
 :mod:`.tile_softmax` masking, online softmax and P -> E4M3; :mod:`.kernel_shape` the constants.
 """
 
@@ -48,16 +49,23 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from sglang_fa4.kernels.fp8_sm90.consumer_mainloop import ConsumerMainLoop
+from sglang_fa4.kernels.fp8_sm90.consumer_mainloop_wide import ConsumerMainLoopWide
 from sglang_fa4.kernels.fp8_sm90.kernel_entry import KernelEntry
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, NUM_THREADS, WG_ROWS
-from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, TILE_M, TILE_N
+from sglang_fa4.kernels.fp8_sm90.layout import (
+    SUPPORTED_HEAD_DIMS,
+    TILE_M,
+    TILE_N,
+    TWO_LEVEL_MAX_HEAD_DIM,
+    head_dim_stages,
+)
 from sglang_fa4.kernels.fp8_sm90.tile_softmax import TileSoftmax
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _ROW_MAJOR = cutlass.utils.LayoutEnum.ROW_MAJOR  # K-major for both A (M,K) and B (N,K)
 
 
-class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
+class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWide, TileSoftmax):
     """One compiled variant: head dim, causal, local window (everything else is runtime)."""
 
     def __init__(
@@ -86,8 +94,13 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         self.local = local
         self.tile_m = TILE_M
         self.tile_n = TILE_N
-        # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.
-        self.num_stages = num_stages or (4 if head_dim <= 128 else 2)
+        # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.  Shared memory
+        # holds Q + 4 stages up to d=128, 3 at d=192, 2 at d=256 (layout.head_dim_stages).
+        self.num_stages = num_stages or head_dim_stages(head_dim)
+        # O accumulated in two levels (fp32 O + each tile's fp32 P V) up to d=128; above, the two
+        # accumulators do not fit the consumers' 240 registers beside S, so the PV GEMM
+        # accumulates into O itself (consumer_mainloop_wide, FA3's way).
+        self.two_level = head_dim <= TWO_LEVEL_MAX_HEAD_DIM
         # Bisection / timing switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv",
         # "skip_kv", "skip_store", "skip_mask", "skip_softmax"; the skip_* ones give wrong results),
         # and main-loop choices ("overlap"/"no_overlap", "pingpong", "pp_late"/"pp_early", "no_pingpong",
@@ -138,7 +151,9 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, TileSoftmax):
         # Row sums from the tensor cores: P x (a block of ones) as a third small WGMMA (m64n8) with
         # the PV GEMM, folded into fp32 like O, instead of 64 FADDs per tile (the sum is then of
         # the E4M3 P that also multiplies V).  Overlap loop only.
-        self.rowsum_mma = self.overlap and (rowsum_mma or "rowsum_mma" in self.debug) and "no_rowsum_mma" not in self.debug
+        self.rowsum_mma = self.two_level and self.overlap and (rowsum_mma or "rowsum_mma" in self.debug) and "no_rowsum_mma" not in self.debug
+        if not self.two_level and not self.overlap:
+            raise ValueError(f"head dim {head_dim}: the one-level loop is the overlapped one only (no_overlap)")
         self.fold_early = self.overlap and (fold_early or "fold_early" in self.debug) and "no_fold_early" not in self.debug
         # A warpgroup starts its exp2s only once the other one has issued its next GEMMs (a second
         # pair of named barriers).  Why: the QGMMAs that follow a MUFU stream in the MIO queue stall

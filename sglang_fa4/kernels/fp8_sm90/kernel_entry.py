@@ -184,7 +184,9 @@ class KernelEntry:
                         ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
-                self.consume(
+                # d > 128: O accumulated by the PV GEMM itself (forward.two_level)
+                consume = self.consume if cutlass.const_expr(self.two_level) else self.consume_one_level
+                consume(
                     tiled_mma_qk,
                     tiled_mma_pv,
                     tiled_mma_sum,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 #: Head dims (of q/k and of v, which must match) the kernel is compiled for.
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 #: Rows of q per CTA (two consumer warpgroups of 64 rows) and keys per K/V tile.
 TILE_M = 128
 TILE_N = 128
@@ -31,6 +31,12 @@ VT_ALIGN = 16
 #: probabilities stay normal numbers in E4M3 (FA3's Max_offset = 8); the row sum uses the same
 #: scaled P, so the factor cancels.
 P_LOG2_OFFSET = 8.0
+#: Largest head dim whose O is accumulated in two levels (fp32 O + each tile's fp32 P V); above it
+#: the two accumulators (d registers a thread) do not fit a consumer's 240 beside S, and the PV
+#: GEMM accumulates into O itself (consumer_mainloop_wide).
+TWO_LEVEL_MAX_HEAD_DIM = 128
+#: Shared memory an SM90 CTA may use (227 KiB).
+SM90_SMEM_BYTES = 227 * 1024
 #: A window side this large or larger is "unbounded".
 WINDOW_UNBOUNDED = 1 << 28
 
@@ -72,6 +78,13 @@ def vt_region_end(cu_seqlen_k_next: int, b: int, batch: int, cols: int) -> int:
     last.  The pack kernels write every column of [start, end), zeros past the keys, so the whole
     buffer holds finite values (the MMA multiplies masked P = 0 by whatever a tile reads)."""
     return cols if b == batch - 1 else vt_column_offset(cu_seqlen_k_next, b + 1)
+
+
+def head_dim_stages(head_dim: int) -> int:
+    """K/V^T pipeline stages at this head dim: Q (TILE_M x d) + stages x (K + V^T, 2 x TILE_N x d
+    bytes) within shared memory -- 4 up to d=128 (160 KiB), 3 at d=192 (168 KiB), 2 at d=256 (160
+    KiB; 3 would leave 3 KiB)."""
+    return 4 if head_dim <= 128 else 3 if head_dim <= 192 else 2
 
 
 def padded_head_dim(head_dim: int) -> int:

@@ -1,0 +1,158 @@
+"""The consumers' main loop for head dims above 128 (192, 256) of the SM90 FP8 attention forward
+(mixed into :class:`.forward.Fp8AttentionForwardSm90`; used where ``two_level`` is off).
+
+Why a second loop: the d <= 128 loop (:mod:`.consumer_mainloop`) accumulates O in two levels -- each
+tile's P V into its own fp32 accumulator, added into an fp32 O -- because Hopper's FP8 MMA
+accumulates with reduced precision.  That is two (64 x d) fp32 accumulators per consumer
+warpgroup: d registers a thread (256 at d=256) beside S's 64, over the 240 a consumer has.  Here
+the PV GEMM accumulates into O itself, O being rescaled by the tile's softmax factor just before
+the GEMM is issued (FA3's way for FP8 at every head dim): d/2 registers for O.  The schedule is the
+overlapped one of the d <= 128 loop: S_i = Q K_i^T is issued together with O += P_{i-1} V_{i-1},
+and the softmax of S_i runs while that PV GEMM is in flight.  Row sums are the softmax's own
+(``rowsum_mma`` is off: its ones block would cost shared memory the wide K/V stages need).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import WG_ROWS
+
+
+class ConsumerMainLoopWide:
+    """``consume_one_level``: one consumer warpgroup's 64 query rows, O accumulated by the PV
+    WGMMA itself (same arguments as ``ConsumerMainLoop.consume``)."""
+
+    @cute.jit
+    def consume_one_level(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tiled_mma_sum: cute.TiledMma,
+        sQ_wg: cute.Tensor,
+        sK: cute.Tensor,
+        sVt: cute.Tensor,
+        sOnes_wg: cute.Tensor,
+        pipe_q,
+        pipe_kv,
+        mO: cute.Tensor,
+        tid: Int32,
+        wg: Int32,
+        row_start: Int32,
+        m64_block: Int32,
+        head: Int32,
+        offset_q: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        diag: Int32,
+        n_block_max: Int32,
+        n_iters: Int32,
+        scale_log2: Float32,
+        v_descale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        d = self.head_dim
+        tile_n = self.tile_n
+        thr_qk = tiled_mma_qk.get_slice(tid)
+        thr_pv = tiled_mma_pv.get_slice(tid)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ_wg))  # (MMA, 1, d/32)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, d/32, stages)
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))  # (MMA, 1, tile_n/32, stages)
+        acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
+        acc_o.fill(0.0)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
+        # softmax_tile's mufu_gate operand (a word of the block of ones); mufu_gate needs rowsum_mma,
+        # a two-level-only flag, so it is never read here
+        ones32 = cute.make_tensor(cute.recast_ptr(sOnes_wg.iterator, dtype=Int32), cute.make_layout(1))
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        factor = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -Float32.inf
+            row_sum[r] = 0.0
+            factor[r] = 1.0
+
+        mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
+        gO = cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0))
+        tOgO = thr_pv.partition_C(gO)
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
+        if n_iters > 0:
+            pipe_kv.consumer_wait(kv_state)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(d // 32):
+                tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
+            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
+            self.p_to_operand(acc_s, tOrP)
+            prev_state = kv_state.clone()
+            kv_state.advance()
+            for i in cutlass.range(1, n_iters, unroll=1):
+                n_block = n_block_max - 1 - i
+                pipe_kv.consumer_wait(kv_state)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(d // 32):
+                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                warpgroup.commit_group()
+                # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
+                self.rescale_o(acc_o, factor)
+                warpgroup.fence()
+                tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+                for kb in cutlass.range_constexpr(tile_n // 32):
+                    cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
+                if cutlass.const_expr(self.pin_wait):
+                    self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
+                warpgroup.wait_group(0)  # P_{i-1} V_{i-1} done; tOrP free again
+                pipe_kv.consumer_release(prev_state)
+                self.p_to_operand(acc_s, tOrP)
+                prev_state = kv_state.clone()
+                kv_state.advance()
+            self.rescale_o(acc_o, factor)
+            warpgroup.fence()
+            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(tile_n // 32):
+                cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_kv.consumer_release(prev_state)
+
+        # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
+        out_scale = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            s = row_sum[r]  # this thread's share of the row: the quad holds the rest
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            out_scale[r] = Float32(0.0)
+            if s > 0.0:
+                out_scale[r] = v_descale * cute.arch.rcp_approx(s)
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
+        r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
+        r_out.store(acc_o.load().to(cutlass.BFloat16))
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            if row_start + tOcO[v][0] < seqlen_q:
+                tOgO[v] = r_out[v]
+
+    # Plain Python: runs at trace time, inlined like the code it stands for.
+    def rescale_o(self, acc_o, factor):
+        """O = O * factor (per row; a thread holds 2 rows: values (v // 2) % 2)."""
+        for v in range(cute.size(acc_o)):
+            acc_o[v] = acc_o[v] * factor[(v // 2) % 2]
