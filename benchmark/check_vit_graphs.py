@@ -115,20 +115,25 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
 INVARIANCE_MIXES = (("448", "720p"), ("1080p", "1080p"), ("1080p", "448", "720p"))
 
 
-def batch_invariance(tower, model: str, state, rng: random.Random, n_random: int) -> list[dict]:
+def batch_invariance(tower, model: str, state, rng: random.Random, n_random: int, grids_given=(),
+                     max_tokens: int = 0) -> list[dict]:
     """Each image's rows of a batched tower call against the same image sent alone, in graph mode
     and in eager mode: what a server gives a request must not depend on the requests it was
     batched with (the server check compares greedy outputs; this finds which path differs).
     Returns per mix and mode: the paths taken (budget replay / eager) and the largest |difference|
-    of any image's rows (0 = bitwise)."""
+    of any image's rows (0 = bitwise). ``grids_given``: more mixes as [[t, h, w], ...] (e.g. a server's
+    ViT calls, from its log); ``max_tokens``: the random mixes' size cap (default twice the largest
+    budget)."""
     import torch
 
     from sglang_fa4.bench.layouts import PICTURES as SIZES
     from sglang_towers import grid_of, pixels, set_graph_mode
 
     mixes = [[grid_of(model, *SIZES[name]) for name in names] for names in INVARIANCE_MIXES]
-    while len(mixes) < len(INVARIANCE_MIXES) + n_random:
-        grids = random_mix(rng, model, max(state.budgets) * 2)
+    mixes += [[tuple(int(v) for v in g) for g in mix] for mix in grids_given]
+    fixed = len(mixes)
+    while len(mixes) < fixed + n_random:
+        grids = random_mix(rng, model, max_tokens or max(state.budgets) * 2)
         if len(grids) >= 2:
             mixes.append(grids)
     rows_out = []
@@ -283,7 +288,9 @@ def check_model(model: str, args, seed: int) -> dict:
                         "graph_all_ms": [round(v, 3) for v in times["graph"]],
                         "blocks_ms": blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, n)})
     res["latency"] = latency
-    res["batch_invariance"] = batch_invariance(tower, model, state, random.Random(seed + 1), args.invariance_mixes)
+    res["batch_invariance"] = batch_invariance(tower, model, state, random.Random(seed + 1), args.invariance_mixes,
+                                               grids_given=args.invariance_grids.get(model, ()),
+                                               max_tokens=args.invariance_max_tokens)
 
     # SGLang's own per-layout graph (budgets unsealed: upstream's run captures one for this layout)
     # on a few mixes: how far upstream's graph forward is from its eager one, against ours
@@ -378,6 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--shared-pool", action="store_true",
                     help="capture the budget graphs into one memory pool (SGLANG_FA4_VIT_GRAPH_SHARED_POOL=1)")
+    ap.add_argument("--invariance-grids", type=json.loads, default={},
+                    help='JSON {model: [[[t, h, w], ...], ...]}: more batch-invariance mixes, e.g. the ViT calls '
+                         'of a server log (serve-check "vit call" lines)')
+    ap.add_argument("--invariance-max-tokens", type=int, default=0,
+                    help="size cap of the random batch-invariance mixes (default: twice the largest budget; the "
+                         "H200 servers' multi-image calls reached 45k tokens)")
     ap.add_argument("--invariance-mixes", type=int, default=3,
                     help="random multi-image mixes of the batch-invariance check (besides the fixed ones)")
     ap.add_argument("--batch-invariant", action="store_true",
