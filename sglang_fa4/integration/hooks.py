@@ -194,12 +194,13 @@ QWEN3_VIT_VECTORIZED_POS_EMBED = "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionMod
 def qwen3_vit_pos_embed_batch_invariant(original, self, num_images):
     """AROUND Qwen3VLMoeVisionModel._use_vectorized_pos_embed: under SGLang's batch-invariant mode
     (``--enable-deterministic-inference``) always the per-image loop. Upstream switches to its
-    vectorized interpolation at 6 images, whose bf16 rounding differs from the loop's (its 4-term
-    sum runs over all images' tokens at once), so an image's position embeddings, and with them its
-    tower output and the request's greedy tokens, depended on how many images shared its ViT call
-    (seen on the H200 in SGLang 0.5.20 and 0.5.23 servers: images of 7- to 13-image calls differed
-    from the same image alone). The loop computes each image on its own: the same bits in any batch.
-    Applies to the eager forward and, through qwen3_vit_pos_embed, the graph path."""
+    vectorized interpolation at 6 images: another computation (its 4-term weighted sum is one
+    reduction over every image's tokens), "the same result" by upstream's word, not bitwise by
+    construction, so an image's position embeddings could depend on how many images share its ViT
+    call (the H200 servers showed images of 7- to 13-image calls differing from the same image
+    alone; this removes one difference between those calls, not all: server.md). The loop computes
+    each image on its own: the same bits in any batch. Applies to the eager forward and, through
+    qwen3_vit_pos_embed, the graph path."""
     from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
 
     if is_batch_invariant_mode_enabled():
