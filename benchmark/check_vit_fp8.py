@@ -189,18 +189,11 @@ def compiles() -> dict:
 
 
 def call_ms(tower, x, grid, graph: bool, mode: str) -> float:
-    import torch
-
-    from sglang_towers import set_graph_mode
+    """check_vit_graphs.call_ms (one synced tower call) with the ViT attention dtype ``mode`` set."""
+    from check_vit_graphs import call_ms as tower_call_ms
 
     set_mode(mode)
-    set_graph_mode(tower, graph)
-    with torch.no_grad():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        tower(x, grid)
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+    return tower_call_ms(tower, x, grid, graph)
 
 
 def towers_section(model: str, args, table: dict, seed: int, layer_errors: LayerErrors) -> dict:

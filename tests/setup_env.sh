@@ -104,7 +104,7 @@ xcompile_envs() {
     # Built here, beside the other installs, rather than serially inside pytest.
     local quiet='is ignored: it is neither a file nor a directory'  # as pip_q
     bash tests/setup_xcompile_env.sh 2>&1 | { grep -v "$quiet" || true; }
-    bash tests/setup_fp8_xcompile_layer.sh "$vpy" 2>&1 | { grep -v "$quiet" || true; }
+    bash tests/setup_pip_layer.sh cutlass-dsl-4.8.1 tests/requirements-fp8-xcompile.txt "$vpy" 2>&1 | { grep -v "$quiet" || true; }
 }
 
 stamp_sum() { { cat "$stamps"/* .cache/sglang/*/.sglang-fa4-stamp 2>/dev/null || true; } | sha; }

@@ -3,8 +3,8 @@
 for every configuration a ViT uses (SM90 and SM100 kernel classes), and, where the call is not
 recognised, FA4's public API with one warning and no error per call; ``doctor`` names the version.
 
-Needs .cache/fa4-drift (tests/setup_fa4_drift_layer.sh, ~13 MB) and the CUTLASS DSL layer
-.cache/cutlass-dsl-4.8.1 (tests/setup_fp8_xcompile_layer.sh); skips when either is absent, unless
+Needs .cache/fa4-drift (tests/setup_pip_layer.sh fa4-drift ..., ~13 MB) and the CUTLASS DSL layer
+.cache/cutlass-dsl-4.8.1 (tests/setup_pip_layer.sh); skips when either is absent, unless
 SGLANG_FA4_TEST_FA4_DRIFT=1, which builds them. ~25 s per kernel class (importing FA4 + the DSL).
 The outputs of a run are committed: benchmark/results/cpu/fa4_drift-4.0.0b30-sm90.json and -sm100.json
 (``tests/fa4_drift_check.py --arch 90|100 --out FILE``); the H200 run of ``--gpu``:
@@ -36,8 +36,10 @@ def _layers_ready() -> bool:
 @pytest.fixture(scope="module")
 def drift_pythonpath() -> str:
     if envs.SGLANG_FA4_TEST_FA4_DRIFT.get():
-        subprocess.run(["bash", str(ROOT / "tests" / "setup_fp8_xcompile_layer.sh"), sys.executable], check=True)
-        subprocess.run(["bash", str(ROOT / "tests" / "setup_fa4_drift_layer.sh"), sys.executable], check=True)
+        subprocess.run(["bash", str(ROOT / "tests" / "setup_pip_layer.sh"), "cutlass-dsl-4.8.1",
+                        "tests/requirements-fp8-xcompile.txt", sys.executable], check=True)
+        subprocess.run(["bash", str(ROOT / "tests" / "setup_pip_layer.sh"), "fa4-drift",
+                        "tests/requirements-fa4-drift.txt", sys.executable], check=True)
     elif not _layers_ready():
         pytest.skip("no .cache/fa4-drift or .cache/cutlass-dsl-4.8.1 (SGLANG_FA4_TEST_FA4_DRIFT=1 builds them)")
     return os.pathsep.join([str(DRIFT), str(DSL / "nvidia_cutlass_dsl" / "dsl_packages"), str(DSL), str(ROOT)])

@@ -1,5 +1,5 @@
 """The SM90 FP8 attention forward, proven to build without a GPU: cross-compile it for sm_90a with
-the pinned CUTLASS DSL (tests/setup_fp8_xcompile_layer.sh) and read the PTX -- both GEMMs must be
+the pinned CUTLASS DSL (tests/setup_pip_layer.sh) and read the PTX -- both GEMMs must be
 FP8 WGMMA with E4M3 operands, P converted to E4M3 in registers, K/V^T/Q loaded by TMA."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ LAYER = ROOT / ".cache" / "cutlass-dsl-4.8.1"
 
 @pytest.fixture(scope="module")
 def dsl_pythonpath() -> str:
-    subprocess.run(["bash", str(ROOT / "tests" / "setup_fp8_xcompile_layer.sh"), sys.executable], check=True)
+    subprocess.run(["bash", str(ROOT / "tests" / "setup_pip_layer.sh"), "cutlass-dsl-4.8.1",
+                    "tests/requirements-fp8-xcompile.txt", sys.executable], check=True)
     return os.pathsep.join([str(LAYER / "nvidia_cutlass_dsl" / "dsl_packages"), str(LAYER), str(ROOT)])
 
 
