@@ -393,11 +393,7 @@ def main(argv=None) -> int:
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_JIT_MONITOR": "raise"}
-    info = prepare_sglang("fa4", env)
-    if args.batch_invariant:
-        from sglang.srt.batch_invariant_ops import enable_batch_invariant_mode
-
-        enable_batch_invariant_mode()
+    info = prepare_sglang("fa4", env, batch_invariant=args.batch_invariant)
     result = {"batch_invariant": args.batch_invariant, "command": "python3 " + " ".join(["benchmark/check_vit_canary.py"] + list(argv or sys.argv[1:])),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": info, "env": env,
               "models": []}

@@ -413,11 +413,7 @@ def main(argv=None) -> int:
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise",
            "SGLANG_FA4_VIT_GRAPH_SHARED_POOL": "1" if args.shared_pool else "0"}
-    info = prepare_sglang("fa4", env)
-    if args.batch_invariant:
-        from sglang.srt.batch_invariant_ops import enable_batch_invariant_mode
-
-        enable_batch_invariant_mode()
+    info = prepare_sglang("fa4", env, batch_invariant=args.batch_invariant)
     from sglang_fa4.bench.meta import base_meta
 
     meta = base_meta("vit_graphs", sys.argv if argv is None else ["check_vit_graphs.py", *argv])

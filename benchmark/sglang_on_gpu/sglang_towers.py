@@ -63,9 +63,11 @@ def init_sglang(mm_attention_backend: str, *, tp_size: int = 1, rank: int = 0, p
         ps.initialize_model_parallel(tp_size, 1)
 
 
-def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None) -> dict:
-    """Stubs (only for what is missing), environment, server args, TP=1 groups, plugins. Call once
-    per process, before building a tower. Returns what was done, for the report."""
+def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None, batch_invariant: bool = False) -> dict:
+    """Stubs (only for what is missing), environment, server args, TP=1 groups, plugins; with
+    ``batch_invariant`` SGLang's batch-invariant kernels on (a server with
+    --enable-deterministic-inference), before any tower is built or captured. Call once per process.
+    Returns what was done, for the report."""
     for key, value in (env or {}).items():
         os.environ[key] = str(value)
     import cuda_only_stubs
@@ -81,6 +83,10 @@ def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None) -
     plugins.load_plugins()
     from sglang_fa4 import plugin
     plan = plugin._registered_plan
+    if batch_invariant:
+        from sglang.srt.batch_invariant_ops import enable_batch_invariant_mode
+
+        enable_batch_invariant_mode()
     return {
         "sglang_version": sglang.__version__,
         "stubbed_packages": stubbed,
