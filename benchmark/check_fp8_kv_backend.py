@@ -264,7 +264,7 @@ def section_correctness():
 
 
 def timed(fn, row, label):
-    from sglang_fa4.bench.timing import graph_replay_ms
+    from sglang_fa4.bench.timing import eager_median_ms, graph_replay_ms
 
     try:
         row[label] = graph_replay_ms(fn, replays=20)
@@ -273,18 +273,7 @@ def timed(fn, row, label):
         torch.cuda.synchronize()
         row[label + "_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         try:
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(20):
-                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                e.record()
-                e.synchronize()
-                ts.append(a.elapsed_time(e))
-            row[label] = sorted(ts)[len(ts) // 2]
+            row[label] = eager_median_ms(fn, iters=20, warmup=3)
             row[label + "_how"] = "eager events"
         except Exception as exc2:  # noqa: BLE001
             row[label] = None

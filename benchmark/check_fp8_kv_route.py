@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from sglang_fa4.bench.timing import graph_replay_ms  # noqa: E402
+from sglang_fa4.bench.timing import eager_median_ms, graph_replay_ms  # noqa: E402
 
 DEV = "cuda"
 FP8 = torch.float8_e4m3fn
@@ -131,22 +131,6 @@ def graph_ms(fn, replays=20):
     return graph_replay_ms(fn, replays=replays)
 
 
-def eager_ms(fn, iters=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def timed(label, fn, row):
     try:
         row[label] = graph_ms(fn)
@@ -155,7 +139,7 @@ def timed(label, fn, row):
         torch.cuda.synchronize()
         row[label + "_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         try:
-            row[label] = eager_ms(fn)
+            row[label] = eager_median_ms(fn)
             row[label + "_how"] = "eager events"
         except Exception as exc2:  # noqa: BLE001
             row[label] = None

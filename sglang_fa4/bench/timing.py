@@ -29,6 +29,16 @@ def event_time_ms(fn: Callable[[], object], iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
+def eager_median_ms(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of ``iters`` single eager calls, each between two CUDA events, after
+    ``warmup`` untimed calls (where a CUDA graph cannot capture ``fn``)."""
+    sync()
+    for _ in range(warmup):
+        fn()
+    sync()
+    return median([event_time_ms(fn, 1) for _ in range(iters)])
+
+
 def host_us_per_call(fn: Callable[[], object], iters: int) -> float:
     """Wall microseconds per call of a launch-bound loop (GPU work far shorter than the launch)."""
     sync()
