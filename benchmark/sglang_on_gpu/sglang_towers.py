@@ -63,11 +63,12 @@ def init_sglang(mm_attention_backend: str, *, tp_size: int = 1, rank: int = 0, p
         ps.initialize_model_parallel(tp_size, 1)
 
 
-def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None, batch_invariant: bool = False) -> dict:
-    """Stubs (only for what is missing), environment, server args, TP=1 groups, plugins; with
-    ``batch_invariant`` SGLang's batch-invariant kernels on (a server with
-    --enable-deterministic-inference), before any tower is built or captured. Call once per process.
-    Returns what was done, for the report."""
+def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None, batch_invariant: bool = False,
+                   *, tp_size: int = 1, rank: int = 0, port: int | None = None) -> dict:
+    """Stubs (only for what is missing), environment, server args, model-parallel groups (TP rank
+    ``rank`` of ``tp_size``, see init_sglang), plugins; with ``batch_invariant`` SGLang's
+    batch-invariant kernels on (a server with --enable-deterministic-inference), before any tower
+    is built or captured. Call once per process. Returns what was done, for the report."""
     for key, value in (env or {}).items():
         os.environ[key] = str(value)
     import cuda_only_stubs
@@ -75,7 +76,7 @@ def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None, b
     stubbed = cuda_only_stubs.install_missing()
     import sglang
 
-    init_sglang(mm_attention_backend)
+    init_sglang(mm_attention_backend, tp_size=tp_size, rank=rank, port=port)
 
     import sglang.srt.plugins as plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
