@@ -34,11 +34,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmark"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
-# InternViT-300M (InternVL2.5/3 1B-8B): 24 layers, 1024 wide, 16 heads of 64, 448x448 tiles of 1025 tokens
-INTERNVIT_300M = dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=24,
-                      norm_type="layer_norm", layer_norm_eps=1e-6, initializer_factor=0.1, drop_path_rate=0.0,
-                      dropout=0.0, qkv_bias=True, qk_normalization=False, hidden_act="gelu")
-TILE_TOKENS = 1025
 
 
 def hold_pass(forward, inputs) -> dict:
@@ -148,20 +143,11 @@ def check_qwen(model: str, args, seed: int) -> dict:
 
 def check_internvit(args, seed: int) -> dict:
     import torch
-    from transformers import PretrainedConfig
 
-    from sglang.srt.models.internvl import InternVisionEncoder
-    from sglang_towers import init_random_, set_graph_mode
+    from sglang_towers import INTERNVIT_300M, TILE_TOKENS, build_internvit, set_graph_mode
 
     set_graph_mode(None, True)  # the encoder builds its runner when the flag is on at __init__
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            enc = InternVisionEncoder(PretrainedConfig(**INTERNVIT_300M))
-    finally:
-        torch.set_default_dtype(torch.float32)
-    enc = enc.to(device="cuda", dtype=torch.bfloat16).eval()
-    init_random_(enc, seed)
+    enc = build_internvit(seed, part="encoder")
     runner = enc.cuda_graph_runner
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rng = random.Random(seed)

@@ -25,6 +25,14 @@ for p in (str(ROOT), str(HERE)):
 
 MODELS = ("qwen2_5_vl", "qwen3_vl")
 
+# InternViT-300M (InternVL2.5/3 1B-8B): 24 layers, 1024 wide, 16 heads of 64, 448x448 tiles of 14 px
+# patches: (448/14)^2 + 1 class token = 1025 tokens per tile
+INTERNVIT_300M = dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=24,
+                      norm_type="layer_norm", layer_norm_eps=1e-6, initializer_factor=0.1, drop_path_rate=0.0,
+                      dropout=0.0, qkv_bias=True, qk_normalization=False, hidden_act="gelu",
+                      image_size=448, patch_size=14)
+TILE_TOKENS = 1025
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -141,6 +149,43 @@ def build_tower(model: str, seed: int = 0, device: str = "cuda"):
     tower = tower.to(device=device, dtype=torch.bfloat16).eval()
     init_random_(tower, seed)
     return tower
+
+
+def internvl_config(vision: dict | None = None, max_dynamic_patch: int = 12, use_thumbnail: bool = True):
+    """What an InternVL / InternS1 chat model's config says about its vision tower (the fields the
+    plugin's InternVL startup capture reads): ``vision_config`` (InternViT-300M by default),
+    ``max_dynamic_patch`` tiles per image, a thumbnail tile for multi-tile images."""
+    from types import SimpleNamespace
+
+    from transformers import PretrainedConfig
+
+    vision_config = PretrainedConfig(**(vision or INTERNVIT_300M))
+    return SimpleNamespace(vision_config=vision_config, max_dynamic_patch=max_dynamic_patch,
+                           use_thumbnail=use_thumbnail, force_image_size=vision_config.image_size)
+
+
+def build_internvit(seed: int = 0, device: str = "cuda", config=None, part: str = "model", dtype=None):
+    """SGLang's InternViT (eval, random weights) on ``device``, built from ``config`` (an
+    internvl_config(); default InternViT-300M): ``part`` "model" = InternVisionModel (patch and
+    position embeddings + encoder, what InternVLChatModel.vision_model is), "encoder" =
+    InternVisionEncoder alone. The encoder builds its InternVL graph runner when
+    SGLANG_VIT_ENABLE_CUDA_GRAPH=1 at construction (and SGLang runs on CUDA)."""
+    import torch
+
+    from sglang.srt.models.internvl import InternVisionEncoder, InternVisionModel
+
+    dtype = dtype or torch.bfloat16
+    vision_config = (config or internvl_config()).vision_config
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            module = (InternVisionModel if part == "model" else InternVisionEncoder)(vision_config)
+    finally:
+        torch.set_default_dtype(default)
+    module = module.to(device=device, dtype=dtype).eval()
+    init_random_(module, seed)
+    return module
 
 
 def grid_of(model: str, width: int, height: int, frames: int = 1) -> tuple[int, int, int]:
