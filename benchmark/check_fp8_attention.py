@@ -150,7 +150,7 @@ def save(out_dir: Path):
     if out_dir is None:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / JSON_NAME).write_text(json.dumps(RESULT, indent=1, default=str))
+    (out_dir / JSON_NAME).write_text(json.dumps(RESULT, default=str))
     if not ARGS_CHILD:
         (out_dir / JSON_NAME).with_suffix(".md").write_text(markdown())
 
@@ -178,9 +178,12 @@ def markdown() -> str:
         lines.append("")
     var = RESULT["sections"].get("variants", [])
     if var:
+        rounds = RESULT["sections"].get("variant_rounds")
         lines += ["## Kernel variants side by side (same process; fp8 us, speedup vs FA4 bf16 of the same run)", "",
                   "Variant flags are `Fp8AttentionForwardSm90` switches (see forward.py). Quick correctness: "
-                  "rel. err vs fp32 on dequantized inputs, worst of the variant's cases.", ""]
+                  "rel. err vs fp32 on dequantized inputs, worst of the variant's cases."
+                  + (f" Timing: {rounds} interleaved rounds per shape (FA4 bf16, then each variant, their order rotated); fp8 us = median "
+                     "of the rounds, speedup = median of the per-round ratios to the same round's FA4 bf16." if rounds else ""), ""]
         shapes = [r["shape_key"] for r in var[0].get("speed", [])]
         lines.append("| variant | flags | worst err | " + " | ".join(shapes) + " | geomean speedup |")
         lines.append("|---|---|---|" + "---|" * len(shapes) + "---|")
@@ -188,6 +191,10 @@ def markdown() -> str:
             cells = [f"{r.get('fp8_us', float('nan')):.1f} us ({r.get('speedup', float('nan')):.2f}x)" for r in v.get("speed", [])]
             lines.append(f"| {v['name']} | `{v['flags'] or '-'}` | {v.get('worst_err', float('nan')):.2e} | "
                          + " | ".join(cells) + f" | {v.get('geomean_speedup', float('nan')):.3f} |")
+        bf = {r["shape_key"]: r for v in var for r in v.get("speed", []) if r.get("bf16_rounds")}
+        if bf:
+            lines += ["", "FA4 bf16 per round (us): " + "; ".join(
+                f"{k}: " + ", ".join(f"{x:.1f}" for x in r["bf16_rounds"]) + f" (median {r['bf16_us']:.1f})" for k, r in bf.items())]
         if RESULT.get("winner"):
             lines += ["", f"Winner (fastest geomean among variants passing quick correctness): **{RESULT['winner']['name']}** "
                           f"(`{RESULT['winner']['flags'] or '-'}`); the correctness and speed sections below ran with it."]
@@ -206,7 +213,10 @@ def markdown() -> str:
         lines.append("")
     sp = RESULT["sections"].get("speed", [])
     if sp:
-        lines += ["## Speed (CUDA-graph replay, median of events)", "",
+        rounds = max((len(s.get("fp8_rounds", [])) for s in sp), default=0)
+        lines += ["## Speed (CUDA-graph replay, median of events" + (
+            f"; {rounds} interleaved rounds of fp8 then FA4 bf16 per shape, medians, fp8/bf16 = median of the "
+            "per-round ratios" if rounds > 1 else "") + ")", "",
                   "| shape | d | causal | fp8 us | fp8 TFLOP/s | FA4 bf16 us | FA4 bf16 TFLOP/s | fp8/bf16 |",
                   "|---|---|---|---|---|---|---|---|"]
         for s in sp:
@@ -501,6 +511,12 @@ def section_correctness(quick=False, start=0):
     RESULT["sections"]["correctness"] = rows
 
 
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if n else float("nan")
+
+
 def bench_graph(fn, iters=20):
     """Median microseconds of single CUDA-graph replays of fn."""
     return graph_replay_ms(fn, replays=iters) * 1000
@@ -542,26 +558,32 @@ def section_speed():
             pairs = sum(n * (n + 1) // 2 for n in lens)
         flops = 4 * pairs * h * d
         row = {"shape": name, "d": d, "causal": causal, "heads": h}
-        if SPEED_WHAT in ("both", "fp8"):
-            try:
-                us = bench_graph(lambda: launch.fp8_varlen_attention(
-                    res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8, vt=res.vt))
-                row["fp8_us"] = us
-                row["fp8_tflops"] = flops / us / 1e6
-            except Exception as e:  # noqa: BLE001
-                row["fp8_error"] = f"{type(e).__name__}: {e}"[:300]
-            fault_guard("fp8", f"speed {name} d{d} causal={causal}")
-        if SPEED_WHAT in ("both", "bf16"):
-            try:
-                us = bench_graph(lambda: flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
-                                                                max_seqlen_k=m, causal=causal))
-                row["bf16_us"] = us
-                row["bf16_tflops"] = flops / us / 1e6
-            except Exception as e:  # noqa: BLE001
-                row["bf16_error"] = f"{type(e).__name__}: {e}"[:300]
-            fault_guard("fa4_bf16", f"speed {name} d{d} causal={causal}")
+        fp8_r, bf16_r = [], []
+        for rnd in range(ROUNDS):  # interleaved rounds: fp8, then FA4 bf16, on the same inputs
+            if SPEED_WHAT in ("both", "fp8") and "fp8_error" not in row:
+                try:
+                    fp8_r.append(bench_graph(lambda: launch.fp8_varlen_attention(
+                        res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8, vt=res.vt)))
+                except Exception as e:  # noqa: BLE001
+                    row["fp8_error"] = f"{type(e).__name__}: {e}"[:300]
+                fault_guard("fp8", f"speed {name} d{d} causal={causal}")
+            if SPEED_WHAT in ("both", "bf16") and "bf16_error" not in row:
+                try:
+                    bf16_r.append(bench_graph(lambda: flash_attn_varlen_func(
+                        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m, causal=causal)))
+                except Exception as e:  # noqa: BLE001
+                    row["bf16_error"] = f"{type(e).__name__}: {e}"[:300]
+                fault_guard("fa4_bf16", f"speed {name} d{d} causal={causal}")
+        if fp8_r and "fp8_error" not in row:
+            row["fp8_us"] = _median(fp8_r)
+            row["fp8_tflops"] = flops / row["fp8_us"] / 1e6
+        if bf16_r and "bf16_error" not in row:
+            row["bf16_us"] = _median(bf16_r)
+            row["bf16_tflops"] = flops / row["bf16_us"] / 1e6
         if "fp8_us" in row and "bf16_us" in row:
-            row["speedup"] = row["bf16_us"] / row["fp8_us"]
+            row["speedup"] = _median([b / f for f, b in zip(fp8_r, bf16_r)])
+        if ROUNDS > 1:
+            row["fp8_rounds"], row["bf16_rounds"] = fp8_r, bf16_r
         if d == 128 and not causal and SPEED_WHAT in ("both", "fp8"):  # 1x16384: one program per (head, tensor)
             row["quantize_us"] = bench_graph(lambda: quantize.quantize_qkv(q, k, v, cu, out=res))
             v8 = res.k  # any fp8 (t, h, d) tensor: pack timing only
@@ -586,6 +608,7 @@ def section_speed():
     log("ceilings", RESULT["sections"]["other"]["ceilings_8192"])
 
 
+ROUNDS = 1  # --rounds: interleaved timing rounds (variants, speed)
 VARIANTS = "base="  # name=flags;name=flags (flags: comma list of Fp8AttentionForwardSm90 switches)
 VARIANT_CASES = [  # quick correctness per variant: (name, lens, heads, d, causal)
     ("2seq", [1000, 3000], 16, 128, False),
@@ -599,9 +622,13 @@ VARIANT_SHAPES = [("8x4096", [4096] * 8, 16, 128), ("1x16384", [16384], 16, 128)
 
 
 def section_variants():
-    """Main-loop variants side by side in one process: quick correctness, then fp8 speed on the
-    d128 / d64 non-causal shapes against FA4 bf16 (timed once per shape).  The fastest variant
-    that passes (geometric mean of the speedups) becomes launch.DEBUG_FLAGS for the later sections."""
+    """Main-loop variants side by side in one process: quick correctness of each (which compiles
+    it), then fp8 speed on the d128 / d64 non-causal shapes against FA4 bf16, interleaved: per
+    shape, ``ROUNDS`` rounds of [FA4 bf16, every variant in turn (order rotated)] on the same inputs (FA4 bf16's
+    time moves by ~10% between processes and by a few % within one), each variant's time the
+    median of its rounds and its speedup the median of its per-round ratios to the bf16 time of the
+    same round.  The fastest variant that passes (geometric mean of the speedups) becomes
+    launch.DEBUG_FLAGS for the later sections."""
     from flash_attn.cute import flash_attn_varlen_func
 
     from sglang_fa4.kernels.fp8_sm90 import launch, quantize
@@ -609,7 +636,6 @@ def section_variants():
     specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
     cases = [c for c in VARIANT_CASES if c[3] in VARIANT_DIMS]
     shapes = [sh for sh in VARIANT_SHAPES if sh[3] in VARIANT_DIMS]
-    bf16_us = {}
     kernels = {}  # flags -> that variant's compiled kernels, so the winner is not compiled again
     rows = RESULT["sections"].setdefault("variants", [])
     for name, flags in specs:
@@ -624,48 +650,70 @@ def section_variants():
             v["cases"].append(r)
         v["ok"] = all(r.get("ok") for r in v["cases"])
         v["worst_err"] = max((r.get("err_ref", float("nan")) for r in v["cases"]), default=float("nan"))
-        logs = []
-        for sname, lens, h, d in shapes:
-            cu = make_cu(lens)
-            t = sum(lens)
-            q, k, vv = (torch.randn(t, h, d, device=DEV).bfloat16() for _ in range(3))
-            res = quantize.quantize_qkv(q, k, vv, cu)
-            out8 = torch.empty(t, h, d, dtype=torch.bfloat16, device=DEV)
-            m = max(lens)
-            flops = 4 * sum(n * n for n in lens) * h * d
-            key = f"{sname} d{d}"
-            row = {"shape_key": key}
-            try:
-                row["fp8_us"] = bench_graph(lambda: launch.fp8_varlen_attention(
-                    res.q, res.k, None, cu, cu, m, m, descale=res.descale, out=out8, vt=res.vt), iters=30)
-                row["fp8_tflops"] = flops / row["fp8_us"] / 1e6
-            except Exception as e:  # noqa: BLE001
-                row["fp8_error"] = f"{type(e).__name__}: {e}"[:200]
-            fault_guard("fp8", f"variant {name} {key}")
-            if key not in bf16_us:
-                bf16_us[key] = bench_graph(lambda: flash_attn_varlen_func(
-                    q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m), iters=30)
-            row["bf16_us"] = bf16_us[key]
-            if "fp8_us" in row:
-                row["speedup"] = row["bf16_us"] / row["fp8_us"]
-            v["speed"].append(row)
-            logs.append((key, round(row.get("fp8_us", float("nan")), 1), round(row.get("speedup", float("nan")), 3)))
-            del q, k, vv, res, out8
-        sp = [r["speedup"] for r in v["speed"] if "speedup" in r]
-        v["geomean_speedup"] = math.exp(sum(math.log(x) for x in sp) / len(sp)) if len(sp) == len(v["speed"]) else float("nan")
         kernels[flags] = dict(launch._compiled)
         rows.append(v)
-        log("variant", name, flags, "ok", v["ok"], "worst", round(v["worst_err"], 5), logs, "geomean", round(v["geomean_speedup"], 3))
+        log("variant", name, flags, "ok", v["ok"], "worst", round(v["worst_err"], 5))
         RESULT["sections"]["variants"] = rows
         save(OUT_DIR)
+
+    def use(flags):
+        launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
+        launch._compiled.clear()
+        launch._compiled.update(kernels[flags])
+
+    timed = [v for v in rows if v["ok"]]
+    for sname, lens, h, d in shapes:
+        cu = make_cu(lens)
+        t = sum(lens)
+        q, k, vv = (torch.randn(t, h, d, device=DEV).bfloat16() for _ in range(3))
+        res = quantize.quantize_qkv(q, k, vv, cu)
+        out8 = torch.empty(t, h, d, dtype=torch.bfloat16, device=DEV)
+        m = max(lens)
+        flops = 4 * sum(n * n for n in lens) * h * d
+        key = f"{sname} d{d}"
+        per = {v["name"]: {"shape_key": key, "fp8_rounds": [], "bf16_rounds": [], "ratio_rounds": []} for v in timed}
+        for rnd in range(ROUNDS):
+            bf = bench_graph(lambda: flash_attn_varlen_func(
+                q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m), iters=30)
+            fault_guard("fa4_bf16", f"variants {key}")
+            for v in timed[rnd % max(1, len(timed)):] + timed[:rnd % max(1, len(timed))]:  # order rotated per round
+                row = per[v["name"]]
+                use(v["flags"])
+                try:
+                    us = bench_graph(lambda: launch.fp8_varlen_attention(
+                        res.q, res.k, None, cu, cu, m, m, descale=res.descale, out=out8, vt=res.vt), iters=30)
+                except Exception as e:  # noqa: BLE001
+                    row["fp8_error"] = f"{type(e).__name__}: {e}"[:200]
+                    continue
+                fault_guard("fp8", f"variant {v['name']} {key}")
+                row["fp8_rounds"].append(us)
+                row["bf16_rounds"].append(bf)
+                row["ratio_rounds"].append(bf / us)
+        for v in timed:
+            row = per[v["name"]]
+            if row["fp8_rounds"] and "fp8_error" not in row:
+                row["fp8_us"] = _median(row["fp8_rounds"])
+                row["fp8_tflops"] = flops / row["fp8_us"] / 1e6
+                row["bf16_us"] = _median(row["bf16_rounds"])
+                row["speedup"] = _median(row["ratio_rounds"])
+            v["speed"].append(row)
+        log("variants", key, {n: (round(r.get("fp8_us", float("nan")), 1), round(r.get("speedup", float("nan")), 3))
+                              for n, r in per.items()}, "bf16 rounds", [round(x, 1) for x in next(iter(per.values()))["bf16_rounds"]])
+        del q, k, vv, res, out8
+    for v in rows:
+        sp = [r["speedup"] for r in v["speed"] if "speedup" in r]
+        v["geomean_speedup"] = (math.exp(sum(math.log(x) for x in sp) / len(sp))
+                                if sp and len(sp) == len(shapes) else float("nan"))
+        log("variant", v["name"], v["flags"], "geomean", round(v["geomean_speedup"], 3))
+    RESULT["sections"]["variants"] = rows
+    RESULT["sections"]["variant_rounds"] = ROUNDS
+    save(OUT_DIR)
     good = [v for v in rows if v["ok"] and v["geomean_speedup"] == v["geomean_speedup"]]
     if good:
         best = max(good, key=lambda v: v["geomean_speedup"])
         RESULT["winner"] = {"name": best["name"], "flags": best["flags"]}
-        launch.DEBUG_FLAGS = frozenset(f for f in best["flags"].split(",") if f)
+        use(best["flags"])
         RESULT["debug_flags"] = sorted(launch.DEBUG_FLAGS)
-        launch._compiled.clear()
-        launch._compiled.update(kernels[best["flags"]])
     else:
         launch.DEBUG_FLAGS = frozenset()
         launch._compiled.clear()
@@ -844,7 +892,7 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
 
 
 def main():
-    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS, CASE_FILTER
+    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS, CASE_FILTER, ROUNDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
     ap.add_argument("--sections", default="bringup,speed,speed_parts,host,quantize,correctness")
@@ -864,6 +912,8 @@ def main():
     ap.add_argument("--render", help="only rewrite the markdown beside this result JSON")
     ap.add_argument("--variants", default=None,
                     help="section 'variants': name=flags;name=flags (kernel switches, e.g. 'base=;pin=pin_wait')")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="sections 'variants' and 'speed': interleaved timing rounds per shape (medians)")
     ap.add_argument("--variant-dims", default="64,128", help="section 'variants': head dims of its cases and shapes")
     ap.add_argument("--note", action="append", default=[], help="a line for the markdown's header")
     args = ap.parse_args()
@@ -877,6 +927,7 @@ def main():
     ARGS_CHILD = args.child
     if args.variants is not None:
         VARIANTS = args.variants
+    ROUNDS = max(1, args.rounds)
     VARIANT_DIMS = tuple(int(x) for x in args.variant_dims.split(",") if x)
     if args.note:
         RESULT["analysis_after_run"] = list(args.note)

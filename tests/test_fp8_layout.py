@@ -286,3 +286,18 @@ def test_wide_head_dim_configuration():
         assert stages >= 2
         assert layout.TILE_M * d + stages * 2 * layout.TILE_N * d + 4096 <= layout.SM90_SMEM_BYTES
     assert layout.head_dim_stages(128) == 4 and layout.TWO_LEVEL_MAX_HEAD_DIM == 128
+
+
+def test_key_tile_stages_fit_shared_memory():
+    """Stages for a key tile other than TILE_N (the d=128 wide tile is 192 keys): as many as fit
+    beside Q and 4 KiB, at most 4; a tile whose two stages do not fit is refused, not shrunk."""
+    assert layout.tile_stages(128, 192) == 4 and layout.tile_stages(128, 224) == 3
+    for d in layout.SUPPORTED_HEAD_DIMS:
+        for n in (128, 160, 192, 224, 256):
+            try:
+                stages = layout.tile_stages(d, n)
+            except ValueError:
+                assert layout.TILE_M * d + 2 * 2 * n * d + 4096 > layout.SM90_SMEM_BYTES
+                continue
+            assert 2 <= stages <= 4
+            assert layout.TILE_M * d + stages * 2 * n * d + 4096 <= layout.SM90_SMEM_BYTES

@@ -41,14 +41,20 @@ def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "") 
 
 
 def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
-    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["128,0,0", "64,1,0"])
-    d128, d64 = r["128,0,0"], r["64,1,0"]
-    for v in (d128, d64):
+    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["128,1,0", "64,1,0"])
+    d128, d64 = r["128,1,0"], r["64,1,0"]
+    # (its own dump directory: the PTX file name does not tell d=128 causal from non-causal)
+    wide = xcompile(dsl_pythonpath, tmp_path / "ptx_wide", ["128,0,0"])["128,0,0"]
+    for v in (d128, d64, wide):
         assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
         assert v["wgmma_other"] == []  # no bf16/f16 GEMM anywhere: both GEMMs are FP8
         # two consumer warpgroups, producer with fewer registers
         assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
         assert v["tma_loads"] >= 3  # Q, K, V^T
+        # the softmax of tile i runs while P_{i-1} V_{i-1} is in flight: wait for 1 group, not 0,
+        # and the wait for 0 sits behind a branch (bar.warp.sync) so ptxas keeps it there
+        assert v["wgmma_wait_1"] >= 1
+        assert v["warp_sync"] == 1
     # S = Q K^T: m64n128k32 over d/32 steps; O = P V: m64n<d>k32 over 128/32 key steps, and with
     # it the row sums as P x ones, m64n8k32 over the same steps (forward.rowsum_mma); the
     # overlapped main loop holds each GEMM twice (QK: first tile + loop; PV: loop + last tile)
@@ -56,23 +62,26 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
     assert d128["wgmma_count"] == 2 * (128 // 32 + 128 // 32 + 128 // 32)
     assert d64["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n64k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"]
     assert d64["wgmma_count"] == 2 * (64 // 32 + 128 // 32 + 128 // 32)
-    for v in (d128, d64):
-        # the softmax of tile i runs while P_{i-1} V_{i-1} is in flight: wait for 1 group, not 0,
-        # and the wait for 0 sits behind a branch (bar.warp.sync) so ptxas keeps it there
-        assert v["wgmma_wait_1"] >= 1
-        assert v["warp_sync"] == 1
-    # ping-pong of the consumer warpgroups (named barriers 1/2, the turn passed once S is complete):
-    # on at d=128 (results/h200/fp8_attention_speed3.md), off at other head dims
-    assert d128["named_bar_arrive"] >= 3  # warpgroup 1's opening arrive + a pass after each S
+    # d=128 non-causal (the wide tile, results/h200/fp8_attention_speed4.md): S over 192 keys
+    # (m64n192k32), O += P V over 192/32 key steps into O itself (one level: no m64n8 row sums)
+    assert wide["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n192k32.e4m3.e4m3"]
+    assert wide["wgmma_count"] == 2 * (128 // 32 + 192 // 32)
+    # ping-pong of the consumer warpgroups (named barriers 1/2): on at d=128 (the turn passed once
+    # S is complete with the 128-key tile, results/h200/fp8_attention_speed3.md; right after the
+    # GEMM issue with the wide tile), off at other head dims
+    assert d128["named_bar_arrive"] >= 3 and wide["named_bar_arrive"] >= 3
     assert d64["named_bar_arrive"] == 0
-    # P (64 values of a 64x128 tile per thread) becomes E4M3 two at a time, in registers
+    # P (64 values of a 64x128 tile per thread, 96 of a 64x192 one) becomes E4M3 two at a time, in
+    # registers
     assert d128["cvt_e4m3x2"] == d64["cvt_e4m3x2"] == 2 * 32  # first tile + loop
+    assert wide["cvt_e4m3x2"] == 2 * 48
 
 
 def test_fp8_forward_mufu_gate_variant_cross_compiles(dsl_pythonpath, tmp_path):
     """The not-yet-measured 'mufu_gate' variant (a warpgroup's exp2s wait until the other one has
     issued its GEMMs) builds: same GEMMs, the extra arrives and waits on the ISSUED barriers."""
-    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["128,0,0"], flags="pp_late,no_fold_early,mufu_gate")
+    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["128,0,0"],
+                 flags="w:two_level,w:n128,pp_late,no_fold_early,mufu_gate")  # the 128-key two-level loop
     v = r["128,0,0"]
     assert v["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"] and v["wgmma_other"] == []
     assert v["reg_bar_arrive"] >= 3  # issue #0 (warpgroup 1), each loop issue, the last PV (warpgroup 0)

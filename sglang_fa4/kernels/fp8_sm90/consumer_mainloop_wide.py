@@ -1,5 +1,6 @@
-"""The consumers' main loop for head dims above 128 (192, 256) of the SM90 FP8 attention forward
-(mixed into :class:`.forward.Fp8AttentionForwardSm90`; used where ``two_level`` is off).
+"""The consumers' main loop for head dims above 128 (192, 256) and for the d=128 non-causal "wide
+tile" (128 x 192) of the SM90 FP8 attention forward (mixed into
+:class:`.forward.Fp8AttentionForwardSm90`; used where ``two_level`` is off).
 
 Why a second loop: the d <= 128 loop (:mod:`.consumer_mainloop`) accumulates O in two levels -- each
 tile's P V into its own fp32 accumulator, added into an fp32 O -- because Hopper's FP8 MMA
@@ -10,6 +11,9 @@ the GEMM is issued (FA3's way for FP8 at every head dim): d/2 registers for O.  
 overlapped one of the d <= 128 loop: S_i = Q K_i^T is issued together with O += P_{i-1} V_{i-1},
 and the softmax of S_i runs while that PV GEMM is in flight.  Row sums are the softmax's own
 (``rowsum_mma`` is off: its ones block would cost shared memory the wide K/V stages need).
+With ``pingpong`` (the wide tile's default) the two consumer warpgroups take turns issuing their
+GEMMs (named barriers, as in the d <= 128 loop) and O's rescale runs before the turn is taken, so
+a turn is the QK^T and PV WGMMAs back to back.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import PINGPONG_BAR, WG_ROWS
 
 
 class ConsumerMainLoopWide:
@@ -88,13 +92,23 @@ class ConsumerMainLoopWide:
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
         if n_iters > 0:
+            if cutlass.const_expr(self.pingpong):
+                # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
+                if wg == 1:
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
             pipe_kv.consumer_wait(kv_state)
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(d // 32):
                 tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                 cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
             warpgroup.commit_group()
+            if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                self.pass_turn(wg, n_iters == 1)
             warpgroup.wait_group(0)
+            if cutlass.const_expr(self.pingpong_late):
+                self.pass_turn(wg, n_iters == 1)  # S ready: the other warpgroup's QK^T may start
             self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
             self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
             self.p_to_operand(acc_s, tOrP)
@@ -102,20 +116,31 @@ class ConsumerMainLoopWide:
             kv_state.advance()
             for i in cutlass.range(1, n_iters, unroll=1):
                 n_block = n_block_max - 1 - i
+                if cutlass.const_expr(self.pingpong):
+                    # ping-pong: O's rescale before this warpgroup's turn, so that the turn holds
+                    # the GEMM issues alone (the previous PV GEMM into O was waited for below)
+                    self.rescale_o(acc_o, factor)
                 pipe_kv.consumer_wait(kv_state)
+                if cutlass.const_expr(self.pingpong):
+                    cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(d // 32):
                     tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                     cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
                 warpgroup.commit_group()
                 # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
-                self.rescale_o(acc_o, factor)
-                warpgroup.fence()
+                if cutlass.const_expr(not self.pingpong):
+                    self.rescale_o(acc_o, factor)
+                    warpgroup.fence()
                 tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
                 for kb in cutlass.range_constexpr(tile_n // 32):
                     cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
                 warpgroup.commit_group()
+                if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                    self.pass_turn(wg, i == n_iters - 1)
                 warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                if cutlass.const_expr(self.pingpong_late):
+                    self.pass_turn(wg, i == n_iters - 1)
                 self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
                 self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
                 if cutlass.const_expr(self.pin_wait):

@@ -19,11 +19,16 @@ Shape of the kernel (one CTA per 128 query rows of one head of one sequence, 3 w
   tensor cores as P x ones with the PV GEMM (``rowsum_mma``) and the row max is 4 interleaved
   chains (``ilp``).  Measured side by side on the H200 (benchmark/results/h200/
   fp8_attention_speed2.md): d64 11-16% faster than without these four, d128 unchanged (+-2%).
-  At d=128 the two consumer warpgroups also take turns issuing their GEMMs, the turn passed once
-  S is complete (``pingpong_late``), and every 8th exp2 runs on the FMA pipe (``emu``): 3-5% less
-  time (fp8_attention_speed3.md).  Options measured and left off: ``pingpong`` with the turn
-  passed right after issue, ``tree_reduce`` (pairwise row max/sum); ``no_overlap`` is the
-  one-tile-at-a-time loop.  Where the d128 time goes (Nsight Compute): fp8_attention_ncu.md.
+  At d=128 causal / windowed the two consumer warpgroups also take turns issuing their GEMMs, the
+  turn passed once S is complete (``pingpong_late``), and every 8th exp2 runs on the FMA pipe
+  (``emu``): 3-5% less time (fp8_attention_speed3.md).  Options measured and left off: ``pingpong``
+  with the turn passed right after issue, ``tree_reduce`` (pairwise row max/sum); ``no_overlap`` is
+  the one-tile-at-a-time loop.  Where the d128 time goes (Nsight Compute): fp8_attention_ncu.md.
+* d=128 non-causal without a window ("wide tile"): 128 x 192 tiles, O accumulated by the PV GEMM
+  itself (:mod:`.consumer_mainloop_wide`, FA3's way; S of 192 keys needs the 64 registers of the
+  two-level loop's tile accumulator), ping-pong with the turn passed right after a warpgroup's
+  GEMM issue (FA3's scheduler barrier; O's rescale moved before the turn), all exp2s on the MUFU:
+  3-5% less time than the speed3 loop, side by side (fp8_attention_speed4.md).
 
 V^T comes from global memory already transposed, with its keys permuted inside groups of 16
 (``layout.KEY_PERM``) so that P needs no register shuffles, each sequence starting at a 16-aligned
@@ -58,6 +63,7 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     TILE_N,
     TWO_LEVEL_MAX_HEAD_DIM,
     head_dim_stages,
+    tile_stages,
 )
 from sglang_fa4.kernels.fp8_sm90.tile_softmax import TileSoftmax
 
@@ -76,7 +82,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         num_stages: int = 0,
         debug: frozenset = frozenset(),
         overlap: bool = True,
-        pingpong: bool = False,
+        pingpong=None,
         tree_reduce: bool = False,
         fold_early: bool = True,
         pin_wait: bool = True,
@@ -93,34 +99,57 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.causal = causal
         self.local = local
         self.tile_m = TILE_M
-        self.tile_n = TILE_N
+        debug = frozenset(debug)
+        # d=128 non-causal without a window ("wide tile"): a 128 x 192 tile (FA3's FP8 d=128 tile
+        # for column-major V, as V^T is here), O accumulated by the PV GEMM itself (one level: the
+        # wider S needs the 64 registers of the tile's own PV accumulator), the two consumer
+        # warpgroups in ping-pong with the turn passed once a warpgroup's GEMMs are issued (FA3's
+        # scheduler barrier), all exp2s on the MUFU: 3-5% less time than the speed3 loop, side by
+        # side (results/h200/fp8_attention_speed4.md).  d=128 causal / windowed keep the 128 x 128 two-level loop with
+        # pp_late + emu8 (fp8_attention_speed3.md); other head dims the loop before that.
+        wide_tile = head_dim == 128 and not causal and not local
+        d128_default = head_dim == 128
+        # A switch written "w:X" is X for the wide-tile kernel and nothing for the others, so one
+        # set of switches can vary that kernel alone (check_fp8_attention --variants).
+        debug = frozenset(f[2:] if f.startswith("w:") else f for f in debug if wide_tile or not f.startswith("w:"))
+        # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.
+        self.tile_n = next((int(f[1:]) for f in debug if f[:1] == "n" and f[1:].isdigit()),
+                           192 if wide_tile else TILE_N)
+        if self.tile_n % 32 or not 32 <= self.tile_n <= 256:
+            raise ValueError(f"key tile {self.tile_n}: a multiple of 32 (the PV GEMM's K step) up to 256")
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.  Shared memory
-        # holds Q + 4 stages up to d=128, 3 at d=192, 2 at d=256 (layout.head_dim_stages).
-        self.num_stages = num_stages or head_dim_stages(head_dim)
+        # holds Q + 4 stages up to d=128, 3 at d=192, 2 at d=256 (layout.head_dim_stages); other
+        # key tiles: as many stages (at most 4) as fit (layout.tile_stages: 4 for 128 x 192).
+        self.num_stages = num_stages or (head_dim_stages(head_dim) if self.tile_n == TILE_N
+                                         else tile_stages(head_dim, self.tile_n))
         # O accumulated in two levels (fp32 O + each tile's fp32 P V) up to d=128; above, the two
         # accumulators do not fit the consumers' 240 registers beside S, so the PV GEMM
-        # accumulates into O itself (consumer_mainloop_wide, FA3's way).
-        self.two_level = head_dim <= TWO_LEVEL_MAX_HEAD_DIM
+        # accumulates into O itself (consumer_mainloop_wide, FA3's way); also for the wide tile.
+        # Switches "one_level" / "two_level".
+        self.two_level = (head_dim <= TWO_LEVEL_MAX_HEAD_DIM and (not wide_tile or "two_level" in debug)
+                          and "one_level" not in debug)
         # Bisection / timing switches for bring-up only ("no_setmaxnreg", "skip_qk", "skip_pv",
         # "skip_kv", "skip_store", "skip_mask", "skip_softmax"; the skip_* ones give wrong results),
         # and main-loop choices ("overlap"/"no_overlap", "pingpong", "pp_late"/"pp_early", "no_pingpong",
-        # "emuN", "tree_reduce", ...) for timing; "no_pingpong,emu0" is the d=128 loop before speed3.
-        # launch.DEBUG_FLAGS is empty in use.
-        self.debug = frozenset(debug)
+        # "emuN", "nN", "one_level"/"two_level", "tree_reduce", ...) for timing;
+        # "two_level,n128,pp_late" is the d=128 non-causal loop of speed3 (emu8 being the d=128
+        # default), "no_pingpong,emu0" the one before.  launch.DEBUG_FLAGS is empty in use.
+        self.debug = debug
         # Issue the next tile's QK^T GEMM with the previous tile's PV GEMM and run the softmax
         # while the latter is in flight (FA3's intra-warpgroup overlap); False: one tile at a time.
         self.overlap = (overlap or "overlap" in self.debug) and "no_overlap" not in self.debug
         # Ping-pong of the two consumer warpgroups (FA3's warp-scheduler barriers): they take turns
         # issuing their GEMMs, so one warpgroup's softmax (MUFU/FMA pipes) runs while the other's
         # GEMMs hold the tensor cores.  Needs the overlapped main loop (one GEMM turn per tile).
-        # d=128 default (None): pp_late + emu8, measured side by side with the previous default on
-        # the H200 (results/h200/fp8_attention_speed3.md: 3-5% less time at 8x4096 and 1x16384, all
-        # 22 correctness cases); other head dims keep the previous loop (not measured side by side).
-        d128_default = head_dim == 128
+        # d=128 default (None): on (see wide_tile above for the turn's hand-over).
+        if pingpong is None:
+            pingpong = d128_default
         if pingpong_late is None:
-            pingpong_late = d128_default
+            pingpong_late = d128_default and not wide_tile
         if emu is None:
-            emu = 8 if d128_default else 0
+            # every 8th exp2 on the FMA pipe helps the two-level d=128 loop (speed3) and costs the
+            # wide tile 3-5% (speed4: 'w:emu0' vs the same kernel with emu8, same rounds)
+            emu = 8 if d128_default and self.two_level else 0
         self.pingpong = self.overlap and (pingpong or pingpong_late or "pingpong" in self.debug
                                           or "pp_late" in self.debug) and "no_pingpong" not in self.debug
         # Ping-pong with the turn passed once this warpgroup's S = QK^T is complete (after its

@@ -18,7 +18,8 @@ from typing import NamedTuple, Optional
 
 #: Head dims (of q/k and of v, which must match) the kernel is compiled for.
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
-#: Rows of q per CTA (two consumer warpgroups of 64 rows) and keys per K/V tile.
+#: Rows of q per CTA (two consumer warpgroups of 64 rows) and keys per K/V tile (the d=128
+#: non-causal kernel's tile is 192 keys: forward.Fp8AttentionForwardSm90, "wide tile").
 TILE_M = 128
 TILE_N = 128
 #: Sequence b's V^T columns start at VT_ALIGN * ceil(cu_k[b] / VT_ALIGN) + VT_ALIGN * b: a multiple of
@@ -85,6 +86,15 @@ def head_dim_stages(head_dim: int) -> int:
     bytes) within shared memory -- 4 up to d=128 (160 KiB), 3 at d=192 (168 KiB), 2 at d=256 (160
     KiB; 3 would leave 3 KiB)."""
     return 4 if head_dim <= 128 else 3 if head_dim <= 192 else 2
+
+
+def tile_stages(head_dim: int, tile_n: int) -> int:
+    """K/V^T stages for a key tile of ``tile_n`` keys (kernel option "nN"): as many as fit beside Q
+    and 4 KiB of barriers / spare, at most 4 -- 4 at d=128 for 192 keys (208 KiB), 3 for 224."""
+    fits = (SM90_SMEM_BYTES - TILE_M * head_dim - 4096) // (2 * tile_n * head_dim)
+    if fits < 2:
+        raise ValueError(f"a key tile of {tile_n} at head dim {head_dim}: two K/V^T stages do not fit shared memory")
+    return min(4, fits)
 
 
 def padded_head_dim(head_dim: int) -> int:
