@@ -168,3 +168,20 @@ def test_gpu_fa3_paged_fp8_matches_fp32():
         torch.cuda.synchronize()
         ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=ks, v_descale=vs, causal=True)
         assert float((out.float() - ref).norm() / ref.norm()) < 3e-2, d
+
+
+def test_committed_fa3_results():
+    """The H200 run committed with the FA3 build: every correctness case within the bar, FA3-FP8 timed
+    beside fa4-fp8 on every speed shape, and the ViT kernels with fa3 beside fa4 within 1e-2 of fp32."""
+    import json
+
+    route = json.loads((ROOT / "benchmark/results/h200/fp8_kv_route_fa3.json").read_text())
+    assert route["env"]["fa3"].startswith("flash-attention 0251105a2fb1")
+    assert {c["impl"] for c in route["correctness"]} == {"fa4-fp8 route", "fa3-fp8"}
+    assert all(c["pass"] and c["finite"] for c in route["correctness"])
+    assert all(s["fa3_fp8_ms"] and s["fa4_fp8_routed_ms"] for s in route["speed"])
+    kern = json.loads((ROOT / "benchmark/results/h200/kernels_fa3.json").read_text())
+    assert report.validate(kern, "kernels") == [] and kern["meta"]["partial"] is False
+    rows = [r for r in kern["rows"] if r["mode"] == "graph"]
+    assert {r["backend"] for r in rows} == {"fa4", "fa3"} and {r["head_dim"] for r in rows} == {64, 72, 80, 128}
+    assert all(r["rel_err"] < 1e-2 for r in rows)
