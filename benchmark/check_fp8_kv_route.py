@@ -20,6 +20,12 @@ routed fa4-fp8 call (gather + V^T pack + kernel), the FP8 kernel alone on alread
 and FA4 4.0.0b36 bf16 through its public API (contiguous K/V; and paged like SGLang's bf16 fa4 call
 where FA4 takes it).
 
+FA3-FP8 (where ``.fa3/libfa3fwd.so`` was built by ``benchmark/fa3_build/build.sh``): FlashAttention-3's
+Hopper FP8 forward called as SGLang's fa3 backend calls it on the same fp8 pool (paged KV, q cast to
+E4M3, k/v scales as descales, causal), checked against the same fp32 reference (plus a d=256 layer)
+and timed side by side: the bar for turning the FA3 -> FA4 upgrade (SGLANG_FA4_FP8_KV_UPGRADE) on
+by default is fa4-fp8 at least as fast as FA3-FP8 on these shapes.
+
     python3 benchmark/check_fp8_kv_route.py --out DIR      (writes fp8_kv_route.json / .md)
 """
 
@@ -56,18 +62,18 @@ def log(*a):
 
 def save(out: Path):
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{STEM}.json").write_text(json.dumps(RESULT, indent=1))
+    (out / f"{STEM}.json").write_text(json.dumps(RESULT))
     (out / f"{STEM}.md").write_text(markdown(RESULT))
 
 
-def make_cache(lens, page_size, k_scale, v_scale, seed):
+def make_cache(lens, page_size, k_scale, v_scale, seed, d=D):
     """SGLang-shaped fp8 pool + page table for sequences of ``lens`` cached tokens."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     n_pages = [-(-n // page_size) for n in lens]
     total_pages = sum(n_pages) + 8
     pages = (torch.randperm(total_pages - 1, generator=g)[: sum(n_pages)] + 1).tolist()  # page 0 reserved
-    k_bf = torch.randn(total_pages * page_size, HKV, D, device=DEV, dtype=torch.bfloat16)
-    v_bf = torch.randn(total_pages * page_size, HKV, D, device=DEV, dtype=torch.bfloat16)
+    k_bf = torch.randn(total_pages * page_size, HKV, d, device=DEV, dtype=torch.bfloat16)
+    v_bf = torch.randn(total_pages * page_size, HKV, d, device=DEV, dtype=torch.bfloat16)
     k_buf = (k_bf / k_scale).to(FP8)  # MHATokenToKVPool.set_kv_buffer: div_(scale), .to(dtype)
     v_buf = (v_bf / v_scale).to(FP8)
     width = -(-max(lens) // page_size)
@@ -76,7 +82,7 @@ def make_cache(lens, page_size, k_scale, v_scale, seed):
     for b, n in enumerate(n_pages):
         table[b, :n] = torch.tensor(pages[at:at + n], dtype=torch.int32)
         at += n
-    return (k_buf.view(-1, page_size, HKV, D), v_buf.view(-1, page_size, HKV, D), table.to(DEV),
+    return (k_buf.view(-1, page_size, HKV, d), v_buf.view(-1, page_size, HKV, d), table.to(DEV),
             torch.tensor(lens, dtype=torch.int32, device=DEV))
 
 
@@ -102,28 +108,47 @@ def cu_of(lens):
     return torch.nn.functional.pad(torch.tensor(lens).cumsum(0), (1, 0)).to(torch.int32).to(DEV)
 
 
+def fa3_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=None, lse=None, ws=None):
+    """SGLang's fa3 call on the same fp8 pool (FA3 built from source, sglang_fa4.bench.fa3)."""
+    from sglang_fa4.bench import fa3
+
+    return fa3.paged_fp8(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, k_descale=kd, v_descale=vd,
+                         softmax_scale=q8.shape[-1] ** -0.5, causal=True, out=out, lse=lse, ws=ws)
+
+
+def fa3_available() -> bool:
+    from sglang_fa4.bench import fa3
+
+    return fa3.available()
+
+
 def section_correctness():
     from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
 
     cases = [("extend+prefix", [1000, 3000, 517], [200, 3000, 17]), ("decode", [100, 777, 2048, 1, 129, 4096, 33, 640], [1] * 8)]
-    for page_size in (1, 16, 64):
+    impls = [("fa4-fp8 route", sglang_call)] + ([("fa3-fp8", fa3_call)] if fa3_available() else [])
+    runs = [(p, D, impls) for p in (1, 16, 64)]
+    if fa3_available():  # FA3's d=256 FP8 kernel (the route's d=256 is checked in check_fp8_kv_backend.py)
+        runs.append((16, 256, impls[1:]))
+    for page_size, d, run_impls in runs:
         for name, lens, new in cases:
             torch.manual_seed(page_size)
             k_scale, v_scale = torch.tensor([0.02], device=DEV), torch.tensor([0.015], device=DEV)
-            kc, vc, table, seqlens = make_cache(lens, page_size, k_scale, v_scale, seed=page_size)
+            kc, vc, table, seqlens = make_cache(lens, page_size, k_scale, v_scale, seed=page_size, d=d)
             cu_q = cu_of(new)
-            q8 = (torch.randn(sum(new), HQ, D, device=DEV) * 0.5).to(torch.bfloat16).to(FP8)  # q.to(fp8)
+            q8 = (torch.randn(sum(new), HQ, d, device=DEV) * 0.5).to(torch.bfloat16).to(FP8)  # q.to(fp8)
             kd, vd = k_scale.expand(len(lens), HKV), v_scale.expand(len(lens), HKV)
-            out = torch.full((sum(new), HQ, D), float("nan"), device=DEV, dtype=torch.bfloat16)
-            sglang_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out)
-            torch.cuda.synchronize()
             ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
-                                            softmax_scale=D ** -0.5, causal=True)
-            err = float((out.float() - ref).norm() / ref.norm())
-            row = {"page_size": page_size, "case": name, "cached": lens, "new": new, "rel_err": err,
-                   "finite": bool(torch.isfinite(out.float()).all()), "pass": err < 3e-2}
-            RESULT["correctness"].append(row)
-            log("correct", row)
+                                            softmax_scale=d ** -0.5, causal=True)
+            for impl, call in run_impls:
+                out = torch.full((sum(new), HQ, d), float("nan"), device=DEV, dtype=torch.bfloat16)
+                call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out)
+                torch.cuda.synchronize()
+                err = float((out.float() - ref).norm() / ref.norm())
+                row = {"impl": impl, "d": d, "page_size": page_size, "case": name, "cached": lens, "new": new,
+                       "rel_err": err, "finite": bool(torch.isfinite(out.float()).all()), "pass": err < 3e-2}
+                RESULT["correctness"].append(row)
+                log("correct", row)
 
 
 def graph_ms(fn, replays=20):
@@ -173,6 +198,13 @@ def section_speed(budget_s):
         row = {"shape": name, "page_size": page_size, "batch": B, "new_tokens": tq, "kv_tokens": tk,
                "hq": HQ, "hkv": HKV, "d": D}
         timed("fa4_fp8_routed_ms", lambda: sglang_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out), row)
+        if fa3_available():  # SGLang's fa3 call on the same pool, next to ours
+            from sglang_fa4.bench import fa3
+
+            lse3 = torch.empty(HQ, tq, dtype=torch.float32, device=DEV)
+            ws3 = fa3.workspace(B, DEV)
+            timed("fa3_fp8_ms", lambda: fa3_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out,
+                                                 lse=lse3, ws=ws3), row)
         # the same kernel on K / V^T already contiguous (what the gather costs is the difference)
         k, v, cu_kg, bound = gather_paged_kv(kc, vc, table, seqlens)
         vt = pack_vt(v, cu_kg, bound)
@@ -209,14 +241,18 @@ def section_speed(budget_s):
                 causal=True), row)
         flops = 4 * HQ * D * sum((n * (c - n) + n * (n + 1) / 2) for n, c in zip(new, lens))
         row["attn_flops"] = flops
-        for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_contig_ms", "fa4_bf16_paged_ms"):
+        for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_contig_ms", "fa4_bf16_paged_ms", "fa3_fp8_ms"):
             if row.get(key):
                 row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
         base = row.get("fa4_bf16_contig_ms")
         for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_paged_ms", "fa4_fp8_routed_unpacked_ms",
-                    "fp8_kernel_only_packed_ms"):
+                    "fp8_kernel_only_packed_ms", "fa3_fp8_ms"):
             if base and row.get(key):
                 row[key.replace("_ms", "_speedup_vs_bf16_contig")] = base / row[key]
+        if row.get("fa3_fp8_ms"):  # the upgrade bar: > 1 means fa4-fp8 is faster than FA3-FP8
+            for key in ("fa4_fp8_routed_ms", "fa4_bf16_paged_ms", "fa4_bf16_contig_ms"):
+                if row.get(key):
+                    row[key.replace("_ms", "_speedup_vs_fa3_fp8")] = row["fa3_fp8_ms"] / row[key]
         RESULT["speed"].append(row)
         torch.cuda.empty_cache()
 
@@ -227,10 +263,15 @@ def markdown(r) -> str:
     env = r.get("env", {})
     if env:
         lines += [f"GPU: {env.get('gpu')}; torch {env.get('torch')}; flash-attn-4 {env.get('fa4')}", ""]
+    if env.get("fa3"):
+        lines += [f"FA3: {env['fa3']}, built from source by benchmark/fa3_build/build.sh (sm_90a; FP8 paged "
+                  "non-TMA kernels, no split-KV)", ""]
     lines += ["## Correctness (fp32 on the dequantized cache; output poisoned with NaN first)", "",
-              "| page size | case | cached tokens | new tokens | rel. error | finite | pass (<3e-2) |", "|---|---|---|---|---|---|---|"]
+              "| impl | d | page size | case | cached tokens | new tokens | rel. error | finite | pass (<3e-2) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for c in r["correctness"]:
-        lines.append(f"| {c['page_size']} | {c['case']} | {c['cached']} | {c['new']} | {c['rel_err']:.2e} | {c['finite']} | {c['pass']} |")
+        lines.append(f"| {c.get('impl', 'fa4-fp8 route')} | {c.get('d', D)} | {c['page_size']} | {c['case']} | {c['cached']} | "
+                     f"{c['new']} | {c['rel_err']:.2e} | {c['finite']} | {c['pass']} |")
     lines += ["", "## Speed (median ms; CUDA-graph replay unless noted; 28 q / 4 kv heads, d=128, causal)", "",
               "| shape | page | fa4-fp8 routed (gather+pack+kernel) | FP8 kernel alone | gather+pack | fa4-bf16 contiguous | fa4-bf16 paged | routed vs bf16 | kernel vs bf16 |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -246,6 +287,21 @@ def markdown(r) -> str:
         errs = {k: v for k, v in s.items() if k.endswith("_error")}
         if errs:
             lines.append(f"|  | errors: {errs} |  |  |  |  |  |  |  |")
+    vs3 = [s for s in r["speed"] if s.get("fa3_fp8_ms")]
+    if vs3:
+        lines += ["", "## Against FA3-FP8 (SGLang's fa3 call on the same fp8 pool; ratio > 1: faster than FA3-FP8)", "",
+                  "| shape | page | FA3-FP8 | fa4-fp8 routed | fa4-bf16 paged | fa4-bf16 contiguous | fa4-fp8 vs FA3-FP8 "
+                  "| fa4-bf16 paged vs FA3-FP8 | FA3-FP8 TFLOP/s |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in vs3:
+            lines.append(
+                f"| {s['shape']} | {s['page_size']} | {f(s.get('fa3_fp8_ms'))} | {f(s.get('fa4_fp8_routed_ms'))} | "
+                f"{f(s.get('fa4_bf16_paged_ms'))} | {f(s.get('fa4_bf16_contig_ms'))} | "
+                f"{f(s.get('fa4_fp8_routed_speedup_vs_fa3_fp8'))}x | {f(s.get('fa4_bf16_paged_speedup_vs_fa3_fp8'))}x | "
+                f"{f(s.get('fa3_fp8_tflops'))} |")
+        slower = [s for s in vs3 if (s.get("fa4_fp8_routed_speedup_vs_fa3_fp8") or 0) < 1]
+        lines += ["", "Upgrade bar (fa4-fp8 at least as fast as FA3-FP8 on every shape): "
+                  + ("MET" if not slower else "NOT MET (slower on: " + ", ".join(
+                      f"{s['shape']} P={s['page_size']}" for s in slower) + ")")]
     packed = [s for s in r["speed"] if "fa4_fp8_routed_unpacked_ms" in s]
     if packed:
         lines += ["", "## Decode: the GQA group packed into the M tile (default) vs one CTA per (sequence, q head)", "",
@@ -280,11 +336,16 @@ def main():
         return
     from importlib import metadata
 
+    from sglang_fa4.bench.fa3 import build_source
+
     RESULT["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                     "fa4": metadata.version("flash-attn-4") if _has("flash-attn-4") else None}
+                     "fa4": metadata.version("flash-attn-4") if _has("flash-attn-4") else None,
+                     "fa3": build_source() if fa3_available() else None}
     RESULT["notes"].append("This script calls the plugin's hook with the tensors SGLang's FlashAttentionBackend passes "
                            "(no SGLang on the machine); benchmark/check_fp8_kv_backend.py runs SGLang's real backend "
-                           "and pool (results/h200/fp8_kv_backend-*.md). FA3-FP8 was not built (device budget).")
+                           "and pool (results/h200/fp8_kv_backend-*.md).")
+    if not fa3_available():
+        RESULT["notes"].append("FA3-FP8: .fa3/libfa3fwd.so absent (bash benchmark/fa3_build/build.sh), not measured.")
     for name, fn in (("correctness", section_correctness), ("speed", lambda: section_speed(args.budget_s))):
         try:
             fn()

@@ -15,6 +15,10 @@ would, so a call makes no host sync and can be graph-captured.
                dim padded to 64/96/128), then sglang_fa4.kernels.fp8_sm90: the timed call is both,
                what a caller holding bf16 tensors pays (benchmark/check_fp8_attention.py times the
                attention kernel alone)
+- fa3:         (opt-in, SM90) FlashAttention-3's bf16 varlen forward -- what SGLang's Hopper ViT
+               default (`fa3`, from sgl-kernel) runs -- built from FA3's pinned sources by
+               benchmark/fa3_build/build.sh into .fa3/libfa3fwd.so (sglang_fa4.bench.fa3); skipped
+               (BackendUnavailable) where that library is absent
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Callable
 
 BACKENDS = ("fa4", "fa4_public", "triton_attn", "sdpa")
 #: Backends run only when asked for (--backends).
-OPTIONAL_BACKENDS = ("fa4_fp8",)
+OPTIONAL_BACKENDS = ("fa4_fp8", "fa3")
 
 
 class BackendUnavailable(RuntimeError):
@@ -106,6 +110,8 @@ def make_runner(name: str, p: Problem) -> Callable[[], Any]:
         return lambda: impl(q, k, v, out=out)
     if name == "fa4_fp8":
         return _fp8_runner(p)
+    if name == "fa3":
+        return _fa3_runner(p)
     raise ValueError(f"unknown backend {name!r}; known: {BACKENDS + OPTIONAL_BACKENDS}")
 
 
@@ -132,6 +138,27 @@ def _fp8_runner(p: Problem) -> Callable[[], Any]:
         return out[..., :d]
 
     return run_fp8
+
+
+def _fa3_runner(p: Problem) -> Callable[[], Any]:
+    import torch
+
+    from . import fa3
+
+    if p.q.device.type != "cuda" or torch.cuda.get_device_capability(p.q.device) != (9, 0):
+        raise BackendUnavailable("fa3 (this build) runs on SM90 (Hopper) only")
+    try:
+        fa3.load()
+    except fa3.Fa3Unavailable as exc:
+        raise BackendUnavailable(str(exc)) from None
+    q, k, v, out, cu, ms = p.q, p.k, p.v, p.out, p.cu_seqlens, p.max_seqlen
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+    ws = fa3.workspace(len(p.seqlens), q.device)
+
+    def run_fa3():
+        return fa3.varlen_bf16(q, k, v, cu, cu, ms, ms, out=out, lse=lse, ws=ws)
+
+    return run_fa3
 
 
 def sdpa_groups(seqlens) -> int:

@@ -50,6 +50,9 @@ def versions() -> dict:
         out["triton_attn_source"] = getattr(mod, "__file__", None)
     except Exception:
         out["triton_attn_source"] = None
+    from .fa3 import build_source
+
+    out["fa3"] = build_source()  # FA3 built from source (the fa3 backend), where present
     out["git_commit"] = _git_commit()
     return out
 

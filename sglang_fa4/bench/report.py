@@ -122,7 +122,7 @@ def write_kernels_markdown(result: dict, path: Path) -> None:
         f"copy {_fmt(c.get('copy_gbps'), '.0f')} GB/s (read + write).",
         "",
         "16 heads, bf16, non-causal varlen. Times are medians over paired rounds (µs per call); "
-        "`x triton` / `x sdpa` are fa4's median per-round speed-ups (wins/rounds). "
+        "`x triton` / `x sdpa` (/ `x fa3`) are fa4's median per-round speed-ups (wins/rounds). "
         "`%mm` = TFLOP/s over the matmul ceiling; `floor` = HBM floor (q,k,v,o bytes over copy bandwidth).",
         "",
     ]
@@ -140,7 +140,9 @@ def write_kernels_markdown(result: dict, path: Path) -> None:
             lines += _host_table(mode_rows, backends, idx, pairs)
             continue
         lines += [f"## mode: {mode} (µs)", ""]
-        head = ["d", "layout"] + backends + ["fa4 TFLOP/s", "%mm", "floor µs", "x triton", "x sdpa", "max rel err"]
+        others = ["triton_attn", "sdpa"] + (["fa3"] if "fa3" in backends else [])
+        head = (["d", "layout"] + backends + ["fa4 TFLOP/s", "%mm", "floor µs"]
+                + [f"x {o.replace('_attn', '')}" for o in others] + ["max rel err"])
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         cases = []
         for r in mode_rows:
@@ -158,7 +160,7 @@ def write_kernels_markdown(result: dict, path: Path) -> None:
             f = idx.get(("fa4", hd, lay, mode)) or {}
             cells += [_fmt(f.get("tflops")), _fmt(100 * f["frac_matmul_ceiling"], ".0f") + "%" if f.get("frac_matmul_ceiling") else "—",
                       _fmt(f.get("hbm_floor_us"))]
-            for other in ("triton_attn", "sdpa"):
+            for other in others:
                 pr = _pair_ratio(pairs, "fa4", other, head_dim=hd, layout=lay, mode=mode)
                 cells.append(f"{pr[0]:.2f} ({pr[1]}/{pr[2]})" if pr else "—")
             cells.append(_err(max(errs)) if errs else "—")

@@ -1,0 +1,189 @@
+"""FlashAttention-3's Hopper forward as a benchmark baseline, without sgl-kernel.
+
+SGLang's own Hopper defaults -- ``fa3`` for the ViT and for the language model with an fp8_e4m3 KV
+cache -- run FA3 from sgl-kernel, a wheel built for one torch that the GPU machine cannot install.
+``benchmark/fa3_build/build.sh`` compiles the few FA3 kernels our comparisons need from FA3's pinned
+sources into ``.fa3/libfa3fwd.so`` behind a plain C ABI (``benchmark/fa3_build/fa3_capi.cu``); this
+module loads it with ctypes and hands it tensor data pointers, so nothing couples it to torch's ABI.
+
+What the build has (anything else raises :class:`Fa3Unavailable` before launching):
+
+* :func:`paged_fp8` -- SGLang's fa3 call on an E4M3 paged KV cache: E4M3 q / K / V pages, bf16
+  out, page table + cache_seqlens + cu_seqlens_q, k/v (and q) descales of shape (batch, Hkv),
+  causal, head dim 128 or 256.
+* :func:`varlen_bf16` -- the ViT call: bf16 varlen self-attention, non-causal, equal q/kv heads,
+  head dim <= 128 (FA3 rounds 72 and 80 up to its 96 kernel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+LIB_NAME = "libfa3fwd.so"
+#: Where build.sh writes the library: <repo>/.fa3/ (git-ignored; carried to the GPU machine).
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / ".fa3" / LIB_NAME
+
+
+class Fa3Unavailable(RuntimeError):
+    """The FA3 library is absent, not loadable here, or lacks the asked-for kernel."""
+
+
+_FIELDS = (
+    "struct_size dtype q k v out lse q_row_stride q_head_stride k_row_stride k_head_stride k_batch_stride "
+    "v_row_stride v_head_stride v_batch_stride o_row_stride o_head_stride cu_seqlens_q cu_seqlens_k seqused_k "
+    "page_table page_table_batch_stride q_descale k_descale v_descale q_descale_batch_stride "
+    "q_descale_head_stride k_descale_batch_stride k_descale_head_stride v_descale_batch_stride "
+    "v_descale_head_stride batch max_seqlen_q max_seqlen_k total_q total_k num_heads num_heads_k head_dim "
+    "page_size num_pages max_pages_per_seq causal softmax_scale workspace workspace_ints stream"
+).split()
+
+
+class _Args(ctypes.Structure):
+    """Mirror of ``struct fa3_args`` (every field 64-bit; the library checks the size)."""
+
+    _fields_ = [(n, ctypes.c_double if n == "softmax_scale" else ctypes.c_int64) for n in _FIELDS]
+
+
+_LIB: dict[str, Any] = {}
+
+
+def load(path: str | Path | None = None):
+    """The loaded library (cached per path); :class:`Fa3Unavailable` when it is absent or unusable."""
+    p = str(Path(path) if path else DEFAULT_PATH)
+    if p in _LIB:
+        return _LIB[p]
+    if not Path(p).is_file():
+        raise Fa3Unavailable(f"{p} not built (bash benchmark/fa3_build/build.sh)")
+    try:
+        lib = ctypes.CDLL(p)
+    except OSError as exc:
+        raise Fa3Unavailable(f"{p} does not load: {exc}") from None
+    lib.fa3_fwd.argtypes = [ctypes.POINTER(_Args), ctypes.c_char_p, ctypes.c_int64]
+    lib.fa3_fwd.restype = ctypes.c_int
+    lib.fa3_args_size.restype = ctypes.c_int64
+    lib.fa3_workspace_ints.argtypes = [ctypes.c_int64]
+    lib.fa3_workspace_ints.restype = ctypes.c_int64
+    lib.fa3_kernels.restype = ctypes.c_char_p
+    if lib.fa3_args_size() != ctypes.sizeof(_Args):
+        raise Fa3Unavailable(f"{p}: fa3_args is {lib.fa3_args_size()} bytes, this module has {ctypes.sizeof(_Args)}")
+    _LIB[p] = lib
+    return lib
+
+
+def available(path: str | Path | None = None) -> bool:
+    try:
+        load(path)
+        return True
+    except Fa3Unavailable:
+        return False
+
+
+def kernels(path: str | Path | None = None) -> list[str]:
+    """Names of the kernels the library was built with."""
+    return load(path).fa3_kernels().decode().split()
+
+
+def build_source(path: str | Path | None = None) -> str | None:
+    """"flash-attention <commit12> (nvcc <version>)" from the BUILD_INFO beside the library, or None."""
+    info = Path(path or DEFAULT_PATH).with_name("BUILD_INFO")
+    try:
+        lines = info.read_text().splitlines()
+    except OSError:
+        return None
+    commit = lines[0].split()[1][:12] if lines and len(lines[0].split()) > 1 else "?"
+    nvcc = next((ln for ln in lines if ln.startswith("nvcc ")), "")
+    return f"flash-attention {commit}" + (f" ({nvcc})" if nvcc else "")
+
+
+def workspace(batch: int, device, path: str | Path | None = None):
+    """The int32 scratch one call needs (allocate once and pass it to keep calls allocation-free)."""
+    import torch
+
+    return torch.empty(int(load(path).fa3_workspace_ints(batch)), dtype=torch.int32, device=device)
+
+
+def _launch(lib, fields: dict) -> None:
+    args = _Args(struct_size=ctypes.sizeof(_Args), **fields)
+    err = ctypes.create_string_buffer(256)
+    if lib.fa3_fwd(ctypes.byref(args), err, len(err)) != 0:
+        raise Fa3Unavailable(f"fa3_fwd: {err.value.decode()}")
+
+
+def _common(lib, q, out, lse, ws, batch, device) -> tuple[Any, Any, Any, dict]:
+    import torch
+
+    total_q, heads, d = q.shape
+    if out is None:
+        out = torch.empty(total_q, heads, d, dtype=torch.bfloat16, device=device)
+    if lse is None:
+        lse = torch.empty(heads, total_q, dtype=torch.float32, device=device)
+    if ws is None:
+        ws = workspace(batch, device)
+    if out.dtype != torch.bfloat16 or out.stride(-1) != 1 or tuple(out.shape) != (total_q, heads, d):
+        raise ValueError("out must be bf16 (total_q, heads, d) with a contiguous last dim")
+    if q.stride(-1) != 1:
+        raise ValueError("q must have a contiguous last dim")
+    fields = dict(
+        q=q.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(), q_row_stride=q.stride(0), q_head_stride=q.stride(1),
+        o_row_stride=out.stride(0), o_head_stride=out.stride(1), total_q=total_q, num_heads=heads, head_dim=d,
+        workspace=ws.data_ptr(), workspace_ints=ws.numel(), batch=batch,
+        stream=torch.cuda.current_stream(device).cuda_stream,
+    )
+    return out, lse, ws, fields
+
+
+def paged_fp8(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q: int, *,
+              k_descale=None, v_descale=None, q_descale=None, softmax_scale: float | None = None,
+              causal: bool = True, out=None, lse=None, ws=None, path=None):
+    """FA3's forward on an E4M3 paged KV cache, called as SGLang's fa3 backend calls
+    ``flash_attn_with_kvcache`` (q (total_q, H, d) E4M3; k/v_cache (pages, page_size, Hkv, d) E4M3;
+    page_table int32 (batch, pages per seq); cache_seqlens int32 (batch,)). Returns bf16 ``out``."""
+    import torch
+
+    lib = load(path)
+    fp8 = torch.float8_e4m3fn
+    if q.dtype != fp8 or k_cache.dtype != fp8 or v_cache.dtype != fp8:
+        raise ValueError("q, k_cache and v_cache must be float8_e4m3fn")
+    batch = page_table.shape[0]
+    out, lse, ws, f = _common(lib, q, out, lse, ws, batch, q.device)
+    f.update(
+        dtype=1, k=k_cache.data_ptr(), v=v_cache.data_ptr(),
+        k_row_stride=k_cache.stride(1), k_head_stride=k_cache.stride(2), k_batch_stride=k_cache.stride(0),
+        v_row_stride=v_cache.stride(1), v_head_stride=v_cache.stride(2), v_batch_stride=v_cache.stride(0),
+        cu_seqlens_q=cu_seqlens_q.data_ptr(), seqused_k=cache_seqlens.data_ptr(),
+        page_table=page_table.data_ptr(), page_table_batch_stride=page_table.stride(0),
+        max_seqlen_q=int(max_seqlen_q), num_heads_k=k_cache.shape[2], page_size=k_cache.shape[1],
+        num_pages=k_cache.shape[0], max_pages_per_seq=page_table.shape[1], total_k=batch * k_cache.shape[1],
+        causal=int(bool(causal)), softmax_scale=softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5,
+    )
+    for name, t in (("q", q_descale), ("k", k_descale), ("v", v_descale)):
+        if t is not None:
+            if t.dtype != torch.float32 or tuple(t.shape) != (batch, k_cache.shape[2]):
+                raise ValueError(f"{name}_descale must be float32 (batch, Hkv)")
+            f.update({f"{name}_descale": t.data_ptr(), f"{name}_descale_batch_stride": t.stride(0),
+                      f"{name}_descale_head_stride": t.stride(1)})
+    _launch(lib, f)
+    return out
+
+
+def varlen_bf16(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                softmax_scale: float | None = None, out=None, lse=None, ws=None, path=None):
+    """FA3's bf16 varlen forward, non-causal (the ViT call): q/k/v (total, H, d). Returns ``out``."""
+    import torch
+
+    lib = load(path)
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16:
+        raise ValueError("q, k and v must be bf16")
+    batch = cu_seqlens_q.shape[0] - 1
+    out, lse, ws, f = _common(lib, q, out, lse, ws, batch, q.device)
+    f.update(
+        dtype=0, k=k.data_ptr(), v=v.data_ptr(), k_row_stride=k.stride(0), k_head_stride=k.stride(1),
+        v_row_stride=v.stride(0), v_head_stride=v.stride(1), cu_seqlens_q=cu_seqlens_q.data_ptr(),
+        cu_seqlens_k=cu_seqlens_k.data_ptr(), max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+        num_heads_k=k.shape[1], total_k=k.shape[0], causal=0,
+        softmax_scale=softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5,
+    )
+    _launch(lib, f)
+    return out

@@ -1,0 +1,187 @@
+"""The FA3 baseline built from source (benchmark/fa3_build, sglang_fa4.bench.fa3): the ctypes mirror
+matches the C struct, an absent library makes the `fa3` kernel backend skip cleanly, the kernels
+report gets its `x fa3` column, and the FP8-KV route check's report carries FA3-FP8 beside fa4-fp8
+with the upgrade bar's verdict. On an H200 with .fa3/libfa3fwd.so built, both FA3 calls are checked
+against fp32 references."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_fa4.bench import fa3, report
+from sglang_fa4.bench.backends import OPTIONAL_BACKENDS
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPI = ROOT / "benchmark" / "fa3_build" / "fa3_capi.cu"
+
+
+def test_ctypes_mirror_matches_the_c_struct():
+    src = CAPI.read_text()
+    body = re.search(r"struct fa3_args \{(.*?)\n\};", src, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
+    fields = []
+    for decl in body.split(";"):
+        decl = decl.strip()
+        if not decl:
+            continue
+        ctype, names = decl.split(None, 1)
+        assert ctype in ("int64_t", "double"), decl  # all 64-bit: no padding rules to mirror
+        for n in names.split(","):
+            fields.append((n.strip(), ctype))
+    assert [n for n, _ in fields] == fa3._FIELDS
+    assert [t for _, t in fields if _ == "softmax_scale"] == ["double"]
+    assert fa3._Args.softmax_scale.size == 8 and len(fields) * 8 == __import__("ctypes").sizeof(fa3._Args)
+
+
+def test_build_script_pins_and_kernels():
+    sh = (ROOT / "benchmark" / "fa3_build" / "build.sh").read_text()
+    assert re.search(r"^FA3_COMMIT=[0-9a-f]{40}\b", sh, re.M) and re.search(r"^CUTLASS_COMMIT=[0-9a-f]{40}\b", sh, re.M)
+    built = re.findall(r"^(fa3k_\w+) ", sh, re.M)
+    called = set(re.findall(r"FA3_CALL\((fa3k_\w+)\)", CAPI.read_text()))
+    assert called == set(built) and len(built) == 7
+    for flag in ("BACKWARD", "SPLIT", "SOFTCAP", "LOCAL", "APPENDKV", "FP16", "CLUSTER", "SM8x"):
+        assert f"-DFLASHATTENTION_DISABLE_{flag}" in sh
+
+
+def test_absent_library_is_unavailable(tmp_path):
+    missing = tmp_path / "libfa3fwd.so"
+    assert not fa3.available(missing)
+    with pytest.raises(fa3.Fa3Unavailable, match="not built"):
+        fa3.load(missing)
+    assert fa3.build_source(missing) is None
+    (tmp_path / "BUILD_INFO").write_text("flash-attention 0251105a2fb19d2957484b7f023cd8c115286ced (hopper/)\n"
+                                         "cutlass 7127592069c2fe01b041e174ba4345ef9b279671 (include/)\nnvcc V13.0.88\n")
+    assert fa3.build_source(missing) == "flash-attention 0251105a2fb1 (nvcc V13.0.88)"
+    bogus = tmp_path / "bogus.so"
+    bogus.write_text("not an ELF")
+    with pytest.raises(fa3.Fa3Unavailable, match="does not load"):
+        fa3.load(bogus)
+
+
+def test_fa3_backend_is_opt_in_and_skips_cleanly(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    from sglang_fa4.bench import backends
+
+    assert "fa3" in OPTIONAL_BACKENDS and "fa3" not in backends.BACKENDS
+    p = backends.make_problem([64, 32], heads=2, head_dim=64, device="cpu")
+    with pytest.raises(backends.BackendUnavailable):  # CPU tensors, or an absent library on a GPU
+        backends.make_runner("fa3", p)
+    if torch.cuda.is_available():
+        monkeypatch.setattr(fa3, "DEFAULT_PATH", tmp_path / "none.so")
+        g = backends.make_problem([64, 32], heads=2, head_dim=64)
+        with pytest.raises(backends.BackendUnavailable):
+            backends.make_runner("fa3", g)
+
+
+def test_kernels_markdown_has_the_fa3_column(tmp_path):
+    rows, pairs = [], []
+    for b, us in (("fa4", 100.0), ("fa3", 130.0)):
+        rows.append({"backend": b, "head_dim": 80, "layout": "8x4096", "mode": "graph", "median_us": us,
+                     "rel_err": 2e-3, "tflops": 300.0, "frac_matmul_ceiling": 0.4, "hbm_floor_us": 10.0})
+    pairs.append({"layout": "8x4096", "head_dim": 80, "mode": "graph", "a": "fa4", "b": "fa3", "rounds": 5,
+                  "median_ratio": 1.3, "wins_a": 5, "wins_b": 0})
+    meta = {"gpu": {"name": "Test GPU"}, "command": "sglang-fa4 bench kernels --backends fa4 fa3",
+            "versions": {"torch": "x", "fa3": "flash-attention 0251105a2fb1 (nvcc V13.0.88)"},
+            "ceilings": {"bf16_matmul_tflops": 700.0, "copy_gbps": 4000.0}}
+    res = {"meta": meta, "rows": rows, "pairs": pairs}
+    assert report.validate(res, "kernels") == []
+    report.write_kernels_markdown(res, tmp_path / "k.md")
+    md = (tmp_path / "k.md").read_text()
+    assert "| d | layout | fa4 | fa3 | fa4 TFLOP/s | %mm | floor µs | x triton | x sdpa | x fa3 | max rel err |" in md
+    assert "| 80 | 8x4096 | 100.0 | 130.0 |" in md and "1.30 (5/5)" in md
+    assert "fa3 flash-attention 0251105a2fb1" in md
+
+
+def _route_module():
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "check_fp8_kv_route.py")
+    mod = importlib.util.module_from_spec(spec)
+    pytest.importorskip("torch")
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_route_report_sets_fa3_beside_fa4():
+    mod = _route_module()
+    r = {"command": "python3 benchmark/check_fp8_kv_route.py --out X", "notes": [],
+         "env": {"gpu": "H200", "torch": "2.11", "fa4": "4.0.0b36", "fa3": "flash-attention 0251105a2fb1"},
+         "correctness": [{"impl": "fa3-fp8", "d": 256, "page_size": 16, "case": "decode", "cached": [5], "new": [1],
+                          "rel_err": 6e-3, "finite": True, "pass": True}],
+         "speed": [{"shape": "prefill 8k", "page_size": 16, "fa4_fp8_routed_ms": 0.7, "fa3_fp8_ms": 0.8,
+                    "fa4_fp8_routed_speedup_vs_fa3_fp8": 0.8 / 0.7},
+                   {"shape": "decode b64 ctx4k", "page_size": 1, "fa4_fp8_routed_ms": 1.0, "fa3_fp8_ms": 0.1,
+                    "fa4_fp8_routed_speedup_vs_fa3_fp8": 0.1}]}
+    md = mod.markdown(r)
+    assert "| fa3-fp8 | 256 | 16 | decode |" in md
+    assert "## Against FA3-FP8" in md and "| prefill 8k | 16 | 0.800 | 0.700 |" in md
+    assert "NOT MET (slower on: decode b64 ctx4k P=1)" in md
+    r["speed"].pop()
+    assert "(fa4-fp8 at least as fast as FA3-FP8 on every shape): MET" in mod.markdown(r)
+
+
+def _gpu_lib():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an SM90 GPU")
+    if not fa3.available():
+        pytest.skip(".fa3/libfa3fwd.so not built")
+    return torch
+
+
+def test_gpu_fa3_bf16_varlen_matches_fp32():
+    torch = _gpu_lib()
+    from sglang_fa4.bench import backends
+
+    for d in (64, 72, 80, 128):
+        p = backends.make_problem([300, 17, 1024], heads=4, head_dim=d)
+        p.out.fill_(float("nan"))
+        out = backends.make_runner("fa3", p)()
+        torch.cuda.synchronize()
+        assert backends.rel_err(out, backends.reference_fp32(p)) < 1e-2, d
+
+
+def test_gpu_fa3_paged_fp8_matches_fp32():
+    torch = _gpu_lib()
+    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+
+    fp8, hq, hkv = torch.float8_e4m3fn, 8, 2
+    for d, page in ((128, 16), (256, 1)):
+        lens, new = [300, 77], [40, 1]
+        pages = [-(-n // page) for n in lens]
+        kc = (torch.randn(sum(pages) + 2, page, hkv, d, device="cuda") * 20).to(fp8)
+        vc = (torch.randn(sum(pages) + 2, page, hkv, d, device="cuda") * 20).to(fp8)
+        table = torch.zeros(2, max(pages), dtype=torch.int32)
+        perm = (torch.randperm(sum(pages)) + 1).tolist()
+        table[0, :pages[0]] = torch.tensor(perm[:pages[0]])
+        table[1, :pages[1]] = torch.tensor(perm[pages[0]:])
+        table, seqlens = table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
+        cu_q = torch.tensor([0, new[0], sum(new)], dtype=torch.int32, device="cuda")
+        q8 = torch.randn(sum(new), hq, d, device="cuda").to(fp8)
+        ks, vs = torch.tensor([0.02], device="cuda"), torch.tensor([0.015], device="cuda")
+        out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fa3.paged_fp8(q8, kc, vc, table, seqlens, cu_q, max(new), k_descale=ks.expand(2, hkv),
+                      v_descale=vs.expand(2, hkv), out=out)
+        torch.cuda.synchronize()
+        ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=ks, v_descale=vs, causal=True)
+        assert float((out.float() - ref).norm() / ref.norm()) < 3e-2, d
+
+
+def test_committed_fa3_results():
+    """The H200 run committed with the FA3 build: every correctness case within the bar, FA3-FP8 timed
+    beside fa4-fp8 on every speed shape, and the ViT kernels with fa3 beside fa4 within 1e-2 of fp32."""
+    import json
+
+    route = json.loads((ROOT / "benchmark/results/h200/fp8_kv_route_fa3.json").read_text())
+    assert route["env"]["fa3"].startswith("flash-attention 0251105a2fb1")
+    assert {c["impl"] for c in route["correctness"]} == {"fa4-fp8 route", "fa3-fp8"}
+    assert all(c["pass"] and c["finite"] for c in route["correctness"])
+    assert all(s["fa3_fp8_ms"] and s["fa4_fp8_routed_ms"] for s in route["speed"])
+    kern = json.loads((ROOT / "benchmark/results/h200/kernels_fa3.json").read_text())
+    assert report.validate(kern, "kernels") == [] and kern["meta"]["partial"] is False
+    rows = [r for r in kern["rows"] if r["mode"] == "graph"]
+    assert {r["backend"] for r in rows} == {"fa4", "fa3"} and {r["head_dim"] for r in rows} == {64, 72, 80, 128}
+    assert all(r["rel_err"] < 1e-2 for r in rows)
