@@ -49,6 +49,7 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
         # two consumer warpgroups, producer with fewer registers
         assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
         assert v["tma_loads"] >= 3  # Q, K, V^T
+        assert v["ctaid"] == ["x", "y"]  # one list of q tiles over all sequences x heads: no batch axis
     # S = Q K^T: m64n128k32 over d/32 steps; O = P V: m64n<d>k32 over 128/32 key steps, and with
     # it the row sums as P x ones, m64n8k32 over the same steps (forward.rowsum_mma); the
     # overlapped main loop holds each GEMM twice (QK: first tile + loop; PV: loop + last tile)
