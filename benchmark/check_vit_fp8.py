@@ -43,6 +43,9 @@ LENGTHS = (1024, 2048, 4096, 6144, 8192, 16384)
 TOWER_4K = {80: 42196, 72: 32640}  # the 4K picture's tokens (one segment) per model's head dim
 FORCED_MIN = 65  # "forced": every layer with a segment over a 64-token window runs FP8
 PICTURES = ("448", "720p", "1080p", "4k")
+#: "noise" run: FA4 bf16 plus Gaussian noise of FA4 bf16's own rel. error vs fp32 (1.74e-3 in every
+#: crossover row of vit_fp8-run1.md) in the layers the forced run puts on FP8
+BF16_NOISE = 1.74e-3
 
 
 def rel(a, b) -> float:
@@ -69,9 +72,15 @@ def reference(q, k, v, lens):
 
 
 def crossover(args) -> dict:
+    from sglang_fa4.integration.vit_budget_layouts import full_capacity
+
     rows = []
-    for d in (80, 72):
-        layouts = [[n] for n in LENGTHS] + [[TOWER_4K[d]]] + [[2048] * 4, [8192] * 4, [64] * 660]
+    for d in args.head_dims:
+        # the last layout: a 4K picture in its budget graph's full-attention layout (the budget's
+        # segment slots, all but one empty; max_seqlen = the budget), as the graph replays it
+        layouts = ([[n] for n in args.lengths] + [[TOWER_4K[d]]]
+                   + ([[2048] * 4, [8192] * 4, [64] * 660] if args.multi else [])
+                   + [[TOWER_4K[d]] + [0] * (full_capacity() - 1)])
         for lens in layouts:
             try:
                 rows.append(crossover_row(d, lens))
@@ -79,7 +88,7 @@ def crossover(args) -> dict:
                 rows.append({"head_dim": d, "segments": len(lens), "seg_len": max(lens), "error": repr(exc)[:300]})
                 print(f"[crossover] d={d} {len(lens)}x{max(lens)} failed: {exc!r}", flush=True)
     table = {}
-    for d in (80, 72):
+    for d in args.head_dims:
         single = sorted((r for r in rows if r["head_dim"] == d and r["segments"] == 1 and "error" not in r),
                         key=lambda r: r["seg_len"])
         start = None
@@ -108,7 +117,7 @@ def crossover_row(d: int, lens: list) -> dict:
     pre = quantize_qkv_chunked(q, k, v, cu, cu, m)
     bf16 = lambda: dispatch.fa4_varlen_attention(q, k, v, cu, m)  # noqa: E731
     fp8 = lambda: vit_attn_dtype.fp8_attention(q, k, v, cu, m)  # noqa: E731
-    row = {"head_dim": d, "segments": len(lens), "seg_len": m, "tokens": total,
+    row = {"head_dim": d, "segments": len(lens), "empty_segments": lens.count(0), "seg_len": m, "tokens": total,
            "bf16_ms": graph_ms(bf16), "fp8_ms": graph_ms(fp8),
            "quantize_chunked_ms": graph_ms(lambda: quantize_qkv_chunked(q, k, v, cu, cu, m)),
            "quantize_per_seq_ms": graph_ms(lambda: quantize_qkv(q, k, v, cu, cu), reps=3),
@@ -131,19 +140,22 @@ def crossover_row(d: int, lens: list) -> dict:
     return {k2: (round(v2, 5) if isinstance(v2, float) else v2) for k2, v2 in row.items()}
 
 
-def scale_like_trained(tower, gain: float = 2.5, outlier: float = 3.0) -> dict:
+def scale_like_trained(tower, gain: float = 2.5, outlier: float = 3.0, modules=None) -> dict:
     """Random N(0, 0.02) weights give q/k of std ~0.7 and nearly flat softmax; a trained ViT has
     logits of std several units and a few large q/k channels. q/k/v rows of every attention's qkv
     projection are scaled by ``gain`` (logit std ~3), and the q/k rows of head-dim channels
     0, 1, d/2, d/2+1 of every head by ``outlier`` more (outlier channels set each head's amax,
-    the hard case for per-head FP8 scales)."""
+    the hard case for per-head FP8 scales). ``modules``: the VisionAttention modules (default: the
+    tower's fa4 ones; benchmark/vit_fp8_accuracy.py passes its CPU towers' sdpa ones)."""
     import torch
 
-    from sglang_fa4.startup import towers
+    if modules is None:
+        from sglang_fa4.startup import towers
 
+        modules = [m for _name, m in towers.find_fa4_attention(tower)]
     n = 0
     with torch.no_grad():
-        for _name, m in towers.find_fa4_attention(tower):
+        for m in modules:
             w = m.qkv_proj.weight
             h, d = int(m.num_attention_heads_per_partition), int(m.head_size)
             w.mul_(gain)
@@ -163,14 +175,26 @@ def set_mode(mode: str) -> None:
 
 class LayerErrors:
     """Wraps vit_attn_dtype.fp8_attention: while ``on``, each FP8 call also runs FA4 bf16 on the
-    same q/k/v and records the rel. error of the FP8 output."""
+    same q/k/v and records the rel. error of the FP8 output. With ``noise`` > 0 the call returns
+    FA4 bf16 plus Gaussian noise of that rel. size instead (no FP8): how far the random tower moves
+    for a bf16-sized perturbation of the same layers (benchmark/vit_fp8_accuracy.py)."""
 
     def __init__(self):
+        import torch
+
         from sglang_fa4.kernels import dispatch, vit_attn_dtype
 
-        self.on, self.errors, inner = False, [], vit_attn_dtype.fp8_attention
+        self.on, self.errors, self.noise, self.calls, inner = False, [], 0.0, 0, vit_attn_dtype.fp8_attention
 
         def wrapped(q, k, v, cu, max_seqlen, softmax_scale=None):
+            self.calls += 1
+            if self.noise:
+                ref = dispatch.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale).float()
+                n = torch.randn_like(ref)
+                out = (ref + n * (self.noise * ref.norm() / n.norm())).to(q.dtype)
+                if self.on:
+                    self.errors.append(rel(out, ref))
+                return out
             out = inner(q, k, v, cu, max_seqlen, softmax_scale)
             if self.on:
                 ref = dispatch.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale)
@@ -194,6 +218,31 @@ def call_ms(tower, x, grid, graph: bool, mode: str) -> float:
 
     set_mode(mode)
     return tower_call_ms(tower, x, grid, graph)
+
+
+def graph_outputs(pair: dict, x, grid, layer_errors: LayerErrors) -> dict:
+    """The fp8 tower's output through its budget graph against its eager output (the FP8 calls'
+    grids differ: the graph's full-attention layout holds the budget's segment slots) and against
+    the bf16 graph; the FP8 calls the eager forward made (the measured table's decision)."""
+    import torch
+
+    from sglang_towers import set_graph_mode
+
+    outs = {}
+    with torch.no_grad():
+        for key, mode, graph in (("eager_fp8", "fp8", False), ("graph_fp8", "fp8", True), ("graph_bf16", "bf16", True)):
+            set_mode(mode)
+            set_graph_mode(pair[mode], graph)
+            before = layer_errors.calls
+            outs[key] = pair[mode](x, grid).float()
+            if key == "eager_fp8":
+                fp8_calls = layer_errors.calls - before
+            set_graph_mode(pair[mode], False)
+    cos = lambda a, b: round(float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)), 6)  # noqa: E731
+    return {"fp8_calls_eager": fp8_calls,
+            "graph_fp8_equals_eager_fp8": bool(torch.equal(outs["graph_fp8"], outs["eager_fp8"])),
+            "graph_fp8_vs_eager_fp8_cosine": cos(outs["graph_fp8"], outs["eager_fp8"]),
+            "graph_fp8_vs_graph_bf16_cosine": cos(outs["graph_fp8"], outs["graph_bf16"])}
 
 
 def towers_section(model: str, args, table: dict, seed: int, layer_errors: LayerErrors) -> dict:
@@ -253,16 +302,19 @@ def towers_section(model: str, args, table: dict, seed: int, layer_errors: Layer
             set_mode("bf16")
             ref = pair["bf16"](x, grid).float()
             set_mode("fp8")
-            for name, tab in (("forced", {d: FORCED_MIN}), ("table", table)):
+            for name, tab in (("forced", {d: FORCED_MIN}), ("table", table), ("noise", {d: FORCED_MIN})):
                 vit_attn_dtype.set_min_segment_table(tab)
-                layer_errors.on, layer_errors.errors = name == "forced", []
+                layer_errors.on, layer_errors.errors = name != "table", []
+                layer_errors.noise = BF16_NOISE if name == "noise" else 0.0
                 out = pair["fp8"](x, grid).float()
-                layer_errors.on = False
+                layer_errors.on, layer_errors.noise = False, 0.0
                 row[name] = {"cosine": float(torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0)),
                              "rel_err": rel(out, ref), "finite": bool(torch.isfinite(out).all()),
-                             "fp8_layers": len(layer_errors.errors) if name == "forced" else None}
+                             "fp8_layers": len(layer_errors.errors) if name != "table" else None}
                 if name == "forced":
                     row["layer_attn_rel_err"] = [round(e, 5) for e in layer_errors.errors]
+                if name == "noise":
+                    row["noise_layer_rel_err"] = [round(e, 5) for e in layer_errors.errors]
         mixes.append(row)
     vit_attn_dtype.set_min_segment_table(table)
     res["mixes"] = mixes
@@ -285,7 +337,8 @@ def towers_section(model: str, args, table: dict, seed: int, layer_errors: Layer
         med = {f"{k}_{m}_ms": round(statistics.median(v), 3) for (k, m), v in times.items()}
         latency.append({"image": name, "tokens": int(x.shape[0]), **med, "rounds": n,
                         "eager_speedup": round(med["eager_bf16_ms"] / med["eager_fp8_ms"], 3),
-                        "graph_speedup": round(med["graph_bf16_ms"] / med["graph_fp8_ms"], 3)})
+                        "graph_speedup": round(med["graph_bf16_ms"] / med["graph_fp8_ms"], 3),
+                        **graph_outputs(pair, x, grid, layer_errors)})
         print(f"[towers] {model} {name}: {latency[-1]}", flush=True)
     res["latency"] = latency
     c1 = compiles()
@@ -303,6 +356,13 @@ def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"# FP8 ViT attention vs bf16 ({meta['gpu'].get('name')})", "", f"Command: `{meta['command']}`", ""]
     cx = result.get("crossover")
+    if result.get("rendered_by"):
+        lines += [f"Written by `{result['rendered_by']}` from the run's JSON (models in it: "
+                  f"{', '.join(m['model'] for m in result.get('models', [])) or 'none'}).", ""]
+    if result.get("table_from"):
+        src = result["table_from"]
+        lines += [f"The crossover below (and the FP8 table the towers use) is an earlier run's, `{src['file']}`: "
+                  f"`{src['command']}` (started {src['started']}).", ""]
     if cx:
         lines += ["## Attention calls: FA4 bf16 vs the FP8 path (quantize + FP8 forward), 16 heads, graph replay",
                   "", f"Table derived (head dim -> L*, bf16/fp8 >= {cx['margin']} for every single segment "
@@ -316,7 +376,9 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {r['head_dim']} | {r['segments']}x{r['seg_len']} | failed: {r['error']} |")
                 continue
             f32 = lambda k: f"{r[k]:.2e}" if k in r else "-"  # noqa: E731
-            lines.append(f"| {r['head_dim']} | {r['segments']}x{r['seg_len']} | {r['bf16_ms']:.3f} | {r['fp8_ms']:.3f} | "
+            shape = (f"1x{r['seg_len']} + {r['empty_segments']} empty (budget graph)" if r.get("empty_segments")
+                     else f"{r['segments']}x{r['seg_len']}")
+            lines.append(f"| {r['head_dim']} | {shape} | {r['bf16_ms']:.3f} | {r['fp8_ms']:.3f} | "
                          f"{r['bf16_over_fp8']:.2f}x | {r['fp8_kernel_ms']:.3f} | {r['bf16_over_fp8_kernel']:.2f}x | "
                          f"{r['quantize_chunked_ms']:.3f} | {r['quantize_per_seq_ms']:.3f} | {r['fp8_vs_bf16_rel_err']:.2e} | "
                          f"{f32('fp8_vs_fp32_rel_err')} | {f32('bf16_vs_fp32_rel_err')} | {r['quantize_bitwise_equal']} |")
@@ -329,30 +391,40 @@ def markdown(result: dict) -> str:
                   f"items), budget capture bf16 {m['capture_bf16_s']} s, fp8 {m['capture_fp8_s']} s",
                   f"- compiles after startup: `{m['compiles_after_startup']}`; JIT monitor: "
                   f"{m['jit_monitor_compiles_after_warmup']}", ""]
-        for name in ("forced", "table") if mixes else ():
+        for name in ("forced", "table", "noise") if mixes else ():
+            if name not in mixes[0]:
+                continue
             cos = [r[name]["cosine"] for r in mixes]
             err = [r[name]["rel_err"] for r in mixes]
-            what = ("every full-attention layer FP8" if name == "forced" else "the measured table")
+            what = {"forced": "every full-attention layer FP8", "table": "the measured table",
+                    "noise": (f"no FP8, FA4 bf16 + Gaussian noise of rel. size {BF16_NOISE:g} (bf16-sized) in every "
+                              "full-attention layer")}[name]
             lines.append(f"- {len(mixes)} mixes, {what}: tower output cosine min {min(cos):.6f} median "
                          f"{statistics.median(cos):.6f}; rel. error max {max(err):.3e} median {statistics.median(err):.3e}; "
                          f"all finite {all(r[name]['finite'] for r in mixes)}")
+        applied = [e for r in mixes for e in r.get("noise_layer_rel_err", [])]
+        if applied:
+            lines.append(f"- the noise run's perturbation, rel. to FA4 bf16 per layer after rounding to bf16 "
+                         f"({len(applied)} calls): median {statistics.median(applied):.2e}, max {max(applied):.2e}")
         layer = [e for r in mixes for e in r["layer_attn_rel_err"]]
         if layer:
             lines.append(f"- per-layer attention output, FP8 vs FA4 bf16 on the same q/k/v ({len(layer)} calls): "
                          f"rel. error max {max(layer):.3e}, median {statistics.median(layer):.3e}")
         lines += ["", "| image | tokens | eager bf16 ms | eager fp8 ms | eager bf16/fp8 | graph bf16 ms | graph fp8 ms | "
-                  "graph bf16/fp8 |", "|---|---|---|---|---|---|---|---|"]
+                  "graph bf16/fp8 | FP8 calls (eager) | fp8 graph = eager (bitwise) | fp8 vs bf16 graph cosine |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in m["latency"]:
             lines.append(f"| {r['image']} | {r['tokens']} | {r['eager_bf16_ms']:.2f} | {r['eager_fp8_ms']:.2f} | "
                          f"{r['eager_speedup']:.3f}x | {r['graph_bf16_ms']:.2f} | {r['graph_fp8_ms']:.2f} | "
-                         f"{r['graph_speedup']:.3f}x |")
+                         f"{r['graph_speedup']:.3f}x | {r.get('fp8_calls_eager', '-')} | "
+                         f"{r.get('graph_fp8_equals_eager_fp8', '-')} | {r.get('graph_fp8_vs_graph_bf16_cosine', '-')} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--sections", nargs="+", default=["crossover", "towers"])
     ap.add_argument("--models", nargs="+", default=["qwen2_5_vl", "qwen3_vl"])
     ap.add_argument("--mixes", type=int, default=12)
@@ -360,7 +432,24 @@ def main(argv=None) -> int:
     ap.add_argument("--pictures", nargs="+", default=list(PICTURES))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS),
+                    help="single-segment lengths of the crossover sweep (the 4K pictures' are added)")
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[80, 72], choices=sorted(TOWER_4K))
+    ap.add_argument("--no-multi", dest="multi", action="store_false",
+                    help="crossover without the 4x2048, 4x8192 and 660x64 layouts")
+    ap.add_argument("--table-from", default=None,
+                    help="a vit_fp8 JSON: use its crossover (rows and table) instead of measuring one")
+    ap.add_argument("--render", default=None,
+                    help="only write the markdown of this vit_fp8 JSON (a run cut short before its end) beside it")
     args = ap.parse_args(argv)
+    if args.render:
+        src = Path(args.render)
+        result = json.loads(src.read_text())
+        result["rendered_by"] = f"benchmark/check_vit_fp8.py --render {args.render}"
+        src.with_suffix(".md").write_text(markdown(result))
+        return 0
+    if not args.out:
+        ap.error("--out is required (unless --render)")
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -380,11 +469,17 @@ def main(argv=None) -> int:
     result["meta"] = meta
 
     def save():
-        (out / f"vit_fp8{'-' + args.tag if args.tag else ''}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"vit_fp8{'-' + args.tag if args.tag else ''}.json").write_text(json.dumps(result, default=str))
 
     from sglang_fa4.kernels import vit_attn_dtype
 
     table = dict(vit_attn_dtype.FP8_MIN_SEGMENT)
+    if args.table_from:  # an earlier run's crossover (FA4 only, no SGLang)
+        source = json.loads(Path(args.table_from).read_text())
+        table = {int(k): v for k, v in source["crossover"]["table"].items()}
+        result["table_from"] = {"file": args.table_from, "command": source["meta"]["command"],
+                                "started": source["meta"]["started"]}
+        result["crossover"] = source["crossover"]
     if "crossover" in args.sections:
         t0 = time.perf_counter()
         result["crossover"] = crossover(args)

@@ -37,6 +37,8 @@ def facts(ptx: str) -> dict:
         "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)),
         # the no-op behind a branch that keeps ptxas from hoisting the PV wait (forward.pin_wait)
         "warp_sync": len(re.findall(r"\bbar\.warp\.sync\b", ptx)),
+        # the grid: (q tiles of all sequences, heads), no batch axis (KernelEntry.locate_tile)
+        "ctaid": sorted(set(re.findall(r"%ctaid\.([xyz])", ptx))),
         "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1],
     }
 

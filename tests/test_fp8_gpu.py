@@ -79,6 +79,36 @@ def test_fp8_forward_matches_fp32_reference(fp8, lens, hq, hkv, d, causal):
     assert ((o - ref).norm() / ref.norm()).item() <= BAR
 
 
+@pytest.mark.parametrize("lens,max_seqlen,d", [
+    ([3000, 100, 5] + [0] * 60, 4096, 80),  # a ViT budget graph's layout: padding, then empty slots
+    ([0, 2049], 2049, 72),  # Qwen2.5-VL's eager full layout starts with an empty segment
+])
+def test_vit_fp8_path_on_budget_layouts_matches_fp32(fp8, lens, max_seqlen, d):
+    """vit_attn_dtype.fp8_attention (token-chunked quantize + FP8 forward, both on their linear
+    grids) against fp32 attention on the bf16 inputs, output and every V^T column poisoned first."""
+    from sglang_fa4.kernels import vit_attn_dtype
+    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked
+
+    _, quantize, _ = fp8
+    torch.manual_seed(1)
+    c = cu_from(lens)
+    t = sum(lens)
+    q, k, v = (torch.randn(t, 4, d, device="cuda").bfloat16() for _ in range(3))
+    out = vit_attn_dtype.fp8_attention(q, k, v, c, max_seqlen)
+    ref = reference(q.float(), k.float(), v.float(), c, d ** -0.5, False)
+    assert torch.isfinite(out).all()
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= 7.5e-2  # E4M3 q/k/v/P at logit std 1: ~5e-2 (fp8_error_budget.md)
+    got = quantize_chunked.quantize_qkv_chunked(q, k, v, c, c, max_seqlen)
+    for x in (got.q, got.k, got.vt):
+        x.view(torch.uint8).fill_(0x7F)  # E4M3 NaN: every byte the kernel reads must be rewritten
+    got.descale.fill_(float("nan"))
+    got = quantize_chunked.quantize_qkv_chunked(q, k, v, c, c, max_seqlen, out=got)
+    want = quantize.quantize_qkv_reference(q, k, v, c, c)
+    assert torch.equal(got.vt, want.vt) and torch.equal(got.descale, want.descale)
+    assert torch.equal(got.k.view(torch.uint8), want.k.view(torch.uint8))
+    assert torch.equal(got.q.view(torch.uint8), want.q.view(torch.uint8))
+
+
 def test_quantize_and_pack_match_references(fp8):
     _, quantize, vt_pack = fp8
     lens = [5, 0, 300, 1, 77]

@@ -147,6 +147,41 @@ def make(t=16, hq=4, hkv=2, d=128, dtype=FP8):
     return q, k, k.clone()
 
 
+# A ViT budget graph's full-attention layout (vit_budget_layouts): the real segments, padding
+# segments, then empty slots up to a fixed capacity (~70), max_seqlen = the budget.
+BUDGET_LAYOUTS = [
+    ([42196] + [0] * 69, 42196),  # a 4K Qwen2.5-VL picture in its own budget
+    ([1000, 300, 4, 6000, 17] + [0] * 65, 8192),
+    ([0, 700], 700),  # Qwen2.5-VL's eager full cu_seqlens starts [0, 0, ...]
+    ([64] * 660, 64),
+    ([1], 1),
+]
+
+
+@pytest.mark.parametrize("lens,max_seqlen", BUDGET_LAYOUTS)
+def test_linear_tile_grid_covers_every_q_tile_once(lens, max_seqlen):
+    """The FP8 forward's CTAs number the q tiles of all sequences in one list (layout.locate_tile,
+    the twin of KernelEntry.locate_tile's binary search): each (sequence, m block) with rows exactly
+    once, every other CTA past its sequence's rows (it exits), and the grid sized by tokens +
+    sequences, never by sequences x max_seqlen."""
+    c = cu(lens).tolist()
+    total = c[-1]
+    grid = layout.tile_grid(total, len(lens))
+    want = {(b, m) for b, n in enumerate(lens) for m in range(-(-n // layout.TILE_M))}
+    got = [layout.locate_tile(c, t) for t in range(grid)]
+    assert all(m >= 0 for _b, m in got)
+    work = [(b, m) for b, m in got if m * layout.TILE_M < lens[b]]
+    assert sorted(work) == sorted(want) and len(work) == len(want)
+    assert grid <= -(-total // layout.TILE_M) + len(lens)
+    # a cu_seqlens view that does not start at 0 (an offset into a longer tensor) numbers the same
+    assert [layout.locate_tile([x + 1000 for x in c], t) for t in range(grid)] == got
+
+
+def test_budget_graph_grid_no_longer_scales_with_slots_times_budget():
+    # vit_fp8-run1.md's 4K graph row: 70 slots x 330 m blocks = 23100 CTAs per head before
+    assert layout.tile_grid(42196, 70) == 329 + 70
+
+
 def test_check_inputs_accepts_valid():
     q, k, v = make()
     assert check_inputs(q, k, v, cu([16]), cu([16])) == (1, 4, 2, 128, 16)

@@ -198,22 +198,29 @@ def test_warm_model_off_sm90_logs_and_warms_nothing(monkeypatch, fake_fp8, caplo
 
 
 def test_chunked_quantize_equals_the_per_sequence_kernel_bitwise():
-    """Triton's CPU interpreter: the token-chunked two-pass kernel gives exactly the per-sequence
-    kernel's E4M3 q/k, V^T and descales (multi-chunk sequences, an empty one, k/v rows past
-    cu_seqlens[-1], GQA, d72/d80 padded to 96)."""
+    """Triton's CPU interpreter: the token-chunked two-pass kernel (one linear chunk list over all
+    sequences) gives exactly the per-sequence kernel's E4M3 q/k, V^T and descales (multi-chunk
+    sequences, an empty one, k/v rows past cu_seqlens[-1], GQA, d72/d80 padded to 96, a ViT budget
+    graph's layout with trailing empty slots and max_seqlen above every segment, a leading empty
+    segment), into outputs poisoned with E4M3 NaN / NaN descales first: every byte rewritten."""
     root = Path(__file__).resolve().parents[1]
     code = (
         "import torch\n"
-        "from sglang_fa4.kernels.fp8_sm90.quantize import quantize_qkv\n"
+        "from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, quantize_qkv\n"
         "from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked\n"
         "torch.manual_seed(0)\n"
-        "for d, hq, hkv, lens, extra in ((80, 2, 2, [300, 5, 0, 530], 0), (72, 4, 2, [17, 260], 7)):\n"
+        "cases = ((80, 2, 2, [300, 5, 0, 530], 0, None), (72, 4, 2, [17, 260], 7, None),\n"
+        "         (80, 2, 1, [600, 40, 40] + [0] * 6, 0, 1024), (80, 1, 1, [0, 700], 0, 700))\n"
+        "for d, hq, hkv, lens, extra, max_seqlen in cases:\n"
         "    total = sum(lens)\n"
         "    c = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)\n"
         "    q = (torch.randn(total + extra, hq, d) * 3).to(torch.bfloat16)\n"
         "    k = (torch.randn(total + extra, hkv, d) * 3).to(torch.bfloat16)\n"
         "    v = torch.randn(total + extra, hkv, d).to(torch.bfloat16)\n"
-        "    a, b = quantize_qkv_chunked(q, k, v, c, c, max(lens)), quantize_qkv(q, k, v, c, c)\n"
+        "    b = quantize_qkv(q, k, v, c, c)\n"
+        "    out = Fp8QKV(*(torch.full_like(x.view(torch.uint8), 0x7F).view(x.dtype) for x in b[:3]),\n"
+        "                 torch.full_like(b.descale, float('nan')), d)\n"
+        "    a = quantize_qkv_chunked(q, k, v, c, c, max_seqlen or max(lens), out=out)\n"
         "    for x, y in ((a.q, b.q), (a.k, b.k)):\n"
         "        assert torch.equal(x[:total].view(torch.uint8), y[:total].view(torch.uint8))\n"
         "    assert torch.equal(a.vt, b.vt) and torch.equal(a.descale, b.descale)\n"
@@ -221,8 +228,30 @@ def test_chunked_quantize_equals_the_per_sequence_kernel_bitwise():
         "print('ok')\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("lens,max_seqlen", [([42196] + [0] * 69, 42196), ([0, 700], 700), ([64] * 660, 64),
+                                             ([1000, 300, 4, 6000, 17] + [0] * 65, 8192), ([0], 0)])
+def test_chunk_list_bounds_the_quantize_grid_by_tokens_not_slots(lens, max_seqlen):
+    """The quantize grid (per tensor and kv head) holds every chunk of the linear list (the Python
+    twin of the kernels' _locate), each sequence's chunks consecutive, and grows with tokens +
+    sequences: a 4K picture's budget graph (70 slots) launched 70 x 165 programs per pass and
+    head before, now 305."""
+    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
+
+    c = [0]
+    for n in lens:
+        c.append(c[-1] + n)
+    grid = qc.chunk_grid(max_seqlen, c[-1], len(lens))
+    seen = [qc.locate(c, i) for i in range(grid)]
+    owned = [(b, ch) for b, ch, _first, _n in seen if b < len(lens)]
+    assert owned == [(b, ch) for b, n in enumerate(lens) for ch in range(qc.chunks_of(n))]
+    assert all(first + ch == i for i, (b, ch, first, _n) in enumerate(seen) if b < len(lens))
+    assert grid <= -(-c[-1] // qc.CHUNK) + 2 * len(lens)
+    if lens[0] == 42196:
+        assert grid == 165 + 2 * 70
 
 
 def test_chunked_quantize_rejects_a_tensor_max_seqlen():

@@ -21,8 +21,10 @@ Not routed to FP8 (stay bf16): head dims without a measured ``L*`` (today all; d
 alone is 0.8-0.9x FA4), attention sinks, sliding windows / causal, fp32 inputs, CPU tensors, GPUs
 other than SM90. Qwen2.5-VL's 64-token window layers stay on the short-window route: measured
 5-10x faster than the FP8 path there (its quantize alone costs more than the whole bf16 call).
-Accuracy (same results): E4M3 q/k dominate the error (rel. 0.09-0.2 per layer at trained-like
-logit scales; benchmark/fp8_error_budget.py), so the FP8 path is also an accuracy trade-off.
+Accuracy (benchmark/results/cpu/vit_fp8_accuracy.md, an fp32 emulation in SGLang's real towers):
+E4M3 q/k dominate the error (rel. 0.1-0.2 per layer at trained-like logit scales: 3 mantissa bits
+give q.k a logit error proportional to the logits, whatever the scales; K smoothing does not help
+there), so the FP8 path is also an accuracy trade-off.
 On SM100/SM103, FA4 4.0.0b36's own FP8 forward exists only behind its private ``_flash_attn_fwd``
 (the public ``flash_attn_varlen_func`` takes no descales) and is neither validated nor measured
 here: one log line, bf16.
@@ -43,14 +45,16 @@ BF16, FP8 = "bf16", "fp8"
 #: compute capabilities (major*10+minor) with a native FP8 forward wired in
 FP8_ARCHS = (90,)
 #: Head dim -> shortest segment length from which quantize + FP8 forward beat FA4 bf16 (H200,
-#: 16 heads). Empty: measured, FP8 wins nowhere the Qwen ViTs run (benchmark/results/h200/
-#: vit_fp8-run1.md, graph replay): d80 (Qwen2.5-VL, padded to 96) 0.50-0.82x from 1k to 16k-token
-#: segments (the FP8 forward alone 0.91-1.34x, the quantize 0.04-0.36 ms on top), 1.08x only at
-#: one 42196-token segment (a 4K picture) -- and with that entry the same run's 4K Qwen2.5-VL tower
-#: was not faster (eager 0.995x; budget graph 0.891x: the FP8 launches also span the graph's 64
-#: empty segment slots); d72 (Qwen3-VL) 0.51-0.99x everywhere; 64-token windows 0.10-0.18x (they
-#: stay on the short-window route). Re-measure with ``check_vit_fp8.py --sections crossover
-#: towers`` when the FP8 kernel or the quantize changes.
+#: 16 heads). Empty: measured, FP8 wins nowhere the Qwen ViTs run but at one length (benchmark/results/
+#: h200/vit_fp8-run1.md, graph replay): d80 (Qwen2.5-VL, padded to 96) 0.50-0.82x from 1k to 16k-token
+#: segments (the FP8 forward alone 0.91-1.34x, the quantize 0.04-0.36 ms on top), 1.08x only at one
+#: 42196-token segment (a 4K picture), and the table rule wants two lengths; d72 (Qwen3-VL)
+#: 0.51-0.99x everywhere; 64-token windows 0.10-0.18x (they stay on the short-window route). With
+#: {80: 42196} the 4K Qwen2.5-VL tower is 1.027x (SGLang 0.5.23) / 1.036x (0.5.20) in its budget
+#: graph and 1.006x / 1.035x eager (vit_fp8-0.5.2x.md; the graph was 0.891x in run 1, before the
+#: quantize and FP8 forward grids stopped spanning the budget's ~70 empty segment slots x
+#: max_seqlen). Re-measure with ``check_vit_fp8.py --sections crossover towers`` when the FP8
+#: kernel or the quantize changes.
 FP8_MIN_SEGMENT: dict[int, int] = {}
 
 _table: dict[int, int] = dict(FP8_MIN_SEGMENT)

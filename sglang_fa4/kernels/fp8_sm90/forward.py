@@ -266,9 +266,12 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         if cutlass.const_expr(self.rowsum_mma):
             SharedStorage = SharedStorageOnes  # noqa: F811
         self.shared_storage = SharedStorage
-        num_m_blocks = (max_seqlen_q + self.tile_m - 1) // self.tile_m
+        # the q tiles of all sequences numbered in one list (KernelEntry.locate_tile): sequence
+        # b's from (cu[b] - cu[0]) // tile_m + b, so total_q // tile_m + batch CTAs a head cover
+        # them all whatever max_seqlen_q (a host int, kept in the signature)
         num_heads = mQ_u8.shape[1]
         batch = mCuQ.shape[0] - 1
+        num_tiles = mQ_u8.shape[0] // self.tile_m + batch
         self.kernel(
             tiled_mma_qk,
             tiled_mma_pv,
@@ -292,7 +295,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
             tiled_mma_sum,
             sOnes_layout,
         ).launch(
-            grid=[num_m_blocks, num_heads, batch],
+            grid=[num_tiles, num_heads, 1],
             block=[NUM_THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,

@@ -19,6 +19,28 @@ from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN
 class KernelEntry:
     """The ``@cute.kernel`` (launched by ``Fp8AttentionForwardSm90.__call__``)."""
 
+    @cute.jit
+    def locate_tile(self, mCuQ: cute.Tensor, tile: Int32):
+        """(sequence, m block) of the grid's ``tile``-th CTA (layout.locate_tile, the Python twin):
+        sequence b's q tiles are numbered from first(b) = (cu[b] - cu[0]) // tile_m + b, which
+        grows with b and leaves room for its ceil(len_b / tile_m) tiles, so a binary search over
+        cu_seqlens finds the sequence (log2(batch) loads); a number between two sequences' tiles
+        lands past its sequence's rows and the CTA does nothing. The grid (forward.py) is
+        total_q // tile_m + batch, not batch x ceil(max_seqlen / tile_m): a ViT budget graph's ~70
+        segment slots otherwise launched 70 x 330 CTAs per head at a 4K picture's 42196-token
+        budget, nearly all empty (vit_fp8-run1.md, the 4K graph row at 0.891x)."""
+        tile_m = self.tile_m
+        cu0 = mCuQ[0]
+        lo = Int32(0)
+        hi = mCuQ.shape[0] - 1  # batch: the answer lies in [lo, hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if (mCuQ[mid] - cu0) // tile_m + mid <= tile:
+                lo = mid
+            else:
+                hi = mid
+        return lo, tile - ((mCuQ[lo] - cu0) // tile_m + lo)
+
     @cute.kernel
     def kernel(
         self,
@@ -50,7 +72,8 @@ class KernelEntry:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp_idx // 4
-        m_block, head, batch = cute.arch.block_idx()
+        tile, head, _ = cute.arch.block_idx()
+        batch, m_block = self.locate_tile(mCuQ, tile)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)

@@ -186,3 +186,28 @@ def pow2_at_least(n: int) -> int:
     """The smallest power of two >= n, in plain integer maths (``triton.next_power_of_2`` is a
     constexpr function: tens of microseconds per host call in recent Triton)."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+def locate_tile(cu_seqlens_q, tile: int, tile_m: int = TILE_M) -> tuple[int, int]:
+    """(sequence, m block) the FP8 forward's CTA ``tile`` works on (the Python twin of
+    ``KernelEntry.locate_tile``): sequence b's q tiles are numbered from
+    first(b) = (cu[b] - cu[0]) // tile_m + b (increasing in b, and first(b+1) - first(b) >=
+    ceil(len_b / tile_m)); the CTA takes the last sequence whose first(b) <= tile (a binary search
+    on the device). A number between two sequences' tiles gets an m block past its sequence's rows:
+    that CTA does nothing."""
+    cu = [int(c) for c in cu_seqlens_q]
+    first = lambda b: (cu[b] - cu[0]) // tile_m + b  # noqa: E731
+    lo, hi = 0, len(cu) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if first(mid) <= tile:
+            lo = mid
+        else:
+            hi = mid
+    return lo, tile - first(lo)
+
+
+def tile_grid(total_q: int, batch: int, tile_m: int = TILE_M) -> int:
+    """CTAs per head the FP8 forward launches (forward.py's grid): total_q // tile_m + batch,
+    enough for locate_tile's numbering whatever the layout and max_seqlen."""
+    return int(total_q) // tile_m + batch

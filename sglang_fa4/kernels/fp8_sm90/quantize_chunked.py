@@ -3,22 +3,29 @@
 Same outputs as :func:`sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv` (bitwise: the same
 amax, the same ``x * (1 / descale)`` rounding), but that kernel runs one program per
 (sequence, kv head, tensor): a single 4K image (one sequence, 16 heads) is 48 programs on a
-132-SM GPU, each streaming 40k tokens twice. Here the grid also spans chunks of ``CHUNK``
-tokens of each sequence, so the work is bandwidth-bound whatever the layout:
+132-SM GPU, each streaming 40k tokens twice. Here the grid spans chunks of ``CHUNK`` tokens, so
+the work is bandwidth-bound whatever the layout:
 
-1. ``_amax_pass``: grid (sequences, 3 x kv heads, chunks): each program writes its chunk's amax
-   to a (3, sequences, kv heads, chunks) float32 buffer (every slot written, 0 past a sequence's
-   end: no memset, no atomics);
-2. ``_quant_pass``: grid (sequences, 3 x kv heads, chunks of V^T columns): each program reduces
-   its (tensor, sequence, head)'s chunk amaxes, writes the descale (chunk 0), and quantizes its
-   chunk (v straight into the permuted V^T buffer, zero columns past the keys).
+1. ``_amax_pass``: grid (chunks, 3 x kv heads): each program writes its chunk's amax to a
+   (3, kv heads, chunks) float32 buffer (every slot written: no memset, no atomics);
+2. ``_quant_pass``: same grid: each program reduces its (tensor, sequence, head)'s chunk amaxes,
+   writes the descale (the sequence's chunk 0), and quantizes its chunk (v straight into the
+   permuted V^T buffer, zero columns past the keys).
 
-The chunk count comes from the host ``max_seqlen`` (it only sizes the grid; programs past a
-sequence's end exit), so nothing reads device memory on the host: no sync, CUDA-graph capturable.
-``max_seqlen`` below the longest sequence leaves its tail unquantized: the caller's contract, as
-for the attention kernels. Integer arguments and the cu_seqlens pointers are not specialized by
-Triton (``do_not_specialize``): one compile per (dtype, head dim), whatever the layout, so a
-startup warmup covers every call.
+The chunks form ONE list over all sequences (:func:`chunk_grid`): sequence b owns
+``ceil(len_b / CHUNK) + 1`` consecutive chunks (the extra one: its V^T region is up to 31 columns
+longer than its keys, and an empty sequence still owns 16 V^T columns to zero), and a program finds
+its (sequence, chunk) by a prefix sum over cu_seqlens (``_locate``). So the grid grows with the
+tokens and the sequence count, ``ceil(T / CHUNK) + 2 * batch`` at most, not with
+``batch * max_seqlen``: a ViT budget graph's full-attention layout (vit_budget_layouts: ~70 segment
+slots, max_seqlen = the budget) used to launch 70 x 48 x 165 programs per pass at a 4K picture's
+42196-token budget, nearly all of them empty (the 4K Qwen2.5-VL graph row of
+benchmark/results/h200/vit_fp8-run1.md, 0.891x). The host sizes the grid from ``max_seqlen``,
+the tensors' row counts and the cu_seqlens length only: no device read, no sync, CUDA-graph
+capturable. ``max_seqlen`` below the longest sequence leaves its tail unquantized: the caller's
+contract, as for the attention kernels. Integer arguments and the cu_seqlens pointers are not
+specialized by Triton (``do_not_specialize``): one compile per (dtype, head dim), whatever the
+layout, so a startup warmup covers every call.
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, _check, outputs
 #: Tokens (q/k rows, V^T columns) per program; BLOCK_T rows per loaded tile.
 CHUNK = 256
 BLOCK_T = 64
-#: V^T regions are up to 3 * VT_ALIGN columns longer than their sequence (aligned start + pad)
-_VT_EXTRA = 3 * VT_ALIGN
+#: cu_seqlens entries a program reads per step of its prefix sum
+BLOCK_B = 128
 
 try:
     import triton
@@ -44,17 +51,60 @@ except ImportError:  # CPU-only environments without triton: the module still im
     triton = None
 
 
-def num_chunks(max_seqlen: int) -> tuple[int, int]:
-    """(amax chunks, quantize chunks) for a longest sequence of ``max_seqlen`` tokens."""
-    m = max(int(max_seqlen), 1)
-    return -(-m // CHUNK), -(-(m + _VT_EXTRA) // CHUNK)
+def chunks_of(seqlen: int) -> int:
+    """Chunks sequence of ``seqlen`` tokens owns in the linear chunk list (``_locate``)."""
+    return -(-int(seqlen) // CHUNK) + 1
+
+
+def chunk_grid(max_seqlen: int, rows: int, batch: int) -> int:
+    """Programs per (tensor, kv head): a bound on sum(chunks_of(len_b)) from host ints only --
+    ``batch`` sequences none longer than ``max_seqlen``, together at most ``rows`` tokens."""
+    return max(1, min(batch * chunks_of(max_seqlen), -(-int(rows) // CHUNK) + 2 * batch))
+
+
+def locate(cu: list, i: int) -> tuple[int, int, int, int]:
+    """Python twin of ``_locate`` (tests): chunk ``i`` of the list -> (sequence, chunk within it,
+    the sequence's first chunk, its chunk count); sequence == batch past the last chunk."""
+    first = 0
+    for b in range(len(cu) - 1):
+        n = chunks_of(cu[b + 1] - cu[b])
+        if i < first + n:
+            return b, i - first, first, n
+        first += n
+    return len(cu) - 1, i - first, first, 0
 
 
 if triton is not None:
     # cu_seqlens too: callers pass views at any int32 offset (the Qwen2.5-VL host layouts are split
     # from one upload), and a pointer's 16-byte alignment is otherwise part of Triton's cache key
     # (a new compile after the warmup, seen on the H200); q/k/v keep it (vectorized loads)
-    _INTS = ["cuq", "cuk", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "batch", "hkv", "group", "nch"]
+    _INTS = ["cuq", "cuk", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "batch", "hkv", "group", "nlin"]
+
+    @triton.jit
+    def _locate(cu, nbatch, i, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
+        """(sequence, chunk within it, its first chunk, its chunk count) of chunk ``i``; the
+        sequence is ``nbatch`` (and the count 0) past the last chunk. See :func:`locate`."""
+        jj = tl.arange(0, BLOCK_B)
+        zero = i * 0
+        base = zero
+        b_out = zero + nbatch
+        first = zero
+        count = zero
+        for j0 in range(0, nbatch, BLOCK_B):
+            j = j0 + jj
+            m = j < nbatch
+            lo = tl.load(cu + j, mask=m, other=0)
+            hi = tl.load(cu + j + 1, mask=m, other=0)
+            n = tl.where(m, (hi - lo + CHUNK - 1) // CHUNK + 1, 0)
+            incl = tl.cumsum(n, 0) + base
+            excl = incl - n
+            hit = m & (excl <= i) & (i < incl)
+            found = tl.sum(hit.to(tl.int32), 0) > 0
+            b_out = tl.where(found, tl.sum(tl.where(hit, j, 0), 0), b_out)
+            first = tl.where(found, tl.sum(tl.where(hit, excl, 0), 0), first)
+            count = tl.where(found, tl.sum(tl.where(hit, n, 0), 0), count)
+            base += tl.sum(n, 0)
+        return b_out, i - first, first, count
 
     @triton.jit
     def _chunk_amax(src, start, lo, hi, h0, nh, s_t, s_h, D: tl.constexpr, DP2: tl.constexpr,
@@ -71,25 +121,38 @@ if triton is not None:
         return tl.max(tl.max(acc, axis=1), axis=0)
 
     @triton.jit(do_not_specialize=_INTS)
-    def _amax_pass(q, k, v, part, cuq, cuk, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, hkv, group, nch,
-                   D: tl.constexpr, DP2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr):
-        b = tl.program_id(0)
+    def _amax_pass(q, k, v, part, cuq, cuk, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, hkv, group, nlin,
+                   D: tl.constexpr, DP2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_B: tl.constexpr):
+        i = tl.program_id(0)
         which = tl.program_id(1) // hkv  # 0: q, 1: k, 2: v
         h = tl.program_id(1) % hkv
-        c = tl.program_id(2)
+        a = (i * 0).to(tl.float32)
         if which == 0:
-            start = tl.load(cuq + b)
-            hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)
-            a = _chunk_amax(q, start, c * CHUNK, hi, h * group, group, sq_t, sq_h, D, DP2, BLOCK_T)
-        elif which == 1:
-            start = tl.load(cuk + b)
-            hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
-            a = _chunk_amax(k, start, c * CHUNK, hi, h, 1, sk_t, sk_h, D, DP2, BLOCK_T)
+            b, c, first, count = _locate(cuq, batch, i, CHUNK, BLOCK_B)
+            if b < batch:
+                start = tl.load(cuq + b)
+                hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)
+                a = _chunk_amax(q, start, c * CHUNK, hi, h * group, group, sq_t, sq_h, D, DP2, BLOCK_T)
         else:
-            start = tl.load(cuk + b)
-            hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
-            a = _chunk_amax(v, start, c * CHUNK, hi, h, 1, sv_t, sv_h, D, DP2, BLOCK_T)
-        tl.store(part + ((which * batch + b) * hkv + h).to(tl.int64) * nch + c, a)
+            b, c, first, count = _locate(cuk, batch, i, CHUNK, BLOCK_B)
+            if b < batch:
+                start = tl.load(cuk + b)
+                hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
+                if which == 1:
+                    a = _chunk_amax(k, start, c * CHUNK, hi, h, 1, sk_t, sk_h, D, DP2, BLOCK_T)
+                else:
+                    a = _chunk_amax(v, start, c * CHUNK, hi, h, 1, sv_t, sv_h, D, DP2, BLOCK_T)
+        tl.store(part + (which * hkv + h).to(tl.int64) * nlin + i, a)
+
+    @triton.jit
+    def _reduce_amax(part, row, first, count):
+        """Max of ``count`` chunk amaxes from ``first`` in row ``row`` of the (3 * hkv, nlin) buffer."""
+        jj = tl.arange(0, 128)
+        acc = tl.zeros((128,), dtype=tl.float32)
+        for j0 in range(0, count, 128):
+            acc = tl.maximum(acc, tl.load(part + row + first + j0 + jj, mask=j0 + jj < count, other=0.0))
+        return tl.max(acc, axis=0)
 
     @triton.jit
     def _chunk_quant(src, dst, start, lo, hi, h0, nh, s_t, s_h, d_t, d_h, inv, D: tl.constexpr,
@@ -106,47 +169,47 @@ if triton is not None:
                 tl.store(dst + row * d_t + (h0 + hh) * d_h + dd[None, :], y,
                          mask=(t < hi)[:, None] & (dd < DP)[None, :])
 
-    @triton.jit(do_not_specialize=_INTS + ["s8q_t", "s8q_h", "s8k_t", "s8k_h", "svt_h", "svt_d", "cols", "nch_v"])
+    @triton.jit(do_not_specialize=_INTS + ["s8q_t", "s8q_h", "s8k_t", "s8k_h", "svt_h", "svt_d", "cols"])
     def _quant_pass(q, k, v, q8, k8, vt, desc, part, cuq, cuk, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
-                    s8q_t, s8q_h, s8k_t, s8k_h, svt_h, svt_d, batch, hkv, group, nch, cols, nch_v,
+                    s8q_t, s8q_h, s8k_t, s8k_h, svt_h, svt_d, batch, hkv, group, nlin, cols,
                     D: tl.constexpr, DP: tl.constexpr, DP2: tl.constexpr, ALIGN: tl.constexpr,
-                    CHUNK: tl.constexpr, BLOCK_T: tl.constexpr):
-        b = tl.program_id(0)
+                    CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr):
+        i = tl.program_id(0)
         which = tl.program_id(1) // hkv
         h = tl.program_id(1) % hkv
-        c = tl.program_id(2)
-        slot = (which * batch + b) * hkv + h
-        jj = tl.arange(0, 128)
-        amax = tl.zeros((128,), dtype=tl.float32)
-        for j0 in range(0, nch, 128):  # this (tensor, sequence, head)'s chunk amaxes
-            amax = tl.maximum(amax, tl.load(part + slot.to(tl.int64) * nch + j0 + jj, mask=j0 + jj < nch, other=0.0))
-        a = tl.max(amax, axis=0)
-        ds = tl.where(a > 0, a / 448.0, 1.0)
-        if c == 0:
-            tl.store(desc + slot, ds)
-        inv = 1.0 / ds
+        row = (which * hkv + h).to(tl.int64) * nlin
         if which == 0:
-            start = tl.load(cuq + b)
-            hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)
-            _chunk_quant(q, q8, start, c * CHUNK, hi, h * group, group, sq_t, sq_h, s8q_t, s8q_h, inv,
-                         D, DP, DP2, BLOCK_T)
-        elif which == 1:
-            start = tl.load(cuk + b)
-            hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
-            _chunk_quant(k, k8, start, c * CHUNK, hi, h, 1, sk_t, sk_h, s8k_t, s8k_h, inv, D, DP, DP2, BLOCK_T)
+            b, c, first, count = _locate(cuq, batch, i, CHUNK, BLOCK_B)
         else:
-            start = tl.load(cuk + b)
-            nxt = tl.load(cuk + b + 1)
-            seqlen = nxt - start
-            base = (start + ALIGN - 1) // ALIGN * ALIGN + ALIGN * b  # layout.vt_column_offset
-            end = tl.where(b == batch - 1, cols, (nxt + ALIGN - 1) // ALIGN * ALIGN + ALIGN * (b + 1))
-            dd = tl.arange(0, DP2)
-            tt = tl.arange(0, BLOCK_T)
-            # grid-stride over this region's chunks: the last region also spans k's rows past
-            # cu_seqlens[-1] (zeros), which max_seqlen does not bound
-            for c0 in range(c * CHUNK, end - base, nch_v * CHUNK):
-                hi = tl.minimum(end - base, c0 + CHUNK)
-                for r0 in range(c0, hi, BLOCK_T):
+            b, c, first, count = _locate(cuk, batch, i, CHUNK, BLOCK_B)
+        if b < batch:
+            a = _reduce_amax(part, row, first, count)
+            ds = tl.where(a > 0, a / 448.0, 1.0)
+            if c == 0:
+                tl.store(desc + (which * batch + b) * hkv + h, ds)
+            inv = 1.0 / ds
+            if which == 0:
+                start = tl.load(cuq + b)
+                hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)
+                _chunk_quant(q, q8, start, c * CHUNK, hi, h * group, group, sq_t, sq_h, s8q_t, s8q_h, inv,
+                             D, DP, DP2, BLOCK_T)
+            elif which == 1:
+                start = tl.load(cuk + b)
+                hi = tl.minimum(tl.load(cuk + b + 1) - start, (c + 1) * CHUNK)
+                _chunk_quant(k, k8, start, c * CHUNK, hi, h, 1, sk_t, sk_h, s8k_t, s8k_h, inv, D, DP, DP2, BLOCK_T)
+            else:
+                start = tl.load(cuk + b)
+                nxt = tl.load(cuk + b + 1)
+                seqlen = nxt - start
+                base = (start + ALIGN - 1) // ALIGN * ALIGN + ALIGN * b  # layout.vt_column_offset
+                end = tl.where(b == batch - 1, cols, (nxt + ALIGN - 1) // ALIGN * ALIGN + ALIGN * (b + 1))
+                # chunk c: V^T columns [c*CHUNK, (c+1)*CHUNK) of this region; the sequence's last
+                # chunk also takes the rest (up to 31 columns; for the last sequence, the columns of
+                # k's rows past cu_seqlens[-1], zeros)
+                hi = tl.where(c == count - 1, end - base, tl.minimum(end - base, (c + 1) * CHUNK))
+                dd = tl.arange(0, DP2)
+                tt = tl.arange(0, BLOCK_T)
+                for r0 in range(c * CHUNK, hi, BLOCK_T):
                     r = r0 + tt
                     lane = r % 16
                     # layout.key_perm: slot 4q+i holds key 8*(i//2) + 2q + i%2
@@ -168,7 +231,7 @@ def quantize_qkv_chunked(
     out: Optional[Fp8QKV] = None,
 ) -> Fp8QKV:
     """:func:`~sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv`'s result in two bandwidth-bound
-    launches; ``max_seqlen`` (host int, at least the longest q and k sequence) sizes the grid."""
+    launches; ``max_seqlen`` (host int, at least the longest q and k sequence) bounds the grid."""
     if cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
@@ -181,22 +244,22 @@ def quantize_qkv_chunked(
     batch = cu_seqlens_q.shape[0] - 1
     hq, hkv = q.shape[1], k.shape[1]
     q8, k8, vt, descale = outputs(q, k, batch, out)
-    nch, nch_v = num_chunks(max_seqlen)
-    part = torch.empty((3, batch, hkv, nch), dtype=torch.float32, device=q.device)
+    nlin = chunk_grid(max_seqlen, max(q.shape[0], k.shape[0]), batch)
+    part = torch.empty((3, hkv, nlin), dtype=torch.float32, device=q.device)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     dp2 = pow2_at_least(dp)
     t0 = time.perf_counter()
-    kernel = _amax_pass[(batch, 3 * hkv, nch)](
-        q, k, v, part, cu_seqlens_q, cu_seqlens_k, *strides, batch, hkv, hq // hkv, nch,
-        D=d, DP2=dp2, CHUNK=CHUNK, BLOCK_T=BLOCK_T,
+    kernel = _amax_pass[(nlin, 3 * hkv)](
+        q, k, v, part, cu_seqlens_q, cu_seqlens_k, *strides, batch, hkv, hq // hkv, nlin,
+        D=d, DP2=dp2, CHUNK=CHUNK, BLOCK_T=BLOCK_T, BLOCK_B=BLOCK_B,
     )
     _note_launch(kernel, "quantize amax", d, q.dtype, t0)
     t0 = time.perf_counter()
-    kernel = _quant_pass[(batch, 3 * hkv, nch_v)](
+    kernel = _quant_pass[(nlin, 3 * hkv)](
         q, k, v, q8, k8, vt, descale, part, cu_seqlens_q, cu_seqlens_k, *strides,
         q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), vt.stride(0), vt.stride(1),
-        batch, hkv, hq // hkv, nch, vt.shape[2], nch_v,
-        D=d, DP=dp, DP2=dp2, ALIGN=VT_ALIGN, CHUNK=CHUNK, BLOCK_T=BLOCK_T,
+        batch, hkv, hq // hkv, nlin, vt.shape[2],
+        D=d, DP=dp, DP2=dp2, ALIGN=VT_ALIGN, CHUNK=CHUNK, BLOCK_T=BLOCK_T, BLOCK_B=BLOCK_B,
     )
     _note_launch(kernel, "quantize", d, q.dtype, t0)
     return Fp8QKV(q8, k8, vt, descale, d)
