@@ -9,7 +9,7 @@ Quantizing costs time linear in the tokens, while FP8 saves time quadratic in ea
 length. For n segments of one length L, FP8 (quantize included) wins from one length ``L*`` on,
 whatever n; :data:`FP8_MIN_SEGMENT` holds ``L*`` per head dim, measured on the H200
 (``benchmark/check_vit_fp8.py``: a sweep of lengths, then the towers' speed with the derived
-table; results in ``benchmark/results/h200/vit_fp8*.md``). Today it is empty: see its comment. For a general layout the call knows, on the host, T tokens
+table; results in ``benchmark/results/h200/vit_fp8*.md``; today d80 alone, see its comment). For a general layout the call knows, on the host, T tokens
 (q's rows), S segments (cu_seqlens' length - 1) and the longest segment M (max_seqlen), so the
 attention work sum(len^2) is at least ``M^2 + (T - M)^2 / (S - 1)`` (the rest spread evenly);
 FP8 is taken when that lower bound is at least ``L* * T`` -- exactly ``L >= L*`` for equal
@@ -17,7 +17,7 @@ segments, and never a loss for uneven ones (it underestimates FP8's gain). No de
 decision is host-only and the same for every replay of a captured graph (a budget graph's
 max_seqlen is its budget, so its decision is the budget's).
 
-Not routed to FP8 (stay bf16): head dims without a measured ``L*`` (today all; d64's FP8 kernel
+Not routed to FP8 (stay bf16): head dims without a measured ``L*`` (all but d80; d64's FP8 kernel
 alone is 0.8-0.9x FA4), attention sinks, sliding windows / causal, fp32 inputs, CPU tensors, GPUs
 other than SM90. Qwen2.5-VL's 64-token window layers stay on the short-window route: measured
 5-10x faster than the FP8 path there (its quantize alone costs more than the whole bf16 call).
@@ -45,17 +45,15 @@ BF16, FP8 = "bf16", "fp8"
 #: compute capabilities (major*10+minor) with a native FP8 forward wired in
 FP8_ARCHS = (90,)
 #: Head dim -> shortest segment length from which quantize + FP8 forward beat FA4 bf16 (H200,
-#: 16 heads). Empty: measured, FP8 wins nowhere the Qwen ViTs run but at one length (benchmark/results/
-#: h200/vit_fp8-run1.md, graph replay): d80 (Qwen2.5-VL, padded to 96) 0.50-0.82x from 1k to 16k-token
-#: segments (the FP8 forward alone 0.91-1.34x, the quantize 0.04-0.36 ms on top), 1.08x only at one
-#: 42196-token segment (a 4K picture), and the table rule wants two lengths; d72 (Qwen3-VL)
-#: 0.51-0.99x everywhere; 64-token windows 0.10-0.18x (they stay on the short-window route). With
-#: {80: 42196} the 4K Qwen2.5-VL tower is 1.027x (SGLang 0.5.23) / 1.036x (0.5.20) in its budget
-#: graph and 1.006x / 1.035x eager (vit_fp8-0.5.2x.md; the graph was 0.891x in run 1, before the
-#: quantize and FP8 forward grids stopped spanning the budget's ~70 empty segment slots x
-#: max_seqlen). Re-measure with ``check_vit_fp8.py --sections crossover towers`` when the FP8
-#: kernel or the quantize changes.
-FP8_MIN_SEGMENT: dict[int, int] = {}
+#: 16 heads; benchmark/results/h200/vit_fp8-run1.md, graph replay). Measured, FP8 wins at one
+#: length the Qwen ViTs run: d80 (Qwen2.5-VL, padded to 96) 1.08x at one 42196-token segment (a 4K
+#: picture's full-attention layers), 0.50-0.82x from 1k to 16k-token segments (the FP8 forward alone
+#: 0.91-1.34x, the quantize 0.04-0.36 ms on top); d72 (Qwen3-VL) 0.51-0.99x everywhere (no entry:
+#: bf16); 64-token windows 0.10-0.18x (they stay on the short-window route). With this table the 4K
+#: Qwen2.5-VL tower is 1.027x (SGLang 0.5.23) / 1.036x (0.5.20) in graph mode and 1.006x / 1.035x
+#: eager, every other size runs exactly the bf16 path (vit_fp8-0.5.2x.md). Re-measure with
+#: ``check_vit_fp8.py --sections crossover towers`` when the FP8 kernel or the quantize changes.
+FP8_MIN_SEGMENT: dict[int, int] = {80: 42196}
 
 _table: dict[int, int] = dict(FP8_MIN_SEGMENT)
 _logged: set = set()
