@@ -142,7 +142,7 @@ def write_kernels_markdown(result: dict, path: Path) -> None:
         lines += [f"## mode: {mode} (µs)", ""]
         others = ["triton_attn", "sdpa"] + (["fa3"] if "fa3" in backends else [])
         head = (["d", "layout"] + backends + ["fa4 TFLOP/s", "%mm", "floor µs"]
-                + [f"x {o.replace('_attn', '')}" for o in others] + ["max rel err"])
+                + [f"x {'triton' if o == 'triton_attn' else o}" for o in others] + ["max rel err"])
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         cases = []
         for r in mode_rows:
