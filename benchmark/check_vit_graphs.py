@@ -163,13 +163,78 @@ def batch_invariance(tower, model: str, state, rng: random.Random, n_random: int
     return rows_out
 
 
-def check_model(model: str, args, seed: int) -> dict:
+def startup_capture(holder, res: dict, name: str):
+    """What the plugin does after ModelRunner.load_model: the FA4 variant warmup, then the budget
+    graphs; seconds, the warmup report, the budgets and the allocator's growth into ``res``.
+    Returns the budget state and the runner of the one budget-captured runner of ``holder``."""
     import torch
 
     from sglang_fa4.integration import vit_budgets
+    from sglang_fa4.startup import warmup
+
+    t0 = time.perf_counter()
+    wrep = warmup.warm_model(holder)
+    torch.cuda.synchronize()
+    res["warmup_s"] = round(time.perf_counter() - t0, 2)
+    res["warmup"] = wrep.as_dict() if wrep is not None else None
+    reserved0 = torch.cuda.memory_reserved()
+    t0 = time.perf_counter()
+    states = vit_budgets.capture_model_budgets(holder)
+    torch.cuda.synchronize()
+    res["capture_s"] = round(time.perf_counter() - t0, 2)
+    if len(states) != 1:
+        raise RuntimeError(f"{name}: expected one budget-captured runner, got {len(states)}")
+    res["budgets"] = states[0].report()
+    res["reserved_delta_mib"] = round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1)
+    return states[0], vit_budgets.find_runners(holder)[0]
+
+
+def record_runner_inputs(runner):
+    """Wrap ``runner.run`` to keep what the graph path hands it, so the same blocks can run eagerly
+    on exactly those inputs (vit_budgets.eager_run): isolates the budget graphs from the tower's own
+    input preparation, which differs between SGLang's eager and graph forwards (Qwen3-VL). Returns
+    (the recorded kwargs, cleared per call; the wrapped run)."""
+    recorded: dict = {}
+    hooked_run = runner.run
+
+    def recording_run(**kwargs):
+        recorded.clear()
+        recorded.update(kwargs, x=kwargs["x"].clone())  # SGLang's blocks overwrite their input
+        return hooked_run(**kwargs)
+
+    runner.run = recording_run
+    return recorded, hooked_run
+
+
+def graph_eager_same(tower, runner, recorded: dict, x, grid):
+    """The tower's graph forward, its eager forward, and the runner's blocks run eagerly on the
+    inputs the graph path prepared (the tower's eager output where the graph path was left before
+    the runner: Qwen2.5-VL above the budgets)."""
+    import torch
+
+    from sglang_fa4.integration import vit_budgets
+    from sglang_towers import set_graph_mode
+
+    with torch.no_grad():
+        set_graph_mode(tower, True)
+        recorded.clear()
+        out_g = tower(x, grid).clone()
+        set_graph_mode(tower, False)
+        out_e = tower(x, grid).clone()
+        if recorded:
+            inputs = {k: v for k, v in recorded.items() if k != "attention_layout_key"}
+            out_same = vit_budgets.eager_run(runner, **inputs).clone()
+        else:
+            out_same = out_e
+    return out_g, out_e, out_same
+
+
+def check_model(model: str, args, seed: int) -> dict:
+    import torch
+
     from sglang_fa4.integration import vit_budget_layouts as budget_layouts
     from sglang_fa4.kernels import dispatch
-    from sglang_fa4.startup import jit_monitor, warmup
+    from sglang_fa4.startup import jit_monitor
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     jit_monitor.reset_state()  # each model stands for its own server process (JIT monitor state)
@@ -189,37 +254,10 @@ def check_model(model: str, args, seed: int) -> dict:
     torch.cuda.synchronize()
     res["first_eager_forward_s"] = round(time.perf_counter() - t0, 2)
     set_graph_mode(tower, True)
-    t0 = time.perf_counter()
-    wrep = warmup.warm_model(holder)
-    torch.cuda.synchronize()
-    res["warmup_s"] = round(time.perf_counter() - t0, 2)
-    res["warmup"] = wrep.as_dict() if wrep is not None else None
-    reserved0 = torch.cuda.memory_reserved()
-    t0 = time.perf_counter()
-    states = vit_budgets.capture_model_budgets(holder)
-    torch.cuda.synchronize()
-    res["capture_s"] = round(time.perf_counter() - t0, 2)
-    if len(states) != 1:
-        raise SystemExit(f"{model}: expected one budget-captured runner, got {len(states)}")
-    state = states[0]
-    runner = vit_budgets.find_runners(holder)[0]
-    res["budgets"] = state.report()
-    res["reserved_delta_mib"] = round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1)
+    state, runner = startup_capture(holder, res, model)
     graphs0 = len(runner.block_graphs)
     compiles0 = dispatch.compile_count()
-
-    # record what the graph path hands the runner, to run the same blocks eagerly on exactly those
-    # inputs (vit_budgets.eager_run): isolates the budget graphs from the tower's own input
-    # preparation, which differs between SGLang's eager and graph forwards (Qwen3-VL)
-    recorded: dict = {}
-    hooked_run = runner.run
-
-    def recording_run(**kwargs):
-        recorded.clear()
-        recorded.update(kwargs, x=kwargs["x"].clone())  # SGLang's blocks overwrite their input
-        return hooked_run(**kwargs)
-
-    runner.run = recording_run
+    recorded, hooked_run = record_runner_inputs(runner)
     rng = random.Random(seed)
     mixes, failures, kept = [], [], []
     for i in range(args.mixes):
@@ -228,17 +266,7 @@ def check_model(model: str, args, seed: int) -> dict:
         x, grid = pixels(tower, grids, seed=1000 + i)
         replays0, eager0 = state.replays, state.eager_runs
         try:
-            with torch.no_grad():
-                set_graph_mode(tower, True)
-                recorded.clear()
-                out_g = tower(x, grid).clone()
-                set_graph_mode(tower, False)
-                out_e = tower(x, grid).clone()
-                if recorded:  # the graph path ran: the same blocks eagerly on its very inputs
-                    inputs = {k: v for k, v in recorded.items() if k != "attention_layout_key"}
-                    out_same = vit_budgets.eager_run(runner, **inputs).clone()
-                else:  # decided before the graph path (Qwen2.5-VL above the budgets): tower eager
-                    out_same = out_e
+            out_g, out_e, out_same = graph_eager_same(tower, runner, recorded, x, grid)
         except Exception as exc:  # noqa: BLE001 - recorded, the check fails below
             failures.append(f"mix {i} {grids}: {type(exc).__name__}: {exc}")
             continue

@@ -69,10 +69,9 @@ def run_rank(rank: int, args, port: int) -> dict:
     progress(f"groups built, plugins loaded: {info['plugin_hooked']}")
     from sglang.srt.distributed import parallel_state as ps
 
-    from check_vit_graphs import random_mix, rel_err
-    from sglang_fa4.integration import vit_budgets
+    from check_vit_graphs import graph_eager_same, random_mix, record_runner_inputs, rel_err, startup_capture
     from sglang_fa4.kernels import dispatch
-    from sglang_fa4.startup import jit_monitor, warmup
+    from sglang_fa4.startup import jit_monitor
 
     tp_group = ps.get_tp_group()
     res: dict = {"rank": rank, "sglang": info, "tp_world_size": tp_group.world_size,
@@ -92,35 +91,11 @@ def run_rank(rank: int, args, port: int) -> dict:
     with torch.no_grad():  # SGLang's own JIT kernels compile at first use (a server's LLM warmup)
         tower(x, grid)
     torch.cuda.synchronize()
-    progress("first eager forward done; warmup")
+    progress("first eager forward done; warmup and budget capture")
     set_graph_mode(tower, True)
-    t0 = time.perf_counter()
-    wrep = warmup.warm_model(holder)
-    torch.cuda.synchronize()
-    res["warmup_s"] = round(time.perf_counter() - t0, 2)
-    res["warmup"] = ({"variants": len(wrep.variants), "compiled": wrep.compiled, "failures": len(wrep.failures)}
-                     if wrep is not None else None)
-    progress("warmup done; budget capture")
-    t0 = time.perf_counter()
-    states = vit_budgets.capture_model_budgets(holder)
-    torch.cuda.synchronize()
-    res["capture_s"] = round(time.perf_counter() - t0, 2)
-    if len(states) != 1:
-        raise RuntimeError(f"rank {rank}: expected one budget-captured runner, got {len(states)}")
-    state = states[0]
-    runner = vit_budgets.find_runners(holder)[0]
-    res["budgets"] = state.report()
+    state, runner = startup_capture(holder, res, f"rank {rank}")
     graphs0, compiles0 = len(runner.block_graphs), dispatch.compile_count()
-
-    recorded: dict = {}
-    hooked_run = runner.run
-
-    def recording_run(**kwargs):
-        recorded.clear()
-        recorded.update(kwargs, x=kwargs["x"].clone())  # SGLang's blocks overwrite their input
-        return hooked_run(**kwargs)
-
-    runner.run = recording_run
+    recorded, _ = record_runner_inputs(runner)
     progress(f"captured {res['budgets'].get('graphs')} graphs; mixes")
     rng = random.Random(args.seed)  # the same mixes on every rank
     mixes = []
@@ -128,17 +103,7 @@ def run_rank(rank: int, args, port: int) -> dict:
         grids = random_mix(rng, MODEL, max(state.budgets) * 5 // 4)
         x, grid = pixels(tower, grids, seed=1000 + i)
         replays0, eager0 = state.replays, state.eager_runs
-        with torch.no_grad():
-            set_graph_mode(tower, True)
-            recorded.clear()
-            out_g = tower(x, grid).clone()
-            set_graph_mode(tower, False)
-            out_e = tower(x, grid).clone()
-            if recorded:
-                inputs = {k: v for k, v in recorded.items() if k != "attention_layout_key"}
-                out_same = vit_budgets.eager_run(runner, **inputs).clone()
-            else:  # above the budgets: decided before the graph path, the tower's eager forward
-                out_same = out_e
+        out_g, out_e, out_same = graph_eager_same(tower, runner, recorded, x, grid)
         torch.cuda.synchronize()
         mixes.append({"grids": [list(g) for g in grids], "tokens": sum(t * h * w for t, h, w in grids),
                       "path": "replay" if state.replays > replays0 else ("eager" if state.eager_runs > eager0 else "?"),
