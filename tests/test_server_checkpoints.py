@@ -196,3 +196,36 @@ def test_redraw_is_deterministic_per_parameter_name():
     assert not torch.equal(a[0].weight, a[1].weight)  # seeded by name, not one stream reused
     assert check_plugin._is_norm("visual.merger.ln_q.weight") and check_plugin._is_norm("model.layers.0.self_attn.q_norm.weight")
     assert not check_plugin._is_norm("model.layers.0.mlp.down_proj.weight")
+
+
+def test_vit_call_line_holds_hashes_and_call_context():
+    """The per-call evidence line: per image its grid and input/output hashes (the output rows found
+    through the merger's ratio), and what the call ran under; never raises into the server."""
+    import json
+    import logging
+
+    import torch
+
+    import check_plugin
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    check_plugin.logger.addHandler(handler)
+    try:
+        x = torch.randn(8 + 16, 6).to(torch.bfloat16)  # two images: 8 and 16 patch rows
+        out = torch.randn(6, 4).to(torch.bfloat16)  # merger: 4 rows -> 1
+        with torch.inference_mode():
+            check_plugin.after_tower_forward(out, torch.nn.Linear(2, 2), x, torch.tensor([[1, 2, 4], [1, 4, 4]]))
+        check_plugin.after_tower_forward(out, object(), "not a tensor", [[1, 2, 4]])  # logged, not raised
+    finally:
+        check_plugin.logger.removeHandler(handler)
+    line = json.loads(records[0].split("vit call ", 1)[1])
+    assert [i["grid"] for i in line["images"]] == [[1, 2, 4], [1, 4, 4]]
+    assert line["images"][0]["out"] == check_plugin._bits_hash(out[:2])
+    assert line["images"][1]["out"] == check_plugin._bits_hash(out[2:6])
+    assert line["images"][1]["in"] == check_plugin._bits_hash(x[8:])
+    ctx = line["call_context"]
+    assert ctx["x_dtype"] == "torch.bfloat16" and ctx["x_contiguous"] and ctx["inference_mode"] is True
+    assert "batch_invariant" in ctx and "budget" in ctx
+    assert "not hashed" in records[1]

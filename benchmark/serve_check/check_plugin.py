@@ -20,6 +20,11 @@ Two things, both in the process that loads the model (the scheduler):
    of its output rows (bits of the bf16 values; one device sync per call, the check's cost only).
    The same image must give the same output hash in every call, alone or batched with others: this
    separates the vision tower from the language model when a request's greedy tokens differ.
+   The line also holds what the call ran under (``call_context``): the budget graphs' replay and
+   eager counters of the tower's runner (cumulative: the difference to the previous line is this
+   call's path), whether SGLang's batch-invariant kernels are on, inference mode, the CUDA stream,
+   and the input's dtype / contiguity -- what differs between a server process and the tower
+   checks, where the same images give the same rows.
 """
 
 from __future__ import annotations
@@ -119,6 +124,32 @@ def _bits_hash(t) -> str:
     return format(zlib.crc32(raw.cpu().numpy().tobytes()), "08x")
 
 
+def call_context(tower, x) -> dict:
+    """What a tower call ran under (see the module docstring); every entry best-effort."""
+    import torch
+
+    ctx: dict = {"x_dtype": str(x.dtype), "x_contiguous": bool(x.is_contiguous()),
+                 "inference_mode": torch.is_inference_mode_enabled(), "grad": torch.is_grad_enabled()}
+    try:
+        ctx["stream"] = int(torch.cuda.current_stream().cuda_stream) if x.is_cuda else None
+    except Exception:  # noqa: BLE001
+        ctx["stream"] = None
+    try:
+        from sglang.srt.batch_invariant_ops.batch_invariant_ops import is_batch_invariant_mode_enabled
+
+        ctx["batch_invariant"] = bool(is_batch_invariant_mode_enabled())
+    except Exception as exc:  # noqa: BLE001
+        ctx["batch_invariant"] = f"unknown: {type(exc).__name__}"
+    try:
+        from sglang_fa4.integration.vit_budgets import budget_state, find_runners
+
+        states = [budget_state(r) for r in find_runners(tower)]
+        ctx["budget"] = [{"replays": st.replays, "eager_runs": st.eager_runs} for st in states if st is not None]
+    except Exception as exc:  # noqa: BLE001
+        ctx["budget"] = f"unknown: {type(exc).__name__}"
+    return ctx
+
+
 def after_tower_forward(result, self, x, grid_thw, *args, **kwargs):
     """AFTER the vision tower's forward: the per-image hashes line (see the module docstring)."""
     try:
@@ -130,7 +161,7 @@ def after_tower_forward(result, self, x, grid_thw, *args, **kwargs):
             images.append({"grid": g, "in": _bits_hash(x[start:start + n]),
                            "out": _bits_hash(result[start // merge:(start + n) // merge])})
             start += n
-        logger.warning("serve-check: vit call %s", json.dumps({"images": images}))
+        logger.warning("serve-check: vit call %s", json.dumps({"images": images, "call_context": call_context(self, x)}))
     except Exception as exc:  # noqa: BLE001 - evidence only; never break the server
         logger.warning("serve-check: vit call not hashed: %s", exc)
     return None
