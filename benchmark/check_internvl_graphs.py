@@ -367,7 +367,7 @@ def processor_max_tiles():
     return int(InternVLProcessor.IMAGE_MAX_NUM)
 
 
-def run_check(args, device: str = "cuda", config=None, dtype=None, info: dict | None = None, meta: dict | None = None) -> dict:
+def run_check(args, device: str = "cuda", config=None, dtype=None, meta: dict | None = None) -> dict:
     """Startup then the requests (SGLang prepared, plugins loaded); the result with its verdict."""
     from sglang_towers import internvl_config
 
@@ -400,11 +400,9 @@ def main(argv=None) -> int:
     meta = base_meta("internvl_graphs", sys.argv if argv is None else ["check_internvl_graphs.py", *argv])
     meta.update(sglang=info)
     result = run_check(args, "cuda", meta=meta)
-    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+    from sglang_towers import result_stem
 
-    # the latest supported SGLang's run is the headline file
-    stem = "internvl_graphs" + ("" if info["sglang_version"] == SUPPORTED_SGLANG_VERSIONS[-1]
-                                else f"-{info['sglang_version']}") + (f"-{args.tag}" if args.tag else "")
+    stem = result_stem("internvl_graphs", info["sglang_version"], args.tag)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, default=str, separators=(",", ":")))
     (args.out / f"{stem}.md").write_text(markdown(result))

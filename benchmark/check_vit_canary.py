@@ -398,10 +398,9 @@ def main(argv=None) -> int:
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": info, "env": env,
               "models": []}
     args.out.mkdir(parents=True, exist_ok=True)
-    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+    from sglang_towers import result_stem
 
-    latest = info["sglang_version"] == SUPPORTED_SGLANG_VERSIONS[-1]
-    stem = "vit_canary" + ("" if latest else f"-{info['sglang_version']}") + (f"-{args.tag}" if args.tag else "")
+    stem = result_stem("vit_canary", info["sglang_version"], args.tag)
     for i, model in enumerate(args.models):
         t0 = time.perf_counter()
         try:

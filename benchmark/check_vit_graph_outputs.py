@@ -216,11 +216,9 @@ def main(argv=None) -> int:
                   for p in ("exact_layout", "budgets", "runner_graphs") if p in r)
     result["held_outputs_changed_total"] = changed
     args.out.mkdir(parents=True, exist_ok=True)
-    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+    from sglang_towers import result_stem
 
-    # the latest supported SGLang's run is the headline file
-    latest = result["sglang_version"] == SUPPORTED_SGLANG_VERSIONS[-1]
-    stem = "vit_graph_outputs" + ("" if latest else f"-{result['sglang_version']}")
+    stem = result_stem("vit_graph_outputs", result["sglang_version"])
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))

@@ -449,11 +449,9 @@ def main(argv=None) -> int:
     result = {"meta": meta, "models": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+    from sglang_towers import result_stem
 
-    # the latest supported SGLang's run is the headline file
-    stem = "vit_graphs" + ("" if info["sglang_version"] == SUPPORTED_SGLANG_VERSIONS[-1]
-                           else f"-{info['sglang_version']}") + (f"-{args.tag}" if args.tag else "")
+    stem = result_stem("vit_graphs", info["sglang_version"], args.tag)
     for i, model in enumerate(args.models):
         t0 = time.perf_counter()
         result["models"].append(check_model(model, args, seed=i))

@@ -123,32 +123,49 @@ def init_random_(module, seed: int) -> None:
                 p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
 
 
-def build_tower(model: str, seed: int = 0, device: str = "cuda"):
-    """SGLang's vision tower for ``model`` (bf16, eval, random weights) on ``device``."""
+def build_random(make, seed: int, device: str, dtype=None):
+    """``make()`` run with ``dtype`` (default bf16) as torch's default dtype and ``device`` as the
+    default device, where SGLang's modules allocate their parameters; then cast, eval mode and
+    random weights (init_random_)."""
     import torch
 
-    from sglang_fa4.bench.vit import QWEN3_8B_VISION, QWEN25_7B_VISION
-
-    torch.set_default_dtype(torch.bfloat16)
+    dtype = dtype or torch.bfloat16
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            if model == "qwen2_5_vl":
-                from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer
-                from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-
-                tower = Qwen2_5_VisionTransformer(Qwen2_5_VLVisionConfig(**QWEN25_7B_VISION))
-            elif model == "qwen3_vl":
-                from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
-                from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
-
-                tower = Qwen3VLMoeVisionModel(Qwen3VLVisionConfig(**QWEN3_8B_VISION))
-            else:
-                raise ValueError(f"unknown model {model!r}; known: {MODELS}")
+            module = make()
     finally:
-        torch.set_default_dtype(torch.float32)
-    tower = tower.to(device=device, dtype=torch.bfloat16).eval()
-    init_random_(tower, seed)
-    return tower
+        torch.set_default_dtype(default)
+    module = module.to(device=device, dtype=dtype).eval()
+    init_random_(module, seed)
+    return module
+
+
+def build_tower(model: str, seed: int = 0, device: str = "cuda"):
+    """SGLang's vision tower for ``model`` (bf16, eval, random weights) on ``device``."""
+    from sglang_fa4.bench.vit import QWEN3_8B_VISION, QWEN25_7B_VISION
+
+    if model == "qwen2_5_vl":
+        from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+        return build_random(lambda: Qwen2_5_VisionTransformer(Qwen2_5_VLVisionConfig(**QWEN25_7B_VISION)), seed, device)
+    if model == "qwen3_vl":
+        from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
+        from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
+
+        return build_random(lambda: Qwen3VLMoeVisionModel(Qwen3VLVisionConfig(**QWEN3_8B_VISION)), seed, device)
+    raise ValueError(f"unknown model {model!r}; known: {MODELS}")
+
+
+def result_stem(kind: str, sglang_version: str, tag: str = "") -> str:
+    """A GPU check's result file name: ``kind`` for the latest supported SGLang (the headline
+    file), ``kind-<version>`` for the others, ``-<tag>`` appended when given."""
+    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+
+    latest = sglang_version == SUPPORTED_SGLANG_VERSIONS[-1]
+    return kind + ("" if latest else f"-{sglang_version}") + (f"-{tag}" if tag else "")
 
 
 def internvl_config(vision: dict | None = None, max_dynamic_patch: int = 12, use_thumbnail: bool = True):
@@ -170,22 +187,11 @@ def build_internvit(seed: int = 0, device: str = "cuda", config=None, part: str 
     position embeddings + encoder, what InternVLChatModel.vision_model is), "encoder" =
     InternVisionEncoder alone. The encoder builds its InternVL graph runner when
     SGLANG_VIT_ENABLE_CUDA_GRAPH=1 at construction (and SGLang runs on CUDA)."""
-    import torch
-
     from sglang.srt.models.internvl import InternVisionEncoder, InternVisionModel
 
-    dtype = dtype or torch.bfloat16
     vision_config = (config or internvl_config()).vision_config
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            module = (InternVisionModel if part == "model" else InternVisionEncoder)(vision_config)
-    finally:
-        torch.set_default_dtype(default)
-    module = module.to(device=device, dtype=dtype).eval()
-    init_random_(module, seed)
-    return module
+    cls = InternVisionModel if part == "model" else InternVisionEncoder
+    return build_random(lambda: cls(vision_config), seed, device, dtype)
 
 
 def grid_of(model: str, width: int, height: int, frames: int = 1) -> tuple[int, int, int]:
