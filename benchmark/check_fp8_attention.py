@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from sglang_fa4.bench.stats import median  # noqa: E402
 from sglang_fa4.bench.timing import graph_replay_ms  # noqa: E402
 
 DEV = "cuda"
@@ -511,12 +512,6 @@ def section_correctness(quick=False, start=0):
     RESULT["sections"]["correctness"] = rows
 
 
-def _median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if n else float("nan")
-
-
 def bench_graph(fn, iters=20):
     """Median microseconds of single CUDA-graph replays of fn."""
     return graph_replay_ms(fn, replays=iters) * 1000
@@ -575,13 +570,13 @@ def section_speed():
                     row["bf16_error"] = f"{type(e).__name__}: {e}"[:300]
                 fault_guard("fa4_bf16", f"speed {name} d{d} causal={causal}")
         if fp8_r and "fp8_error" not in row:
-            row["fp8_us"] = _median(fp8_r)
+            row["fp8_us"] = median(fp8_r)
             row["fp8_tflops"] = flops / row["fp8_us"] / 1e6
         if bf16_r and "bf16_error" not in row:
-            row["bf16_us"] = _median(bf16_r)
+            row["bf16_us"] = median(bf16_r)
             row["bf16_tflops"] = flops / row["bf16_us"] / 1e6
         if "fp8_us" in row and "bf16_us" in row:
-            row["speedup"] = _median([b / f for f, b in zip(fp8_r, bf16_r)])
+            row["speedup"] = median([b / f for f, b in zip(fp8_r, bf16_r)])
         if ROUNDS > 1:
             row["fp8_rounds"], row["bf16_rounds"] = fp8_r, bf16_r
         if d == 128 and not causal and SPEED_WHAT in ("both", "fp8"):  # 1x16384: one program per (head, tensor)
@@ -692,10 +687,10 @@ def section_variants():
         for v in timed:
             row = per[v["name"]]
             if row["fp8_rounds"] and "fp8_error" not in row:
-                row["fp8_us"] = _median(row["fp8_rounds"])
+                row["fp8_us"] = median(row["fp8_rounds"])
                 row["fp8_tflops"] = flops / row["fp8_us"] / 1e6
-                row["bf16_us"] = _median(row["bf16_rounds"])
-                row["speedup"] = _median(row["ratio_rounds"])
+                row["bf16_us"] = median(row["bf16_rounds"])
+                row["speedup"] = median(row["ratio_rounds"])
             v["speed"].append(row)
         log("variants", key, {n: (round(r.get("fp8_us", float("nan")), 1), round(r.get("speedup", float("nan")), 3))
                               for n, r in per.items()}, "bf16 rounds", [round(x, 1) for x in next(iter(per.values()))["bf16_rounds"]])

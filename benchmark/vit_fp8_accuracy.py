@@ -46,11 +46,10 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # SGLang's torch.compile'd ro
 
 import torch  # noqa: E402
 
+from check_vit_fp8 import BF16_NOISE, FORCED_MIN, rel, scale_like_trained  # noqa: E402
 from fp8_error_budget import E4M3_MAX, P_OFFSET, amax_scale, e4m3  # noqa: E402
 
 LOG2E = 1.4426950408889634
-FORCED_MIN = 65  # check_vit_fp8.FORCED_MIN: every layer with a segment over a 64-token window
-BF16_FA4_REL = 1.74e-3  # FA4 bf16 vs fp32 on the GPU (vit_fp8-run1.md, every crossover row)
 
 
 def per_head(x):  # (heads, tokens, d): the kernel's one scale per (sequence, head)
@@ -108,11 +107,7 @@ VARIANTS = {
 TOWER_VARIANTS = ("fp8", "fp8, K smoothed", "fp8, per-128-token-block scales", "fp8, q/k rotated (orthogonal)",
                   "Q/K E4M3 only",
                   "bf16 QK^T + FP8 PV (V, P E4M3)", "bf16 attention (FA4-like: P, out bf16)")
-NOISE = (3e-4, BF16_FA4_REL, 1e-2, 3e-2, 1e-1)
-
-
-def rel(a, b) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+NOISE = (3e-4, BF16_NOISE, 1e-2, 3e-2, 1e-1)  # BF16_NOISE: FA4 bf16's own rel. error vs fp32
 
 
 def cosine(a, b) -> float:
@@ -254,7 +249,6 @@ def stub_vllm_rotary() -> None:
 
 
 def run_model(model: str, seed: int, size: int, noise: tuple, log) -> dict:
-    from check_vit_fp8 import scale_like_trained
     from sglang_towers import build_tower, grid_of, pixels
 
     tower = build_tower(model, seed=seed, device="cpu")
