@@ -231,6 +231,8 @@ def one_run(spec: dict, a, ckpt_root: Path, pythonpath: str) -> dict:
         argv.append("--disable-overlap-schedule")
     elif variant == "upstream":
         env.update(SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE="0", SGLANG_FA4_JIT_MONITOR="warn")
+    elif variant == "probe":
+        env.update(SERVE_CHECK_VIT_PROBE="1")
     log_path = a.log_dir / f"server-{tag}.log"
     result: dict = {"run": tag, **spec, "command": " ".join(
         [f"{k}={env[k]}" for k in SERVER_ENV_KEYS] + [shlex.quote(x) for x in argv])}
@@ -409,6 +411,11 @@ def markdown(res: dict) -> str:
                          f"({vit['seen_in_several_calls']} seen in several calls, alone and batched): images whose "
                          f"output rows differ between calls: {vit['with_several_outputs']}"
                          + (f" {vit['differing']}" if vit["differing"] else ""))
+        pr = f.get("vit_probes")
+        if pr:
+            lines.append(f"- probe: {pr['images']} images of {pr['calls']} multi-image calls run again alone "
+                         f"(paths {pr['alone_paths']}; {pr['failed']} probe failures); bitwise equal "
+                         f"{pr['bitwise_equal']} of {pr['images']}; max |difference| {pr['max_abs_diff']}")
         lines.append(f"- 50 random requests: {r.get('concurrent_s')} s concurrently ({res['meta']['concurrency']} at a time), "
                      f"{r.get('alone_s')} s one by one; distinct outputs {len({tuple(x['alone'].get('output_ids') or ()) for x in r.get('random', [])})}"
                      f"/{len(r.get('random', []))}; prefill batches by requests in them "
@@ -470,6 +477,8 @@ VARIANTS = {
     "nooverlap": "--disable-overlap-schedule (SGLang's scheduler does not overlap batch preparation with the forward)",
     "upstream": "graphs on, sglang-fa4's budget graphs off: SGLang's own per-layout ViT graphs (captured on the "
                 "request path, so the JIT monitor only warns)",
+    "probe": "each image of a multi-image ViT call run again alone, through the budget replay and eagerly, "
+             "its rows compared in the server process (serve_check/check_plugin.py, 'vit probe' lines)",
 }
 
 

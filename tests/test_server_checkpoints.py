@@ -229,3 +229,55 @@ def test_vit_call_line_holds_hashes_and_call_context():
     assert ctx["x_dtype"] == "torch.bfloat16" and ctx["x_contiguous"] and ctx["inference_mode"] is True
     assert "batch_invariant" in ctx and "budget" in ctx
     assert "not hashed" in records[1]
+
+
+def test_vit_probe_separates_batch_dependence_from_graph_vs_eager(monkeypatch):
+    """The probe variant: each image of a multi-image call runs again alone through the normal path
+    and with the budgets set aside (eager); a tower whose eager path differs from its replay by one
+    ulp shows up as alone_eager != alone, batched == alone; the log reader summarises the lines."""
+    import json
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    import check_plugin
+    import logcheck
+    from sglang_fa4.integration import vit_budgets
+
+    state = SimpleNamespace(budgets=(1024,), replays=0, eager_runs=0)
+
+    class Tower:
+        def forward(self, x, grid_thw):
+            out = x.reshape(-1, 4, x.shape[1]).sum(1)
+            if state.budgets == (0,):
+                state.eager_runs += 1
+                return out + 2.0 ** -8
+            state.replays += 1
+            return out
+
+    tower = Tower()
+    monkeypatch.setattr(vit_budgets, "find_runners", lambda model: [model])
+    monkeypatch.setattr(vit_budgets, "budget_state", lambda runner: state)
+    monkeypatch.setenv("SERVE_CHECK_VIT_PROBE", "1")
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    check_plugin.logger.addHandler(handler)
+    try:
+        x = torch.randn(8 + 16, 6)
+        grid = torch.tensor([[1, 2, 4], [1, 4, 4]])
+        check_plugin.after_tower_forward(tower.forward(x, grid), tower, x, grid)
+    finally:
+        check_plugin.logger.removeHandler(handler)
+    assert state.budgets == (1024,)  # restored
+    probes = [r for r in records if "vit probe" in r]
+    assert len(probes) == 1 and len([r for r in records if "vit call" in r]) == 1  # the probe's calls log nothing
+    line = json.loads(probes[0].split("vit probe ", 1)[1])
+    assert line["images"] == 2 and [r["alone_path"] for r in line["probed"]] == [["replay"], ["replay"]]
+    for r in line["probed"]:
+        assert r["batched_vs_alone"] == 0 and r["batched_vs_alone_eager"] > 0 and r["alone_eager_vs_alone"] > 0
+    summary = logcheck.vit_probe_summary(["x " + p for p in probes])
+    assert summary["images"] == 2 and summary["bitwise_equal"]["batched_vs_alone"] == 2
+    assert summary["bitwise_equal"]["alone_eager_vs_alone"] == 0 and summary["alone_paths"] == ["replay"]
+    assert logcheck.vit_probe_summary(["nothing here"]) is None

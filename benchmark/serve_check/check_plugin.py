@@ -25,6 +25,13 @@ Two things, both in the process that loads the model (the scheduler):
    call's path), whether SGLang's batch-invariant kernels are on, inference mode, the CUDA stream,
    and the input's dtype / contiguity -- what differs between a server process and the tower
    checks, where the same images give the same rows.
+4. With ``SERVE_CHECK_VIT_PROBE=1`` (check_server.py's ``probe`` variant; the check's own switch, not
+   the product's), after each tower call of several images, each image (at most
+   ``PROBE_IMAGES`` per call) is run again alone, once through the tower's normal path (a budget
+   replay when it fits) and once with the budget graphs set aside (the eager path), and one line
+   ``serve-check: vit probe {...}`` gives per image the max |difference| of its rows between the
+   batched call, alone and alone-eager: which of batch dependence and graph-vs-eager makes a
+   request's image rows differ, measured inside the server process itself.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ LOADER_TARGET = "sglang.srt.model_loader.loader.DummyModelLoader.load_model"
 TOWER_TARGETS = ("sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward",
                  "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel.forward")
 STD = 0.02
+PROBE_IMAGES = 4
+_probing = False
 
 
 def _is_norm(name: str) -> bool:
@@ -150,20 +159,70 @@ def call_context(tower, x) -> dict:
     return ctx
 
 
+def _image_rows(grid_thw, x, result):
+    """Per image: (index, grid, input row slice, output row slice)."""
+    grids = [[int(v) for v in g] for g in (grid_thw.tolist() if hasattr(grid_thw, "tolist") else grid_thw)]
+    sizes = [t * h * w for t, h, w in grids]
+    merge = sum(sizes) // int(result.shape[0])
+    start = 0
+    for i, (g, n) in enumerate(zip(grids, sizes)):
+        yield i, g, slice(start, start + n), slice(start // merge, (start + n) // merge)
+        start += n
+
+
+def _max_diff(a, b) -> float:
+    if a.shape != b.shape:
+        return float("nan")
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def probe(tower, x, grid_thw, result, args, kwargs) -> dict:
+    """Each image of a batched call alone: through the normal path, then with the budget graphs set
+    aside (the eager path); max |difference| of its output rows (see the module docstring)."""
+    from sglang_fa4.integration.vit_budgets import budget_state, find_runners
+
+    states = [st for st in (budget_state(r) for r in find_runners(tower)) if st is not None]
+    rows = []
+    for i, g, xs, ys in list(_image_rows(grid_thw, x, result))[:PROBE_IMAGES]:
+        one = grid_thw[i:i + 1]
+        before = [(st.replays, st.eager_runs) for st in states]
+        alone = tower.forward(x[xs], one, *args, **kwargs)
+        path = ["replay" if st.replays > b[0] else "eager" for st, b in zip(states, before)]
+        saved = [st.budgets for st in states]
+        try:
+            for st in states:
+                st.budgets = (0,)  # every call is above the budgets: the eager path
+            alone_eager = tower.forward(x[xs], one, *args, **kwargs)
+        finally:
+            for st, b in zip(states, saved):
+                st.budgets = b
+        batched = result[ys]
+        rows.append({"grid": g, "alone_path": path,
+                     "batched_vs_alone": _max_diff(batched, alone),
+                     "batched_vs_alone_eager": _max_diff(batched, alone_eager),
+                     "alone_eager_vs_alone": _max_diff(alone_eager, alone)})
+    return {"images": len(grid_thw), "probed": rows}
+
+
 def after_tower_forward(result, self, x, grid_thw, *args, **kwargs):
     """AFTER the vision tower's forward: the per-image hashes line (see the module docstring)."""
+    global _probing
+    if _probing:  # the probe's own tower calls
+        return None
     try:
-        grids = [[int(v) for v in g] for g in (grid_thw.tolist() if hasattr(grid_thw, "tolist") else grid_thw)]
-        sizes = [t * h * w for t, h, w in grids]
-        merge = sum(sizes) // int(result.shape[0])
-        images, start = [], 0
-        for g, n in zip(grids, sizes):
-            images.append({"grid": g, "in": _bits_hash(x[start:start + n]),
-                           "out": _bits_hash(result[start // merge:(start + n) // merge])})
-            start += n
+        images = [{"grid": g, "in": _bits_hash(x[xs]), "out": _bits_hash(result[ys])}
+                  for _, g, xs, ys in _image_rows(grid_thw, x, result)]
         logger.warning("serve-check: vit call %s", json.dumps({"images": images, "call_context": call_context(self, x)}))
     except Exception as exc:  # noqa: BLE001 - evidence only; never break the server
         logger.warning("serve-check: vit call not hashed: %s", exc)
+    if os.environ.get("SERVE_CHECK_VIT_PROBE") == "1" and len(grid_thw) > 1:
+        _probing = True
+        try:
+            logger.warning("serve-check: vit probe %s", json.dumps(probe(self, x, grid_thw, result, args, kwargs)))
+        except Exception as exc:  # noqa: BLE001 - evidence only
+            logger.warning("serve-check: vit probe failed: %r", exc)
+        finally:
+            _probing = False
     return None
 
 

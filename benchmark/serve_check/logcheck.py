@@ -22,6 +22,7 @@ RUNNING = re.compile(r"#running-req: (\d+)")
 BUDGETS_FAILED = "ViT graph budgets not captured"
 STUB_CALLED = re.compile(r"(\S+) is a stand-in \(cuda_only_stubs\)")
 VIT_CALL = re.compile(r"serve-check: vit call (\{.*\})\s*$")
+VIT_PROBE = re.compile(r"serve-check: vit probe (\{.*\})\s*$")
 
 
 def analyse(text: str) -> dict:
@@ -75,7 +76,24 @@ def analyse(text: str) -> dict:
     out["tracebacks"] = sum(1 for line in lines if line.startswith("Traceback"))
     out["stand_ins_called"] = sorted({m[1] for line in lines if (m := STUB_CALLED.search(line))})
     out["vit_calls"] = vit_call_consistency(lines)
+    out["vit_probes"] = vit_probe_summary(lines)
     return out
+
+
+def vit_probe_summary(lines: list[str]) -> dict | None:
+    """The ``probe`` variant's lines: per image of a multi-image call, its rows batched vs alone
+    (normal path), batched vs alone eager, alone eager vs alone; how many are bitwise equal."""
+    probes = [json.loads(m[1]) for line in lines if (m := VIT_PROBE.search(line))]
+    failed = sum(1 for line in lines if "serve-check: vit probe failed" in line)
+    if not probes and not failed:
+        return None
+    rows = [r for p in probes for r in p["probed"]]
+    keys = ("batched_vs_alone", "batched_vs_alone_eager", "alone_eager_vs_alone")
+    return {"calls": len(probes), "failed": failed, "images": len(rows),
+            "bitwise_equal": {k: sum(1 for r in rows if r[k] == 0) for k in keys},
+            "max_abs_diff": {k: max((r[k] for r in rows), default=None) for k in keys},
+            "alone_paths": sorted({"/".join(r["alone_path"]) for r in rows}),
+            "rows": rows[:40]}
 
 
 def vit_call_consistency(lines: list[str]) -> dict:
