@@ -645,3 +645,48 @@ emit({"has": callable(getattr(ModelRunner, "maybe_enable_batch_invariant_mode", 
           "self.load_model()") < inspect.getsource(ModelRunner.initialize).find("self.maybe_enable_batch_invariant_mode()")})
 """)
     assert out == {"has": True, "gated": True, "init_order": True}
+
+
+TABLE_DTYPE = MODEL + r"""
+# Qwen3-VL on CUDA: SGLang's rotary cache is fp32 while the tower (and so the runner's own rotary
+# workspace) is bf16. Here: the tower float32, its rotary cache float64; every block records the
+# dtype of the cos/sin it is handed (then computes in the tower's dtype).
+seen = []
+block_forward = Block.forward
+def recording(self, x, cu_seqlens=None, position_embeddings=None, output_ws=None,
+              rotary_pos_emb_cos=None, rotary_pos_emb_sin=None):
+    seen.append(str(rotary_pos_emb_cos.dtype).replace("torch.", ""))
+    return block_forward(self, x, cu_seqlens=cu_seqlens, rotary_pos_emb_cos=rotary_pos_emb_cos.to(x.dtype),
+                         rotary_pos_emb_sin=rotary_pos_emb_sin.to(x.dtype))
+Block.forward = recording
+result = {}
+with faked_graphs():
+    vit, runner, mr = tower_with_runner(True)
+    vit.rotary_pos_emb = nn.Module()
+    vit.rotary_pos_emb.rotary_dim = D
+    vit.rotary_pos_emb.register_buffer("cos_sin_cache", torch.zeros(64, D, dtype=torch.float64))
+    result["dims"] = {k: str(v) for k, v in vb.infer_capture_dims(vit).items()}
+    assert vb.capture_budgets_after_load_model(None, mr) is None
+    state = vb.budget_state(runner)
+    seen.clear()
+    for total in (24, 160):  # a budget replay, then an eager run above the budgets
+        tables = (torch.randn(total, D, dtype=torch.float64), torch.randn(total, D, dtype=torch.float64))
+        call_run(runner, torch.randn(total, C), [0, total], None, tables, True, None)
+        result[str(total)] = sorted(set(seen)); seen.clear()
+    result["report"] = state.report()
+emit(result)
+"""
+
+
+def test_graphs_read_the_rotary_tables_in_the_towers_table_dtype(sglang_version):
+    """The budget graphs read the rotary tables in the dtype the tower produces them (Qwen3-VL:
+    SGLang's fp32 rotary cache), not rounded into the runner's bf16 workspace, and the eager path
+    above the budgets is handed the same dtype: on the H200 server a replay's bf16-rounded tables
+    made an image's rows differ alone (replay) vs batched (eager) (issue #14)."""
+    out = run_with_sglang(sglang_version, TABLE_DTYPE, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
+                                                             "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
+                                                             "SGLANG_FA4_VIT_GRAPH_BUDGETS": "32,64"})
+    assert out["dims"]["table_dtype"] == "torch.float64" and out["dims"]["rope_kind"] == "rotary", out
+    assert out["report"]["replays"] == 1 and out["report"]["eager_runs"] == 1, out["report"]
+    assert out["24"] == ["float64"], out  # the replay's blocks
+    assert out["160"] == ["float64"], out  # the eager blocks

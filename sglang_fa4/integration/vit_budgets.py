@@ -72,6 +72,7 @@ class BudgetState:
     budgets: tuple[int, ...]
     window_tokens: Optional[int]  # Qwen2.5-VL windowed blocks; None: full attention only
     rope_kind: str  # "position_embeddings" (Qwen2.5-VL) | "rotary" (Qwen3-VL cos/sin)
+    table_dtype: Any = None  # the dtype the graphs read the rotary tables in
     keys: dict[int, Any] = field(default_factory=dict)
     capacity: dict[int, int] = field(default_factory=dict)  # windowed layout
     capacity_full: dict[int, int] = field(default_factory=dict)
@@ -134,12 +135,21 @@ def shared_graph_pool(on: bool):
 
 
 def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[str] = None,
-                    budgets: Optional[Sequence[int]] = None) -> BudgetState:
+                    budgets: Optional[Sequence[int]] = None, table_dtype=None) -> BudgetState:
     """Capture one graph per budget on ``runner`` (a generic ``ViTCudaGraphRunner`` whose backend
     is fa4) and seal it: from then on ``run`` replays these graphs (or runs eagerly) and any new
     capture is flagged. ``hidden``: width of ``x`` (the tower's embed dim); ``rope_dim``: columns
     of the rotary tables; ``rope_kind``: "position_embeddings" (Qwen2.5-VL, the default for a
-    tower with windowed blocks) or "rotary" (Qwen3-VL cos/sin)."""
+    tower with windowed blocks) or "rotary" (Qwen3-VL cos/sin); ``table_dtype``: the dtype of the
+    rotary tables the tower hands ``run`` (default: the runner's dtype).
+
+    The graphs read the tables in ``table_dtype``. SGLang's runner keeps them in a workspace of the
+    tower's dtype (bf16), and Qwen3-VL hands it fp32 cos/sin (SGLang's rotary cache is fp32 on
+    CUDA): a replay would round them to bf16 while an eager run above the budgets uses them as
+    they are, so the same image gave other bits alone (a replay) than batched above the budgets
+    (eager) on the H200 server (issue #14). The workspace is therefore allocated here, in
+    ``table_dtype``, before the first capture: no rounding, and :func:`eager_run` is handed tables
+    of the same dtype."""
     import torch
 
     if runner._attn_backend != FA4:
@@ -150,10 +160,15 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
         rope_kind = "position_embeddings" if runner._fullatt_block_indexes else "rotary"
     if rope_kind not in ("position_embeddings", "rotary"):
         raise ValueError(f"rope_kind {rope_kind!r}")
-    state = BudgetState(budgets, window, rope_kind)
-    setattr(runner, STATE_ATTR, state)
     device, dtype = runner.device, runner.dtype
+    table_dtype = table_dtype or dtype
+    state = BudgetState(budgets, window, rope_kind, table_dtype=table_dtype)
+    setattr(runner, STATE_ATTR, state)
     cuda = torch.device(device).type == "cuda"
+    if table_dtype != dtype:
+        # SGLang's _get_sin_cos_ws reuses a workspace large enough; its graphs take views of it
+        runner.sin_cos_ws = tuple(torch.zeros(max(budgets), rope_dim, dtype=table_dtype, device=device)
+                                  for _ in range(2))
     with jit_monitor.expected_compiles(), shared_graph_pool(cuda and envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()):
         # largest first: the runner's shared rotary workspace is allocated once, at full size
         for budget in sorted(budgets, reverse=True):
@@ -163,7 +178,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
             if window is not None:
                 cu_window = torch.tensor(capture_layout(budget, cap, window), dtype=torch.int32, device=device)
             x_3d = torch.zeros(budget, 1, hidden, dtype=dtype, device=device)
-            table = torch.zeros(budget, rope_dim, dtype=dtype, device=device)
+            table = torch.zeros(budget, rope_dim, dtype=table_dtype, device=device)
             kwargs: dict[str, Any] = {"position_embeddings": None}
             if rope_kind == "position_embeddings":
                 kwargs["position_embeddings"] = (table, table.clone())
@@ -300,8 +315,21 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
         else:
             return _replay_budget(self, state, budget, full, window, x, tables, output_indices)
     state.eager_runs += 1
+    # the tables as a replay reads them: an image gets the same bits eager (batched above the
+    # budgets) and replayed (alone)
+    position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin = (
+        _as_dtype(t, state.table_dtype) for t in (position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin))
     return eager_run(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
                      rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices)
+
+
+def _as_dtype(table, dtype):
+    """A rotary table (or a (cos, sin) pair, or None) in ``dtype`` (None: as it is)."""
+    if table is None or dtype is None:
+        return table
+    if isinstance(table, (tuple, list)):
+        return type(table)(_as_dtype(t, dtype) for t in table)
+    return table if table.dtype == dtype else table.to(dtype)
 
 
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
@@ -328,7 +356,8 @@ def infer_capture_dims(vit) -> dict[str, Any]:
     from the modules that produce them: the width of block 0's ``norm1``; Qwen2.5-VL
     (``fullatt_block_indexes``): ``position_embeddings`` = cat(rot, rot) over 2 position axes,
     4 * len(rotary_pos_emb.inv_freq) columns; Qwen3-VL: rotary cos/sin of
-    ``rotary_pos_emb.rotary_dim`` columns. Raises ValueError when a tower has neither."""
+    ``rotary_pos_emb.rotary_dim`` columns, in the dtype of ``rotary_pos_emb.cos_sin_cache``
+    (``table_dtype``; None: the tower's). Raises ValueError when a tower has neither."""
     norm = getattr(vit.blocks[0], "norm1", None)
     weight = getattr(norm, "weight", None)
     if weight is None:
@@ -341,8 +370,12 @@ def infer_capture_dims(vit) -> dict[str, Any]:
         rope_dim = int(rope.rotary_dim)
     else:
         raise ValueError("cannot read the rotary table width: rotary_pos_emb has neither inv_freq nor rotary_dim")
+    # Qwen3-VL's cos/sin are slices of SGLang's rotary cache (fp32 on CUDA); Qwen2.5-VL's tower
+    # casts its tables to its own dtype
+    cache = getattr(rope, "cos_sin_cache", None)
+    table_dtype = None if windowed or cache is None else cache.dtype
     return {"hidden": int(weight.shape[0]), "rope_kind": "position_embeddings" if windowed else "rotary",
-            "rope_dim": rope_dim}
+            "rope_dim": rope_dim, "table_dtype": table_dtype}
 
 
 def find_runners(model) -> list:
