@@ -125,8 +125,13 @@ def init_random_(module, seed: int) -> None:
 
 def build_random(make, seed: int, device: str, dtype=None):
     """``make()`` run with ``dtype`` (default bf16) as torch's default dtype and ``device`` as the
-    default device, where SGLang's modules allocate their parameters; then cast, eval mode and
-    random weights (init_random_)."""
+    default device, where SGLang's modules allocate their parameters; then the parameters cast,
+    eval mode and random weights (init_random_).
+
+    Buffers keep the dtype the module gave them, as in a server (SGLang's loader builds the model
+    under the default dtype and never casts it whole): SGLang's rotary cache is fp32 on CUDA, and a
+    whole-module ``.to(bf16)`` here had made it bf16, so the tower checks never saw the fp32 cos/sin
+    a server's Qwen3-VL tower hands its graph runner (issue #14)."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -137,7 +142,12 @@ def build_random(make, seed: int, device: str, dtype=None):
             module = make()
     finally:
         torch.set_default_dtype(default)
+    buffer_dtypes = {name: b.dtype for name, b in module.named_buffers()}
     module = module.to(device=device, dtype=dtype).eval()
+    for name, b in module.named_buffers():
+        if b.dtype != buffer_dtypes[name]:
+            owner, _, leaf = name.rpartition(".")
+            module.get_submodule(owner)._buffers[leaf] = b.to(buffer_dtypes[name])  # persistence kept
     init_random_(module, seed)
     return module
 
