@@ -338,7 +338,7 @@ def check_model(model: str, args, seed: int) -> dict:
                  and all(u["budget_graph_vs_upstream_graph_rel_err"] <= REL_TOL for u in upstream))
     del runner.run
     set_graph_mode(tower, False)
-    del tower, holder, states, state, runner
+    del tower, holder, state, runner
     torch.cuda.empty_cache()
     return res
 
