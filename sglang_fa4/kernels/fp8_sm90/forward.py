@@ -189,6 +189,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # (mio_throttle in the profile), so a GEMM issue that overlaps the other warpgroup's exp2s
         # reaches the tensor cores late.  Not yet measured on the GPU; off by default.
         self.mufu_gate = self.rowsum_mma and "mufu_gate" in self.debug  # reads the block of ones
+        self.persistent = False
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
