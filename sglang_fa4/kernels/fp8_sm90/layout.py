@@ -97,6 +97,18 @@ def tile_stages(head_dim: int, tile_n: int) -> int:
     return min(4, fits)
 
 
+def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: bool) -> int:
+    """K/V^T stages of the persistent kernel (switch "persist"): as many as fit (at most 4) beside
+    ``q_buffers`` Q buffers (TILE_M x d bytes each), the bf16 O staging buffers (TILE_M x d x 2
+    bytes, the TMA-store epilogue) and 2 KiB of barriers + the longest-first table -- 3 at d=128
+    with 192-key tiles and two Q buffers, 4 without the O buffers ("o_direct")."""
+    spare = SM90_SMEM_BYTES - q_buffers * TILE_M * head_dim - (2 * TILE_M * head_dim if o_staging else 0) - 2048
+    fits = spare // (2 * tile_n * head_dim)
+    if fits < 2:
+        raise ValueError(f"persistent kernel, key tile {tile_n} at head dim {head_dim}: two K/V^T stages do not fit")
+    return min(4, fits)
+
+
 def padded_head_dim(head_dim: int) -> int:
     """The head dim the FP8 kernel runs at: the next supported one (72, 80 -> 96)."""
     for d in SUPPORTED_HEAD_DIMS:
