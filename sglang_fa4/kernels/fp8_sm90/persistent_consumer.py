@@ -95,19 +95,20 @@ class PersistentConsumer:
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        # a tile's coordinates and the loads they need are fetched one tile ahead, while the tile
+        # before runs (their latency -- a search of the schedule table, then cu_seqlens and
+        # descales -- is otherwise paid at every tile start)
         w = first_work
+        nxt = self.tile_info(w, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2,
+                             qhead_per_kvhead)
         while w < num_work:
-            valid, batch, m_block, head = self.work_tile(w, num_slots, mCuQ, s_first, s_perm, qhead_per_kvhead)
+            valid, batch, m_block, head, offset_q, seqlen_q, seqlen_k, scale_log2, v_descale = nxt
+            nxt = self.tile_info(w + stride, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm,
+                                 softmax_scale_log2, qhead_per_kvhead)
             if valid != 0:
-                offset_q = mCuQ[batch]
-                seqlen_q = mCuQ[batch + 1] - offset_q
-                seqlen_k = mCuK[batch + 1] - mCuK[batch]
-                head_kv = head // qhead_per_kvhead
                 row_start = m_block * self.tile_m + wg * WG_ROWS
                 m64_block = 2 * m_block + wg
                 n_block_max = (seqlen_k + tile_n - 1) // tile_n
-                scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv] * mDescale[1, batch, head_kv]
-                v_descale = mDescale[2, batch, head_kv]
                 acc_o.fill(0.0)
                 for r in cutlass.range_constexpr(2):
                     row_max[r] = -Float32.inf
@@ -139,6 +140,27 @@ class PersistentConsumer:
         if cutlass.const_expr(self.o_tma):
             if store_thread:
                 cute.arch.cp_async_bulk_wait_group(0)  # the last stores, before shared memory goes
+
+    @cute.jit
+    def tile_info(self, w: Int32, num_work: Int32, num_slots: Int32, mCuQ: cute.Tensor, mCuK: cute.Tensor,
+                  mDescale: cute.Tensor, s_first: cute.Tensor, s_perm: cute.Tensor, softmax_scale_log2: Float32,
+                  qhead_per_kvhead: Int32):
+        """Work slot ``w``'s (valid, sequence, m block, q head, q offset, seqlen_q, seqlen_k, softmax
+        scale with the q/k descales, v descale); past the last slot: not valid, slot 0's loads (in
+        bounds)."""
+        w_read = w
+        if w >= num_work:
+            w_read = Int32(0)
+        valid, batch, m_block, head = self.work_tile(w_read, num_slots, mCuQ, s_first, s_perm, qhead_per_kvhead)
+        if w >= num_work:
+            valid = Int32(0)
+        offset_q = mCuQ[batch]
+        seqlen_q = mCuQ[batch + 1] - offset_q
+        seqlen_k = mCuK[batch + 1] - mCuK[batch]
+        head_kv = head // qhead_per_kvhead
+        scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv] * mDescale[1, batch, head_kv]
+        v_descale = mDescale[2, batch, head_kv]
+        return valid, batch, m_block, head, offset_q, seqlen_q, seqlen_k, scale_log2, v_descale
 
     @cute.jit
     def store_o_tma(self, r_out: cute.Tensor, stsm, thr_stsm, tRS_sO: cute.Tensor, sO: cute.Tensor, tma_o,
