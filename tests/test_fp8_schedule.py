@@ -130,3 +130,15 @@ def test_grid_is_min_of_work_and_sms():
     assert tile_slots(8 * 4096, 8) == 264
     assert persistent_grid(100, 1, 1, 132) == 1
     assert persistent_grid(300, 2, 4, 132) == (300 // TILE_M + 2) * 4
+
+
+def test_wide_default_switches():
+    """layout.WIDE_DEFAULT_SWITCHES (how the persistent kernel would become the d=128 non-causal
+    default): empty today; a default is dropped by "no_X", a default key tile by an explicit one."""
+    from sglang_fa4.kernels.fp8_sm90.layout import WIDE_DEFAULT_SWITCHES, with_wide_defaults
+
+    assert WIDE_DEFAULT_SWITCHES == frozenset()
+    d = frozenset({"persist", "o_direct", "n224"})
+    assert with_wide_defaults(frozenset(), d) == d
+    assert "persist" not in with_wide_defaults(frozenset({"no_persist"}), d)
+    assert with_wide_defaults(frozenset({"n192"}), d) == {"n192", "persist", "o_direct"}

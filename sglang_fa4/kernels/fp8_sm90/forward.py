@@ -62,9 +62,11 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     TILE_M,
     TILE_N,
     TWO_LEVEL_MAX_HEAD_DIM,
+    WIDE_DEFAULT_SWITCHES,
     head_dim_stages,
     persistent_stages,
     tile_stages,
+    with_wide_defaults,
 )
 from sglang_fa4.kernels.fp8_sm90.persistent_consumer import PersistentConsumer
 from sglang_fa4.kernels.fp8_sm90.persistent_entry import Q_STAGES, PersistentEntry
@@ -118,6 +120,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # A switch written "w:X" is X for the wide-tile kernel and nothing for the others, so one
         # set of switches can vary that kernel alone (check_fp8_attention --variants).
         debug = frozenset(f[2:] if f.startswith("w:") else f for f in debug if wide_tile or not f.startswith("w:"))
+        if wide_tile and WIDE_DEFAULT_SWITCHES:
+            debug = with_wide_defaults(debug, WIDE_DEFAULT_SWITCHES)
         # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.
         self.tile_n = next((int(f[1:]) for f in debug if f[:1] == "n" and f[1:].isdigit()),
                            192 if wide_tile else TILE_N)
@@ -199,7 +203,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # of min(work, SMs) CTAs each looping over (q tile, head) work slots, Q double-buffered,
         # O stored through shared memory + TMA ("o_direct": from the registers, one more K/V^T
         # stage).  num_sms: the launch device's SM count (launch.py; 132 in cross-compiles).
-        self.persistent = "persist" in self.debug
+        self.persistent = "persist" in self.debug and "no_persist" not in self.debug
         self.num_sms = int(num_sms) or DEFAULT_NUM_SMS
         self.o_tma = self.persistent and "o_direct" not in self.debug
         if self.persistent:
