@@ -178,7 +178,8 @@ def markdown() -> str:
             lines += ["", "The full kernel faulted in bring-up, so correctness and speed were not run in this call."]
         lines.append("")
     for f in RESULT["sections"].get("variant_failures", []):
-        lines += [f"**Variant left out** (its child process died or hung): {f.get('variant')} in {f.get('phase')}: "
+        where = f"{f['variant']} in {f.get('phase')}" if f.get("variant") else "before its first variant"
+        lines += [f"**Variants child process failed** ({where}; that variant left out, the others run again): "
                   f"{f.get('failure')}", ""]
     var = RESULT["sections"].get("variants", [])
     if var:
