@@ -177,6 +177,10 @@ def markdown() -> str:
         if RESULT["sections"].get("skipped_after_bringup_fault"):
             lines += ["", "The full kernel faulted in bring-up, so correctness and speed were not run in this call."]
         lines.append("")
+    for f in RESULT["sections"].get("variant_failures", []):
+        where = f"{f['variant']} in {f.get('phase')}" if f.get("variant") else "before its first variant"
+        lines += [f"**Variants child process failed** ({where}; that variant left out, the others run again): "
+                  f"{f.get('failure')}", ""]
     var = RESULT["sections"].get("variants", [])
     if var:
         rounds = RESULT["sections"].get("variant_rounds")
@@ -605,12 +609,39 @@ def section_speed():
 
 ROUNDS = 1  # --rounds: interleaved timing rounds (variants, speed)
 VARIANTS = "base="  # name=flags;name=flags (flags: comma list of Fp8AttentionForwardSm90 switches)
-VARIANT_CASES = [  # quick correctness per variant: (name, lens, heads, d, causal)
-    ("2seq", [1000, 3000], 16, 128, False),
-    ("1x16384", [16384], 2, 128, False),
-    ("2seq d64", [1000, 3000], 16, 64, False),
-    ("24,1000 d64 causal", [24, 1000], 4, 64, True),
-]
+def _many_segments():
+    """The correctness section's >256-segment layout (0- and 1-token segments among them)."""
+    rng = torch.Generator().manual_seed(0)
+    many = [int(x) for x in torch.randint(0, 71, (300,), generator=rng)]
+    many[3], many[10], many[11] = 0, 1, 1
+    return many
+
+
+#: a ViT budget graph's shape: ~70 segment slots, most of them empty, pictures of mixed sizes
+_BUDGET_SLOTS = [0] * 70
+_BUDGET_SLOTS[0], _BUDGET_SLOTS[4], _BUDGET_SLOTS[5], _BUDGET_SLOTS[9], _BUDGET_SLOTS[69] = 4100, 1, 1000, 257, 63
+#: quick correctness per variant (--variant-cases): (name, lens_q, lens_k, q heads, kv heads, d, causal, data)
+VARIANT_CASE_SETS = {
+    "default": [
+        ("2seq", [1000, 3000], [1000, 3000], 16, 16, 128, False, "randn"),
+        ("1x16384", [16384], [16384], 2, 2, 128, False, "randn"),
+        ("2seq d64", [1000, 3000], [1000, 3000], 16, 16, 64, False, "randn"),
+        ("24,1000 d64 causal", [24, 1000], [24, 1000], 4, 4, 64, True, "randn"),
+    ],
+    # the d=128 non-causal kernel alone (the persistent variant's layouts): partial tiles at
+    # sequence ends, > 128 sequences (index-order schedule) and fewer (longest-first table), empty
+    # and 1-token segments, GQA with seqlen_q != seqlen_k, all-zero inputs, one 16k sequence
+    "d128full": [
+        ("2seq", [1000, 3000], [1000, 3000], 16, 16, 128, False, "randn"),
+        ("1x16384", [16384], [16384], 2, 2, 128, False, "randn"),
+        (">256 segs 0/1-token", _many_segments(), _many_segments(), 8, 8, 128, False, "randn"),
+        ("70 budget slots", _BUDGET_SLOTS, _BUDGET_SLOTS, 16, 16, 128, False, "randn"),
+        ("64-token segments", [64] * 100, [64] * 100, 16, 16, 128, False, "randn"),
+        ("q!=k gqa 8/2", [100, 700, 0, 1, 300], [900, 1700, 5, 3, 64], 8, 2, 128, False, "randn"),
+        ("all zeros", [300, 0, 1], [300, 0, 1], 4, 4, 128, False, "zeros"),
+    ],
+}
+VARIANT_CASES = VARIANT_CASE_SETS["default"]
 VARIANT_DIMS = (64, 128)  # head dims of the variant cases / shapes (--variant-dims)
 VARIANT_SHAPES = [("8x4096", [4096] * 8, 16, 128), ("1x16384", [16384], 16, 128),
                   ("8x4096", [4096] * 8, 16, 64), ("1x16384", [16384], 16, 64)]
@@ -629,7 +660,7 @@ def section_variants():
     from sglang_fa4.kernels.fp8_sm90 import launch, quantize
 
     specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
-    cases = [c for c in VARIANT_CASES if c[3] in VARIANT_DIMS]
+    cases = [c for c in VARIANT_CASES if c[5] in VARIANT_DIMS]
     shapes = [sh for sh in VARIANT_SHAPES if sh[3] in VARIANT_DIMS]
     kernels = {}  # flags -> that variant's compiled kernels, so the winner is not compiled again
     rows = RESULT["sections"].setdefault("variants", [])
@@ -637,9 +668,10 @@ def section_variants():
         launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
         launch._compiled.clear()
         v = {"name": name, "flags": flags, "cases": [], "speed": []}
-        for cname, lens, h, d, causal in cases:
+        print(f"VARIANTSTART {name}", flush=True)  # --isolate: names the variant that hung or faulted
+        for cname, lens_q, lens_k, h, hkv, d, causal, data in cases:
             try:
-                r = run_case(f"{cname} [{name}]", lens, lens, h, h, d, causal)
+                r = run_case(f"{cname} [{name}]", lens_q, lens_k, h, hkv, d, causal, data=data)
             except Exception as e:  # noqa: BLE001
                 r = {"case": cname, "error": f"{type(e).__name__}: {e}"[:200], "ok": False}
             v["cases"].append(r)
@@ -674,6 +706,7 @@ def section_variants():
             for v in timed[rnd % max(1, len(timed)):] + timed[:rnd % max(1, len(timed))]:  # order rotated per round
                 row = per[v["name"]]
                 use(v["flags"])
+                print(f"VARIANTTIME {v['name']}", flush=True)
                 try:
                     us = bench_graph(lambda: launch.fp8_varlen_attention(
                         res.q, res.k, None, cu, cu, m, m, descale=res.descale, out=out8, vt=res.vt), iters=30)
@@ -854,6 +887,8 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
                     last_start = int(line.split()[1])
                 if line.startswith("CASEDONE "):
                     last_done = int(line.split()[1])
+                if line.startswith(("VARIANTSTART ", "VARIANTTIME ")):  # section 'variants'
+                    merged["last_variant"] = line.split(maxsplit=1)
             rc = p.wait(timeout=max(left, 1))
         except subprocess.TimeoutExpired:
             p.kill()
@@ -870,7 +905,7 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
                 merged["sections"].setdefault(key, {}).update(val)
             else:
                 merged["sections"][key] = val
-        for key in ("env", "command"):
+        for key in ("env", "command", "winner"):
             if key in child:
                 merged.setdefault(key, child[key])
         if hung:
@@ -886,8 +921,41 @@ def run_child(argv: list[str], out_dir: Path, name: str, budget_end: float, resu
     return merged
 
 
+def run_variants_isolated(out_dir: Path, budget_end: float, argv: list[str]) -> None:
+    """--isolate with section 'variants': the variants run in a child process (its watchdog kills a
+    child that prints nothing for SILENCE_S, e.g. a deadlocked kernel); a variant whose run kills
+    or hangs the child (the last VARIANTSTART / VARIANTTIME line names it) is recorded in
+    'variant_failures' and the child runs again without it, so a bad variant costs only its own
+    numbers and the others are still timed side by side."""
+    specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
+    failures = RESULT["sections"].setdefault("variant_failures", [])
+    while specs:
+        (out_dir / "variants.json").unlink(missing_ok=True)  # no stale results from a dead child
+        spec_arg = ";".join(f"{n}={f}" for n, f in specs)
+        child = run_child(["--sections", "variants", "--variants", spec_arg, *argv], out_dir, "variants",
+                          budget_end, False)
+        (out_dir / "variants.json").unlink(missing_ok=True)
+        for key in ("env", "winner"):
+            if key in child:
+                RESULT[key] = child[key]
+        fails = child["sections"].get("child_failures", [])
+        if not fails and "variants" in child["sections"]:
+            for key in ("variants", "variant_rounds", "seconds"):
+                if key in child["sections"]:
+                    RESULT["sections"][key] = child["sections"][key]
+            return
+        last = child.get("last_variant")
+        failures.append({"variant": last[1] if last else None, "phase": last[0] if last else None,
+                         "failure": fails[-1] if fails else child["sections"].get("skipped")})
+        log("variants child failed", failures[-1])
+        save(out_dir)
+        if not last or not fails:
+            return
+        specs = [sp for sp in specs if sp[0] != last[1]]
+
+
 def main():
-    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS, CASE_FILTER, ROUNDS
+    global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS, CASE_FILTER, ROUNDS, VARIANT_CASES
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
     ap.add_argument("--sections", default="bringup,speed,speed_parts,host,quantize,correctness")
@@ -910,6 +978,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="sections 'variants' and 'speed': interleaved timing rounds per shape (medians)")
     ap.add_argument("--variant-dims", default="64,128", help="section 'variants': head dims of its cases and shapes")
+    ap.add_argument("--variant-cases", default="default", choices=sorted(VARIANT_CASE_SETS),
+                    help="section 'variants': the quick correctness cases of each variant")
     ap.add_argument("--note", action="append", default=[], help="a line for the markdown's header")
     args = ap.parse_args()
     if args.render:
@@ -924,6 +994,7 @@ def main():
         VARIANTS = args.variants
     ROUNDS = max(1, args.rounds)
     VARIANT_DIMS = tuple(int(x) for x in args.variant_dims.split(",") if x)
+    VARIANT_CASES = VARIANT_CASE_SETS[args.variant_cases]
     if args.note:
         RESULT["analysis_after_run"] = list(args.note)
     out_dir = OUT_DIR = Path(args.out_dir)
@@ -945,6 +1016,13 @@ def main():
             ("correct", ["--sections", "correctness"], True),
         ]
         wanted = set(args.sections.split(","))
+        if "variants" in wanted:
+            run_variants_isolated(out_dir, end, ["--rounds", str(ROUNDS), "--variant-dims", args.variant_dims,
+                                                 "--variant-cases", args.variant_cases, *extra])
+            save(out_dir)
+            if RESULT.get("winner") and not args.debug_flags:
+                # the later parts run with the winner, as in one process (section_variants)
+                extra = ["--debug-flags", RESULT["winner"]["flags"]] if RESULT["winner"]["flags"] else []
         faulted = False
         for name, argv, resumable in parts:
             if name == "bringup_bisect":

@@ -39,6 +39,11 @@ def facts(ptx: str) -> dict:
         "warp_sync": len(re.findall(r"\bbar\.warp\.sync\b", ptx)),
         # the grid: (q tiles of all sequences, heads), no batch axis (KernelEntry.locate_tile)
         "ctaid": sorted(set(re.findall(r"%ctaid\.([xyz])", ptx))),
+        # the persistent kernel: a grid-stride loop over work slots, O stored by TMA from stmatrix
+        "nctaid": sorted(set(re.findall(r"%nctaid\.([xyz])", ptx))),
+        "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)),
+        "stmatrix": len(re.findall(r"\bstmatrix\.sync\.aligned", ptx)),
+        "bulk_wait_read": len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)),
         "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1],
     }
 

@@ -152,3 +152,74 @@ def test_graph_capture_replays_the_same_output(fp8):
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
     assert launch.compile_count() == compiles  # no compile on the captured path
+
+
+@pytest.fixture()
+def persistent(fp8, request):
+    """The d=128 non-causal kernel compiled with the given switches (e.g. 'w:persist'), restored
+    after the test."""
+    launch = fp8[0]
+    saved, compiled = launch.DEBUG_FLAGS, dict(launch._compiled)
+    launch.DEBUG_FLAGS = frozenset(request.param.split(","))
+    launch._compiled.clear()
+    yield launch
+    launch.DEBUG_FLAGS = saved
+    launch._compiled.clear()
+    launch._compiled.update(compiled)
+
+
+def _segments(n, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in torch.randint(0, hi + 1, (n,), generator=g)]
+    lens[1], lens[2] = 0, 1
+    return lens
+
+
+@pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct"], indirect=True)
+@pytest.mark.parametrize("lens_q,lens_k,hq,hkv", [
+    ([1000, 3000], [1000, 3000], 4, 4),  # partial halves at both sequence ends
+    (_segments(60, 300, 0), _segments(60, 300, 0), 4, 4),  # <= 128 sequences: longest-first table
+    (_segments(300, 70, 1), _segments(300, 70, 1), 2, 2),  # > 128: index order
+    ([100, 700, 0, 300], [900, 1700, 5, 64], 8, 2),  # GQA, seqlen_q != seqlen_k
+    ([8192], [8192], 2, 2),
+])
+def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, hq, hkv):
+    """'w:persist' (persistent CTAs, persistent_entry.py): every (q tile, head) written once and
+    right, into a NaN-poisoned output, and the same output from a CUDA-graph replay."""
+    launch = persistent
+    torch.manual_seed(0)
+    cq, ck = cu_from(lens_q), cu_from(lens_k)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = (torch.randn(tq, hq, 128, device="cuda") * 2).to(torch.float8_e4m3fn)
+    k = (torch.randn(tk, hkv, 128, device="cuda") * 2).to(torch.float8_e4m3fn)
+    v = torch.randn(tk, hkv, 128, device="cuda").to(torch.float8_e4m3fn)
+    out = torch.full((tq, hq, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+    def call():
+        launch.fp8_varlen_attention(q, k, v, cq, ck, max(lens_q), max(lens_k), out=out)
+
+    call()
+    torch.cuda.synchronize()
+    ref = torch.zeros(tq, hq, 128, device="cuda")
+    g = hq // hkv
+    for b, (a, z, a2, z2) in enumerate(zip(cq.tolist(), cq.tolist()[1:], ck.tolist(), ck.tolist()[1:])):
+        if z > a and z2 > a2:
+            s = q[a:z].float().transpose(0, 1) @ k[a2:z2].float().transpose(0, 1).repeat_interleave(g, 0).transpose(1, 2)
+            p = torch.softmax(s * 128 ** -0.5, -1)
+            ref[a:z] = (p @ v[a2:z2].float().transpose(0, 1).repeat_interleave(g, 0)).transpose(0, 1)
+    o = out.float()
+    assert torch.isfinite(o).all()
+    assert ((o - ref).norm() / ref.norm()).item() <= BAR
+    eager = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

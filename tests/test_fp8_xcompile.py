@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,10 @@ def dsl_pythonpath() -> str:
     return os.pathsep.join([str(LAYER / "nvidia_cutlass_dsl" / "dsl_packages"), str(LAYER), str(ROOT)])
 
 
-def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "") -> dict:
+def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "", ptxas: bool = False) -> dict:
+    """Facts of each variant's PTX (tests/fp8_xcompile.py); ``ptxas``: also ptxas's resource lines
+    (CUTE_DSL_COMPILER_OPT=remarks{ptx}, on stderr) as "ptxas": [(stack, spill stores, spill
+    loads) per compiled kernel]."""
     dump.mkdir(parents=True)  # the DSL silently writes nothing into a missing directory
     env = {
         **os.environ,
@@ -32,12 +36,18 @@ def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "") 
         "CUTE_DSL_KEEP": "ptx",
         "CUTE_DSL_DUMP_DIR": str(dump),
     }
+    if ptxas:
+        env["CUTE_DSL_COMPILER_OPT"] = "remarks{ptx}"
     cmd = [sys.executable, str(ROOT / "tests" / "fp8_xcompile.py"), "--dump-dir", str(dump), "--flags", flags]
     for v in variants:
         cmd += ["--variant", v]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if ptxas:
+        out["ptxas"] = [tuple(int(x) for x in m) for m in re.findall(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)]
+    return out
 
 
 def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
@@ -105,3 +115,26 @@ def test_fp8_forward_wide_head_dims_cross_compile_one_level(dsl_pythonpath, tmp_
         assert v["wgmma_wait_1"] >= 1 and v["warp_sync"] == 1
         assert v["cvt_e4m3x2"] == 2 * 32
 
+
+
+def test_fp8_forward_persistent_variant_cross_compiles(dsl_pythonpath, tmp_path):
+    """'w:persist' (the d=128 non-causal kernel with persistent CTAs, persistent_entry.py) and
+    its 'o_direct' sub-variant build for sm_90a without register spills: the same FP8 GEMMs as the
+    wide-tile default, a 1-D grid walked by a grid-stride loop (%nctaid.x), O through stmatrix and a
+    TMA store (waited for before the buffer is reused) -- or, with o_direct, stored from registers."""
+    for flags, tma_o in (("w:persist", True), ("w:persist,w:o_direct", False)):
+        r = xcompile(dsl_pythonpath, tmp_path / flags.replace(":", "_").replace(",", "_"), ["128,0,0"], flags=flags,
+                     ptxas=True)
+        v = r["128,0,0"]
+        assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
+        assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+        assert v["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n192k32.e4m3.e4m3"] and v["wgmma_other"] == []
+        assert v["wgmma_count"] == 2 * (128 // 32 + 192 // 32)
+        assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
+        assert v["ctaid"] == ["x"] and v["nctaid"] == ["x"]
+        assert v["tma_loads"] >= 3 and v["cvt_e4m3x2"] == 2 * 48
+        assert v["named_bar_arrive"] >= 3  # the ping-pong turns, running on across tiles
+        if tma_o:
+            assert v["stmatrix"] == 8 and v["tma_stores"] >= 1 and v["bulk_wait_read"] == 1
+        else:
+            assert v["stmatrix"] == 0 and v["tma_stores"] == 0

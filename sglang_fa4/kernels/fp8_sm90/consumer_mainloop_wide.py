@@ -91,9 +91,79 @@ class ConsumerMainLoopWide:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
+        self.one_level_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, None, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS,
+                            ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag,
+                            n_block_max, n_iters, scale_log2, window_left, window_right)
+
+        # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
+        r_out = self.finish_o(acc_o, row_sum, v_descale)
+        self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
+
+    @cute.jit
+    def finish_o(self, acc_o: cute.Tensor, row_sum: cute.Tensor, v_descale: Float32) -> cute.Tensor:
+        """O / rowsum * v_descale as bf16 registers (a row without any weight gives 0)."""
+        out_scale = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            s = row_sum[r]  # this thread's share of the row: the quad holds the rest
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            out_scale[r] = Float32(0.0)
+            if s > 0.0:
+                out_scale[r] = v_descale * cute.arch.rcp_approx(s)
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
+        r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
+        r_out.store(acc_o.load().to(cutlass.BFloat16))
+        return r_out
+
+    @cute.jit
+    def store_o_rows(self, r_out: cute.Tensor, tOgO: cute.Tensor, tOcO: cute.Tensor, row_start: Int32,
+                     seqlen_q: Int32):
+        """bf16 O from registers to global memory, rows < seqlen_q only (ptxas pairs the values:
+        32-bit stores)."""
+        for v in cutlass.range_constexpr(cute.size(r_out)):
+            if row_start + tOcO[v][0] < seqlen_q:
+                tOgO[v] = r_out[v]
+
+    @cute.jit
+    def one_level_tile(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        q_stage,
+        tSrK: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_o: cute.Tensor,
+        acc_s: cute.Tensor,
+        tOrP: cute.Tensor,
+        tScS: cute.Tensor,
+        ones32: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        factor: cute.Tensor,
+        pipe_kv,
+        kv_state,
+        wg: Int32,
+        row_start: Int32,
+        seqlen_k: Int32,
+        diag: Int32,
+        n_block_max: Int32,
+        n_iters: Int32,
+        scale_log2: Float32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        """One q tile's key loop, from its first QK^T to its last PV GEMM (O in ``acc_o``, the
+        softmax state in row_max / row_sum / factor), K/V^T stages from ``kv_state`` on; returns
+        the state after them (the persistent kernel carries it to its next tile).  ``q_stage``:
+        None for a Q operand without a stage mode, else the stage (persistent Q ring)."""
+        d = self.head_dim
+        tile_n = self.tile_n
         if n_iters > 0:
-            if cutlass.const_expr(self.pingpong):
-                # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
+            if cutlass.const_expr(self.pingpong and not self.persistent):
+                # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once (a tile;
+                # the persistent kernel's turns run on across its tiles, opened once a CTA)
                 if wg == 1:
                     cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
             pipe_kv.consumer_wait(kv_state)
@@ -102,13 +172,13 @@ class ConsumerMainLoopWide:
             warpgroup.fence()
             for kb in cutlass.range_constexpr(d // 32):
                 tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                cute.gemm(tiled_mma_qk, acc_s, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc_s)
             warpgroup.commit_group()
             if cutlass.const_expr(self.pingpong and not self.pingpong_late):
-                self.pass_turn(wg, n_iters == 1)
+                self.pass_turn(wg, self.last_turn(n_iters == 1))
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.pingpong_late):
-                self.pass_turn(wg, n_iters == 1)  # S ready: the other warpgroup's QK^T may start
+                self.pass_turn(wg, self.last_turn(n_iters == 1))  # S ready: the other warpgroup's QK^T may start
             self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
             self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
             self.p_to_operand(acc_s, tOrP)
@@ -126,7 +196,7 @@ class ConsumerMainLoopWide:
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(d // 32):
                     tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                    cute.gemm(tiled_mma_qk, acc_s, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc_s)
                 warpgroup.commit_group()
                 # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
                 if cutlass.const_expr(not self.pingpong):
@@ -137,10 +207,10 @@ class ConsumerMainLoopWide:
                     cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
                 warpgroup.commit_group()
                 if cutlass.const_expr(self.pingpong and not self.pingpong_late):
-                    self.pass_turn(wg, i == n_iters - 1)
+                    self.pass_turn(wg, self.last_turn(i == n_iters - 1))
                 warpgroup.wait_group(1)  # S_i ready (groups complete in order)
                 if cutlass.const_expr(self.pingpong_late):
-                    self.pass_turn(wg, i == n_iters - 1)
+                    self.pass_turn(wg, self.last_turn(i == n_iters - 1))
                 self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
                 self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
                 if cutlass.const_expr(self.pin_wait):
@@ -159,25 +229,19 @@ class ConsumerMainLoopWide:
             warpgroup.wait_group(0)
             pipe_kv.consumer_release(prev_state)
 
-        # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
-        out_scale = cute.make_rmem_tensor((2,), Float32)
-        for r in cutlass.range_constexpr(2):
-            s = row_sum[r]  # this thread's share of the row: the quad holds the rest
-            s += cute.arch.shuffle_sync_bfly(s, offset=1)
-            s += cute.arch.shuffle_sync_bfly(s, offset=2)
-            out_scale[r] = Float32(0.0)
-            if s > 0.0:
-                out_scale[r] = v_descale * cute.arch.rcp_approx(s)
-        for v in cutlass.range_constexpr(cute.size(acc_o)):
-            acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
-        r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
-        r_out.store(acc_o.load().to(cutlass.BFloat16))
-        for v in cutlass.range_constexpr(cute.size(acc_o)):
-            if row_start + tOcO[v][0] < seqlen_q:
-                tOgO[v] = r_out[v]
+        return kv_state
 
     # Plain Python: runs at trace time, inlined like the code it stands for.
     def rescale_o(self, acc_o, factor):
         """O = O * factor (per row; a thread holds 2 rows: values (v // 2) % 2)."""
         for v in range(cute.size(acc_o)):
             acc_o[v] = acc_o[v] * factor[(v // 2) % 2]
+
+    def q_operand(self, tSrQ, kb: int, q_stage):
+        """The QK^T GEMM's A operand for k step ``kb``: of stage ``q_stage`` unless it is None."""
+        return tSrQ[None, None, kb] if q_stage is None else tSrQ[None, None, kb, q_stage]
+
+    def last_turn(self, last):
+        """pass_turn's ``last``: warpgroup 1 skips its last turn of a tile, except in the persistent
+        kernel, whose turns run on across tiles (its warpgroup 0 takes the one left open at the end)."""
+        return cutlass.Boolean(False) if self.persistent else last

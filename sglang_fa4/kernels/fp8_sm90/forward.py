@@ -62,16 +62,23 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     TILE_M,
     TILE_N,
     TWO_LEVEL_MAX_HEAD_DIM,
+    WIDE_DEFAULT_SWITCHES,
     head_dim_stages,
+    persistent_stages,
     tile_stages,
+    with_wide_defaults,
 )
+from sglang_fa4.kernels.fp8_sm90.persistent_consumer import PersistentConsumer
+from sglang_fa4.kernels.fp8_sm90.persistent_entry import Q_STAGES, PersistentEntry
+from sglang_fa4.kernels.fp8_sm90.schedule import DEFAULT_NUM_SMS
 from sglang_fa4.kernels.fp8_sm90.tile_softmax import TileSoftmax
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _ROW_MAJOR = cutlass.utils.LayoutEnum.ROW_MAJOR  # K-major for both A (M,K) and B (N,K)
 
 
-class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWide, TileSoftmax):
+class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWide, TileSoftmax, PersistentEntry,
+                              PersistentConsumer):
     """One compiled variant: head dim, causal, local window (everything else is runtime)."""
 
     def __init__(
@@ -90,6 +97,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         emu=None,
         rowsum_mma: bool = True,
         pingpong_late=None,
+        num_sms: int = 0,
     ):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
@@ -112,6 +120,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # A switch written "w:X" is X for the wide-tile kernel and nothing for the others, so one
         # set of switches can vary that kernel alone (check_fp8_attention --variants).
         debug = frozenset(f[2:] if f.startswith("w:") else f for f in debug if wide_tile or not f.startswith("w:"))
+        if wide_tile and WIDE_DEFAULT_SWITCHES:
+            debug = with_wide_defaults(debug, WIDE_DEFAULT_SWITCHES)
         # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.
         self.tile_n = next((int(f[1:]) for f in debug if f[:1] == "n" and f[1:].isdigit()),
                            192 if wide_tile else TILE_N)
@@ -189,6 +199,19 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # (mio_throttle in the profile), so a GEMM issue that overlaps the other warpgroup's exp2s
         # reaches the tensor cores late.  Not yet measured on the GPU; off by default.
         self.mufu_gate = self.rowsum_mma and "mufu_gate" in self.debug  # reads the block of ones
+        # Persistent CTAs ("persist", d=128 non-causal one-level loop; persistent_entry.py): a grid
+        # of min(work, SMs) CTAs each looping over (q tile, head) work slots, Q double-buffered,
+        # O stored through shared memory + TMA ("o_direct": from the registers, one more K/V^T
+        # stage).  num_sms: the launch device's SM count (launch.py; 132 in cross-compiles).
+        self.persistent = "persist" in self.debug and "no_persist" not in self.debug
+        self.num_sms = int(num_sms) or DEFAULT_NUM_SMS
+        self.o_tma = self.persistent and "o_direct" not in self.debug
+        if self.persistent:
+            if head_dim != 128 or causal or local or self.two_level or not self.overlap or self.mufu_gate:
+                raise ValueError("persist: the persistent kernel is the d=128 non-causal one-level loop only "
+                                 f"(got head dim {head_dim}, causal={causal}, local={local}, "
+                                 f"two_level={self.two_level})")
+            self.num_stages = num_stages or persistent_stages(head_dim, self.tile_n, Q_STAGES, self.o_tma)
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
@@ -226,8 +249,10 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             F8, F8, _K_MAJOR, _K_MAJOR, Float32, (1, 1, 1), (WG_ROWS, d), warpgroup.OperandSource.RMEM
         )
-        # Q: two 64-row halves (one per consumer warpgroup) as two "stages" of an A layout
-        sQ_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, 2)
+        # Q: two 64-row halves (one per consumer warpgroup) as two "stages" of an A layout (persistent:
+        # Q_STAGES buffers of two halves, stage 2 * buffer + half)
+        q_halves = 2 * Q_STAGES if cutlass.const_expr(self.persistent) else 2
+        sQ_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, q_halves)
         sK_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, self.num_stages)
         sVt_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, d, self.tile_n), F8, self.num_stages)
         # rowsum_mma: P times a constant 8 x tile_n block of E4M3 ones (its content is uniform, so
@@ -272,35 +297,40 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         num_heads = mQ_u8.shape[1]
         batch = mCuQ.shape[0] - 1
         num_tiles = mQ_u8.shape[0] // self.tile_m + batch
-        self.kernel(
-            tiled_mma_qk,
-            tiled_mma_pv,
-            tma_q,
-            mQ_tma,
-            tma_k,
-            mK_tma,
-            tma_vt,
-            mVt_tma,
-            mO,
-            mCuQ,
-            mCuK,
-            mDescale,
-            softmax_scale_log2,
-            window_left,
-            window_right,
-            qhead_per_kvhead,
-            sQ_layout,
-            sK_layout,
-            sVt_layout,
-            tiled_mma_sum,
-            sOnes_layout,
-        ).launch(
-            grid=[num_tiles, num_heads, 1],
-            block=[NUM_THREADS, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-            min_blocks_per_mp=1,
-        )
+        if cutlass.const_expr(self.persistent):
+            self.launch_persistent(tiled_mma_qk, tiled_mma_pv, tma_q, mQ_tma, tma_k, mK_tma, tma_vt, mVt_tma, mO,
+                                   mCuQ, mCuK, mDescale, softmax_scale_log2, qhead_per_kvhead, sQ_layout,
+                                   sK_layout, sVt_layout, stream)
+        else:
+            self.kernel(
+                tiled_mma_qk,
+                tiled_mma_pv,
+                tma_q,
+                mQ_tma,
+                tma_k,
+                mK_tma,
+                tma_vt,
+                mVt_tma,
+                mO,
+                mCuQ,
+                mCuK,
+                mDescale,
+                softmax_scale_log2,
+                window_left,
+                window_right,
+                qhead_per_kvhead,
+                sQ_layout,
+                sK_layout,
+                sVt_layout,
+                tiled_mma_sum,
+                sOnes_layout,
+            ).launch(
+                grid=[num_tiles, num_heads, 1],
+                block=[NUM_THREADS, 1, 1],
+                smem=SharedStorage.size_in_bytes(),
+                stream=stream,
+                min_blocks_per_mp=1,
+            )
 
 
 def softmax_scale_log2(softmax_scale: float) -> float:

@@ -20,3 +20,6 @@ PINGPONG_BAR = 1
 ONES_BAR = 3
 #: Named barriers ISSUED_BAR + consumer warpgroup: it has issued this turn's GEMMs (mufu_gate).
 ISSUED_BAR = 5
+#: Named barriers EPILOGUE_BAR + consumer warpgroup: its O staging buffer is free / written
+#: (the persistent kernel's smem + TMA store of O).
+EPILOGUE_BAR = 7

@@ -67,13 +67,32 @@ def _fake_args(variant: Fp8Variant):
     return (q, k, vt, o, cu_q, cu_k, desc, *scalars, stream)
 
 
+_num_sms: dict = {}
+
+
+def device_sm_count() -> int:
+    """SMs of the current CUDA device (cached per device), or schedule.DEFAULT_NUM_SMS without a GPU
+    (cross-compiles): the persistent kernel's grid is at most this many CTAs, baked into its
+    compile (a host-side constant; the grid is then computed from the shapes alone)."""
+    from sglang_fa4.kernels.fp8_sm90.schedule import DEFAULT_NUM_SMS
+
+    if not torch.cuda.is_available():
+        return DEFAULT_NUM_SMS
+    index = torch.cuda.current_device()
+    n = _num_sms.get(index)
+    if n is None:
+        n = _num_sms[index] = int(torch.cuda.get_device_properties(index).multi_processor_count)
+    return n
+
+
 def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", debug=frozenset()):
     """cute.compile one variant (no GPU needed when CUTE_DSL_ARCH is set: cross-compiles)."""
     import cutlass.cute as cute
 
     from sglang_fa4.kernels.fp8_sm90.forward import Fp8AttentionForwardSm90
 
-    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, debug=debug)
+    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, debug=debug,
+                                     num_sms=device_sm_count())
     return cute.compile(kernel, *_fake_args(variant), options=options)
 
 

@@ -38,6 +38,10 @@ P_LOG2_OFFSET = 8.0
 TWO_LEVEL_MAX_HEAD_DIM = 128
 #: Shared memory an SM90 CTA may use (227 KiB).
 SM90_SMEM_BYTES = 227 * 1024
+#: Switches the d=128 non-causal ("wide tile") kernel gets unless told otherwise, as if given as
+#: "w:X" (forward.Fp8AttentionForwardSm90): e.g. {"persist"} makes the persistent kernel its
+#: default.  Empty: the non-persistent kernel (results/h200/fp8_attention_speed4.md).
+WIDE_DEFAULT_SWITCHES: frozenset = frozenset()
 #: A window side this large or larger is "unbounded".
 WINDOW_UNBOUNDED = 1 << 28
 
@@ -95,6 +99,26 @@ def tile_stages(head_dim: int, tile_n: int) -> int:
     if fits < 2:
         raise ValueError(f"a key tile of {tile_n} at head dim {head_dim}: two K/V^T stages do not fit shared memory")
     return min(4, fits)
+
+
+def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: bool) -> int:
+    """K/V^T stages of the persistent kernel (switch "persist"): as many as fit (at most 4) beside
+    ``q_buffers`` Q buffers (TILE_M x d bytes each), the bf16 O staging buffers (TILE_M x d x 2
+    bytes, the TMA-store epilogue) and 2 KiB of barriers + the longest-first table -- 3 at d=128
+    with 192-key tiles and two Q buffers, 4 without the O buffers ("o_direct")."""
+    spare = SM90_SMEM_BYTES - q_buffers * TILE_M * head_dim - (2 * TILE_M * head_dim if o_staging else 0) - 2048
+    fits = spare // (2 * tile_n * head_dim)
+    if fits < 2:
+        raise ValueError(f"persistent kernel, key tile {tile_n} at head dim {head_dim}: two K/V^T stages do not fit")
+    return min(4, fits)
+
+
+def with_wide_defaults(switches: frozenset, defaults: frozenset) -> frozenset:
+    """The wide-tile kernel's switches: ``switches`` plus each default not overridden -- "no_X"
+    drops X, an explicit key tile "nN" replaces a default one."""
+    is_tile = lambda f: f[:1] == "n" and f[1:].isdigit()  # noqa: E731
+    keep = {f for f in defaults if f"no_{f}" not in switches and not (is_tile(f) and any(map(is_tile, switches)))}
+    return frozenset(switches) | keep
 
 
 def padded_head_dim(head_dim: int) -> int:
