@@ -51,6 +51,7 @@ from sglang_fa4.integration.vit_capture_guard import (  # noqa: F401 - GraphCapt
     enable_batch_invariant_first,
     flag_capture_after_startup,
 )
+from sglang_fa4.integration.vit_budget_eager import as_dtype, eager_run, host_layout
 from sglang_fa4.integration.vit_graph_outputs import owned
 from sglang_fa4.integration.vit_host_metadata import grid_rows, pinned_copy
 from sglang_fa4.selection import FA4
@@ -141,15 +142,9 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     capture is flagged. ``hidden``: width of ``x`` (the tower's embed dim); ``rope_dim``: columns
     of the rotary tables; ``rope_kind``: "position_embeddings" (Qwen2.5-VL, the default for a
     tower with windowed blocks) or "rotary" (Qwen3-VL cos/sin); ``table_dtype``: the dtype of the
-    rotary tables the tower hands ``run`` (default: the runner's dtype).
-
-    The graphs read the tables in ``table_dtype``. SGLang's runner keeps them in a workspace of the
-    tower's dtype (bf16), and Qwen3-VL hands it fp32 cos/sin (SGLang's rotary cache is fp32 on
-    CUDA): a replay would round them to bf16 while an eager run above the budgets uses them as
-    they are, so the same image gave other bits alone (a replay) than batched above the budgets
-    (eager) on the H200 server (issue #14). The workspace is therefore allocated here, in
-    ``table_dtype``, before the first capture: no rounding, and :func:`eager_run` is handed tables
-    of the same dtype."""
+    rotary tables the tower hands ``run`` (default: the runner's dtype), in which the graphs read
+    them: SGLang's bf16 workspace rounded Qwen3-VL's fp32 cos/sin in a replay but not in an eager
+    run above the budgets, so an image's rows differed alone vs batched (issue #14)."""
     import torch
 
     if runner._attn_backend != FA4:
@@ -206,58 +201,15 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     return state
 
 
-def _host_layout(cu) -> list[int]:
-    return [int(v) for v in (cu.tolist() if hasattr(cu, "tolist") else cu)]
-
-
-def _max_len(layout: Sequence[int]) -> int:
-    return max((b - a for a, b in zip(layout, layout[1:])), default=0)
-
-
-def eager_run(runner, x, cu_seqlens, cu_window_seqlens, position_embeddings=None,
-              rotary_pos_emb_cos=None, rotary_pos_emb_sin=None, output_indices=None):
-    """The captured computation (blocks + merger + deepstack mergers) run eagerly with the
-    request's own layouts: the runner's per-block layout choice, fa4's [cu_seqlens, max_seqlen]."""
-    import torch
-
-    vit = runner.vit
-    full = [cu_seqlens, _max_len(_host_layout(cu_seqlens))]
-    window = None
-    if runner._fullatt_block_indexes:
-        window = [cu_window_seqlens, _max_len(_host_layout(cu_window_seqlens))]
-    rope: dict[str, Any] = {}
-    if position_embeddings is not None:
-        rope["position_embeddings"] = position_embeddings
-    elif rotary_pos_emb_cos is not None and rotary_pos_emb_sin is not None:
-        rope = {"rotary_pos_emb_cos": rotary_pos_emb_cos, "rotary_pos_emb_sin": rotary_pos_emb_sin}
-    deep = []
-    deep_idx = 0
-    full_blocks = towers.full_attention_blocks(vit)
-    with torch.no_grad():
-        y = x.unsqueeze(1)
-        for layer_num, blk in enumerate(vit.blocks):
-            layout = full if window is None or layer_num in full_blocks else window
-            y = blk(y, cu_seqlens=layout, **rope)
-            if runner._deepstack_visual_indexes and layer_num in runner._deepstack_visual_indexes:
-                deep.append(runner._deepstack_merger_list[deep_idx](y))
-                deep_idx += 1
-        out = vit.merger(y)
-        if deep:
-            out = torch.cat([out] + deep, dim=1)
-    if output_indices is not None:
-        out = out.index_select(0, output_indices)
-    return out
-
-
 def _budget_layouts(state: BudgetState, budget: int, cu_seqlens, cu_window_seqlens):
     """The padded (full, window-or-None) host layouts of a request in ``budget``; raises
     LayoutDoesNotFit."""
-    host_full = _host_layout(cu_seqlens)
+    host_full = host_layout(cu_seqlens)
     full = pad_layout(host_full, budget, state.capacity_full[budget], max_seqlen=budget,
                       pad_segment=full_pad_segment(budget, host_full[-1] if host_full else 0))
     window = None
     if state.window_tokens is not None:
-        window = pad_layout(_host_layout(cu_window_seqlens), budget, state.capacity[budget],
+        window = pad_layout(host_layout(cu_window_seqlens), budget, state.capacity[budget],
                             max_seqlen=min(state.window_tokens, budget))
     return full, window
 
@@ -314,22 +266,11 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
             logger.info("sglang-fa4: ViT batch of %d tokens runs eagerly: %s", tokens, exc)
         else:
             return _replay_budget(self, state, budget, full, window, x, tables, output_indices)
-    state.eager_runs += 1
-    # the tables as a replay reads them: an image gets the same bits eager (batched above the
-    # budgets) and replayed (alone)
+    state.eager_runs += 1  # below: the tables in the dtype a replay reads them in
     position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin = (
-        _as_dtype(t, state.table_dtype) for t in (position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin))
+        as_dtype(t, state.table_dtype) for t in (position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin))
     return eager_run(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
                      rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices)
-
-
-def _as_dtype(table, dtype):
-    """A rotary table (or a (cos, sin) pair, or None) in ``dtype`` (None: as it is)."""
-    if table is None or dtype is None:
-        return table
-    if isinstance(table, (tuple, list)):
-        return type(table)(_as_dtype(t, dtype) for t in table)
-    return table if table.dtype == dtype else table.to(dtype)
 
 
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
@@ -370,8 +311,7 @@ def infer_capture_dims(vit) -> dict[str, Any]:
         rope_dim = int(rope.rotary_dim)
     else:
         raise ValueError("cannot read the rotary table width: rotary_pos_emb has neither inv_freq nor rotary_dim")
-    # Qwen3-VL's cos/sin are slices of SGLang's rotary cache (fp32 on CUDA); Qwen2.5-VL's tower
-    # casts its tables to its own dtype
+    # Qwen3-VL's cos/sin are slices of SGLang's rotary cache (fp32 on CUDA); Qwen2.5-VL casts its own
     cache = getattr(rope, "cos_sin_cache", None)
     table_dtype = None if windowed or cache is None else cache.dtype
     return {"hidden": int(weight.shape[0]), "rope_kind": "position_embeddings" if windowed else "rotary",
