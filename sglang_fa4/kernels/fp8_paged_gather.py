@@ -19,11 +19,12 @@ is neither, so every routed call builds both from the page table:
 
 Bytes per call, T cached tokens of the batch, Hkv x d bytes per token and tensor: the fused kernel
 reads K and V once and writes K and V^T once, 4 T Hkv d (plus the page table, T / P int32), the
-floor for any gather into the kernel's layout (2x what the attention then reads).  The torch path
-moved ~6.4 T Hkv d: K/V read and written by ``index_select``, V read and written again by the
-pack, and ~25 int64 passes over the rows computing the slots (~200 bytes a row against 2 Hkv d =
-1024 at Hkv=4, d=128).  Only a kernel reading pages through the page table itself removes the
-gather.
+floor for any gather into the kernel's layout (2x what the attention then reads: the route moves
+3x the attention's bytes at best).  The torch path moved ~6.6 T Hkv d at Hkv=4, d=128 (4.6x the
+attention's): K/V read and written by ``index_select`` (4), V read and written again by the pack
+(2), and ~19 elementwise int64 passes over the rows computing the slots (~300 bytes a row against
+2 Hkv d = 1024), in ~20 launches.  Only a kernel reading pages through the page table itself
+removes the gather.
 
 Sizing: exact from one read-back of the lengths per forward (:func:`exact_sizes`: SGLang hands
 every layer the same ``cache_seqlens`` tensor); while a CUDA graph is captured (SGLang's decode
