@@ -192,3 +192,19 @@ def test_kernel_compiles_for_sm90_with_16_byte_accesses(d, page):
     ops = re.findall(r"\b(ld|st)\.global(\.v\d)?\.b(\d+)", ptx)
     assert not [o for o in ops if o[2] == "8"], "byte-wise global loads/stores"
     assert sum(1 for o in ops if o == ("st", ".v4", "32")) >= 2 and sum(1 for o in ops if o == ("ld", ".v4", "32")) >= 2
+
+
+def test_route_report_has_the_gather_before_after():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "check_fp8_kv_route.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    nbytes = G.bytes_moved([4096] * 64, 4, 128, 16)
+    row = {"shape": "decode b64 ctx4k", "page_size": 16, "gather_pack_ms": 0.49, "gather_fused_ms": 0.2,
+           "gather_fused_speedup": 2.45, "gather_bytes": nbytes, "gather_floor_ms": 0.13, "gather_fused_gbps": 2684.4,
+           "fa4_fp8_routed_torch_gather_ms": 0.6, "fa4_fp8_routed_ms": 0.3, "fp8_kernel_only_packed_ms": 0.094}
+    md = mod.markdown({"command": "x", "env": {"copy_gbps": 4100.0}, "correctness": [], "speed": [row], "notes": []})
+    assert "floor = bytes at the measured device copy rate (4100.000 GB/s)" in md
+    assert ("| decode b64 ctx4k | 16 | 0.490 | 0.200 | 2.450x | 537 | 0.130 | 2684 | 0.600 | 0.300 | 0.094 |"
+            in md), md
