@@ -57,6 +57,9 @@ RESULT: dict = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.arg
 T0 = time.time()
 DECODE_ONLY = False
 GATHER_ONLY = False
+#: (name, cached tokens per sequence, new tokens per sequence, page size)
+SPEED_SHAPES = [("prefill 8k", [8192], [8192], 16), ("decode b64 ctx4k", [4096] * 64, [1] * 64, 16),
+                ("decode b64 ctx4k", [4096] * 64, [1] * 64, 1)]
 STEM = "fp8_kv_route"
 
 
@@ -218,8 +221,7 @@ def section_speed(budget_s):
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 
-    shapes = [("prefill 8k", [8192], [8192], 16), ("decode b64 ctx4k", [4096] * 64, [1] * 64, 16),
-              ("decode b64 ctx4k", [4096] * 64, [1] * 64, 1)]
+    shapes = SPEED_SHAPES
     if DECODE_ONLY or GATHER_ONLY:
         shapes = [sh for sh in shapes if max(sh[2]) == 1]
     copy = measure_copy_gbps(nbytes=1 << 30, iters=5, repeats=3)
