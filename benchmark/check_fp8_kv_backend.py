@@ -3,29 +3,34 @@
 an ``fp8_e4m3`` ``MHATokenToKVPool``, driven through a ``RadixAttention`` layer and a
 ``ForwardBatch`` exactly as a model's forward does (``init_forward_metadata``, then the layer:
 ``set_kv_buffer`` quantizes the new K/V into the pool, ``prepare_paged_mha_query`` casts q, the
-dispatcher call goes through the plugin's hook to the SM90 FP8 kernel).
+dispatcher call goes through the plugin's hook to the SM90 FP8 kernel). The layer, runner and pool
+are built by ``benchmark/sglang_on_gpu/sglang_llm_layer.py`` (SGLang's own attention test kit).
 
-The model runner is SGLang's own test double (``sglang.test.kits.attention_unittest``:
-``MockModelRunner``, ``TinyModelConfig``, the same in 0.5.20 and 0.5.23) with its pool switched to
-fp8_e4m3 and the server args saying so. Each request owns whole pages in a shuffled order (SGLang's
-allocation), page 0 reserved.
+FA3-FP8 is SGLang's ``fa3`` backend (``ATTENTION_BACKENDS["fa3"]``, SGLang's Hopper default with
+this cache) on the same kind of pool, its FA3 kernel loader pointed at FA3 built from source
+(``.fa3/libfa3fwd.so`` from ``benchmark/fa3_build/build.sh``; ``benchmark/sglang_on_gpu/fa3_seam.py``);
+skipped, with the reason recorded, where the library is absent.
 
 Correctness: fp32 attention on the dequantized cache (K/V read back from the pool's buffers through
 ``req_to_token``, times the layer's k/v scales; q cast to E4M3 as SGLang does), bottom-right causal;
 the CUDA caching allocator's free memory NaN-poisoned before each forward (the backend allocates
 its output); Qwen2.5-7B-like layer (28 q / 4 kv heads, d=128) and a d=256 layer (16 q / 4 kv
-heads), page sizes 1, 16, 64, extend with a cached prefix and decode.
+heads), page sizes 1, 16, 64, extend with a cached prefix and decode, for fa4-fp8 (ours) and
+FA3-FP8.
 
-Speed (``--speed``): prefill 8k tokens and decode (batch 64, 4k context), the layer's forward
-(KV write + attention) timed as CUDA-graph replays (eager CUDA events where capture fails), for
-fa4 on the fp8 pool (our route), fa4 on a bf16 pool (SGLang's vendored FA4) and SGLang's triton
-backend on both pools.
+Speed (``--speed``): prefill 8k tokens and decode (batch 64, 4k context), page 16, the layer's
+forward (KV write + attention) for fa4 on the fp8 pool (our route), fa4 on a bf16 pool (SGLang's
+vendored FA4), SGLang's triton backend on both pools and FA3-FP8: each column first checked once
+eagerly against fp32 (as above), then all captured as CUDA graphs and timed in ``--rounds``
+interleaved rounds (``sglang_fa4.bench.timing.interleaved_ms``; eager CUDA events where capture
+fails); ratios are medians of the per-round ratios.
 
-    python3 benchmark/check_fp8_kv_backend.py --out DIR [--speed] [--cpu-smoke]
-        (writes fp8_kv_backend-<sglang version>.json / .md)
+    python3 benchmark/check_fp8_kv_backend.py --out DIR [--speed] [--speed-first] [--cpu-smoke]
+        (writes <--stem, default fp8_kv_backend>-<sglang version><--suffix>.json / .md)
 
 ``--cpu-smoke``: on a machine without a GPU, the same code with the FP8 kernel replaced by the torch
-model of its contract (tests/test_llm_fp8_kv_route.model_kernel) and the SM90 check faked.
+model of its contract (tests/test_llm_fp8_kv_route.model_kernel), FA3 by the fp32 reference and the
+SM90 checks faked.
 """
 
 from __future__ import annotations
@@ -47,17 +52,21 @@ for p in (str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")):
 
 import torch  # noqa: E402
 
+import fa3_seam  # noqa: E402
+from sglang_llm_layer import Built, poison_free_memory  # noqa: E402
+
 FP8 = torch.float8_e4m3fn
 BAR = 3e-2
 LAYERS = {"qwen2.5-7b d128": (28, 4, 128), "d256": (16, 4, 256)}
-K_SCALE, V_SCALE = 0.02, 0.015  # checkpoint-style per-layer scales (descales on the fa3/fa4 path)
 RESULT: dict = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv), "correctness": [], "speed": [],
                 "notes": []}
 T0 = time.time()
 DEV = "cuda"
 ROUTED_CALLS: list = []
 SPEED_FILTER = None
+STEM = "fp8_kv_backend"
 STEM_SUFFIX = ""
+FA3_SKIP = None  # why the FA3-FP8 column is not measured (None: it is)
 
 
 def log(*a):
@@ -87,6 +96,13 @@ def setup(cpu_smoke: bool) -> dict:
 
         llm_fp8_kv.is_sm90 = lambda device: True
         launch.fp8_varlen_attention = model_kernel([])
+        import sglang.srt.layers.attention.attention_registry as registry
+
+        registry.get_device_capability = lambda *a, **k: (9, 0)  # ATTENTION_BACKENDS["fa3"] asserts SM90
+    global FA3_SKIP
+    FA3_SKIP = fa3_seam.install(fa3_model if cpu_smoke else None)
+    if FA3_SKIP:
+        RESULT["notes"].append(FA3_SKIP)
     import sglang_fa4.kernels.fp8_paged_kv as paged
 
     routed = paged.paged_fp8_attention  # counted: proves each forward took the FP8 route
@@ -96,224 +112,140 @@ def setup(cpu_smoke: bool) -> dict:
         return routed(*a, **k)
 
     paged.paged_fp8_attention = counted
-    return {"sglang": sglang.__version__, "stubbed": stubbed,
+    from sglang_fa4.bench import fa3
+
+    return {"sglang": sglang.__version__, "stubbed": stubbed, "fa3": None if FA3_SKIP else
+            ("fp32 torch model (cpu smoke)" if cpu_smoke else fa3.build_source() or "present (no BUILD_INFO)"),
             "dispatch_hooked": getattr(fab.flash_attn_with_kvcache, "__wrapped__", None) is not None
             and fab.flash_attn_with_kvcache is fa.flash_attn_with_kvcache,
             "prepare_query_hooked": getattr(fab.FlashAttentionBackend.prepare_paged_mha_query, "__wrapped__", None)
             is not None}
 
 
-class Built:
-    """A backend + pool + layer + forward batch for one case."""
+def fa3_model(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, *, k_descale=None,
+              v_descale=None, q_descale=None, softmax_scale=None, causal=True, out=None):
+    """--cpu-smoke: FA3's paged FP8 call (sglang_fa4.bench.fa3.paged_fp8's signature) in fp32 torch."""
+    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
 
-    def __init__(self, backend_name, kv, hq, hkv, d, page_size, prefix_lens, new_lens, decode, seed):
-        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-        from sglang.srt.runtime_context import get_context
-        from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
-
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        self.decode, self.hq, self.hkv, self.d, self.page_size = decode, hq, hkv, d, page_size
-        self.prefix_lens = list(prefix_lens)
-        self.new_lens = [1] * len(prefix_lens) if decode else list(new_lens)
-        seq_lens = [p + n for p, n in zip(self.prefix_lens, self.new_lens)]
-        self.seq_lens = seq_lens
-        batch = len(seq_lens)
-        max_ctx = page_size * (-(-max(seq_lens) // page_size) + 1)
-        mode = ForwardMode.DECODE if decode else ForwardMode.EXTEND
-        case = kit.DenseAttentionCase(name="fp8kv", backend=backend_name, forward_mode=mode, num_heads=hq,
-                                      num_kv_heads=hkv, page_size=page_size, prefix_lens=tuple(self.prefix_lens),
-                                      extend_lens=() if decode else tuple(self.new_lens))
-        cfg = kit.TinyModelConfig(num_heads=hq, num_kv_heads=hkv, head_dim=d, hidden_size=hq * d, context_len=max_ctx)
-        pool_dtype = FP8 if kv == "fp8_e4m3" else torch.bfloat16
-        ctx_cls = type(get_context())
-        override = ctx_cls.override_server_args
-        # the runner publishes its server args with kv_cache_dtype "auto": say what the pool holds
-        ctx_cls.override_server_args = lambda self_, **kw: override(self_, **{**kw, "kv_cache_dtype": kv})
-        try:
-            runner = kit.MockModelRunner(case=case, model_config=cfg, dtype=pool_dtype, device=DEV,
-                                         max_context_len=max_ctx, head_dim=d)
-        finally:
-            ctx_cls.override_server_args = override
-        runner.dtype, runner.kv_cache_dtype, runner.kv_cache_dtype_str = torch.bfloat16, pool_dtype, kv
-        self.runner, self.pool = runner, runner.token_to_kv_pool
-        self.backend = ATTENTION_BACKENDS[backend_name](runner)
-        from sglang.srt.layers.radix_attention import RadixAttention
-
-        self.layer = RadixAttention(num_heads=hq, head_dim=d, scaling=d ** -0.5, num_kv_heads=hkv, layer_id=0)
-        if kv == "fp8_e4m3":  # a checkpoint's kv scales (RadixAttention holds them as the quant method sets)
-            self.layer.k_scale = torch.tensor([K_SCALE], device=DEV)
-            self.layer.v_scale = torch.tensor([V_SCALE], device=DEV)
-            self.layer.k_scale_float, self.layer.v_scale_float = K_SCALE, V_SCALE
-        # SGLang's allocation: whole pages per request in a shuffled order, page 0 reserved
-        pool_pages = self.pool.size // page_size
-        need = [-(-n // page_size) for n in seq_lens]
-        pages = torch.randperm(pool_pages - 1, generator=g)[: sum(need)] + 1
-        r2t = runner.req_to_token_pool.req_to_token
-        at = 0
-        slots_of = []
-        for b, n in enumerate(seq_lens):
-            pg = pages[at: at + need[b]]
-            at += need[b]
-            slots = (pg[:, None] * page_size + torch.arange(page_size)[None, :]).reshape(-1)[:n]
-            r2t[b, :n] = slots.to(torch.int32).to(DEV)
-            slots_of.append(slots)
-        self.slots_of = slots_of
-        # the cached prefix, written the way the model's earlier forwards wrote it
-        tot_prefix = sum(self.prefix_lens)
-        if tot_prefix:
-            k_pre = torch.randn(tot_prefix, hkv, d, generator=g).to(torch.bfloat16).to(DEV)
-            v_pre = torch.randn(tot_prefix, hkv, d, generator=g).to(torch.bfloat16).to(DEV)
-            loc = torch.cat([slots_of[b][:p] for b, p in enumerate(self.prefix_lens)]).to(DEV)
-            self.pool.set_kv_buffer(self.layer, loc, k_pre, v_pre, self.layer.k_scale, self.layer.v_scale)
-        ntok = sum(self.new_lens)
-        self.q = torch.randn(ntok, hq * d, generator=g).to(torch.bfloat16).to(DEV)
-        self.k = torch.randn(ntok, hkv * d, generator=g).to(torch.bfloat16).to(DEV)
-        self.v = torch.randn(ntok, hkv * d, generator=g).to(torch.bfloat16).to(DEV)
-        out_loc = torch.cat([slots_of[b][p:p + n] for b, (p, n) in enumerate(zip(self.prefix_lens, self.new_lens))])
-        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(self.prefix_lens, self.new_lens)])
-        fb = ForwardBatch(
-            forward_mode=mode, batch_size=batch, input_ids=torch.zeros(ntok, dtype=torch.int64, device=DEV),
-            req_pool_indices=torch.arange(batch, dtype=torch.int32, device=DEV),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV),
-            seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32), out_cache_loc=out_loc.to(DEV),
-            seq_lens_sum=sum(seq_lens), positions=positions.to(DEV))
-        if hasattr(runner.kv_index_translator, "bind_own_plan"):  # 0.5.23: KV ids from the batch's plan
-            runner.kv_index_translator.bind_own_plan(fb)
-        if not decode:
-            fb.extend_prefix_lens = torch.tensor(self.prefix_lens, dtype=torch.int32, device=DEV)
-            fb.extend_prefix_lens_cpu = list(self.prefix_lens)
-            fb.extend_seq_lens = torch.tensor(self.new_lens, dtype=torch.int32, device=DEV)
-            fb.extend_seq_lens_cpu = list(self.new_lens)
-            fb.extend_num_tokens = ntok
-        self.fb = fb
-        self.kv = kv
-
-    def context(self):
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-        return forward_context(ForwardContext(attn_backend=self.backend))
-
-    def init_metadata(self):
-        with torch.no_grad(), self.context():
-            self.backend.init_forward_metadata(self.fb)
-
-    def forward(self):
-        """The layer's forward as a model calls it (KV write + attention)."""
-        with torch.no_grad(), self.context():
-            return self.layer(self.q, self.k, self.v, self.fb)
-
-    def reference(self):
-        """fp32 attention on the dequantized cache, read back from the pool through the slots."""
-        kb = self.pool.get_key_buffer(0)
-        vb = self.pool.get_value_buffer(0)
-        ks = K_SCALE if self.kv == "fp8_e4m3" else 1.0
-        vs = V_SCALE if self.kv == "fp8_e4m3" else 1.0
-        q = self.q.view(-1, self.hq, self.d)
-        q = (q.to(FP8) if self.kv == "fp8_e4m3" else q).float()  # SGLang: q.to(kv dtype), no scale
-        rep = self.hq // self.hkv
-        outs, at = [], 0
-        for b, (p, n) in enumerate(zip(self.prefix_lens, self.new_lens)):
-            slots = self.slots_of[b].to(kb.device)
-            kf = (kb[slots].float() * ks).repeat_interleave(rep, 1)
-            vf = (vb[slots].float() * vs).repeat_interleave(rep, 1)
-            s = torch.einsum("qhd,khd->hqk", q[at:at + n], kf) * self.d ** -0.5
-            i = torch.arange(n, device=s.device)[:, None]
-            j = torch.arange(p + n, device=s.device)[None, :]
-            s = s.masked_fill(j > i + p, float("-inf"))
-            outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf))
-            at += n
-        return torch.cat(outs).reshape(-1, self.hq * self.d)
+    assert q_descale is None, "SGLang's fa3 path passes no q descale"
+    res = paged_attention_reference(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale=k_descale,
+                                    v_descale=v_descale, softmax_scale=softmax_scale, causal=causal).to(torch.bfloat16)
+    if out is None:
+        return res
+    out.copy_(res.view(out.shape))
+    return out
 
 
-def poison_free_memory(mib: int = 512):
-    """Fill the caching allocator's free blocks with NaN (a tensor the backend allocates next is
-    likely carved from them): a kernel that leaves rows unwritten shows up as non-finite."""
+def label_of(backend_name: str, kv: str) -> str:
+    return f"{backend_name}_{'fp8' if kv == 'fp8_e4m3' else 'bf16'}"
+
+
+def build(backend_name, kv, *args, **kwargs) -> Built:
+    b = Built(backend_name, kv, *args, device=DEV, **kwargs)
+    if backend_name == "fa3":
+        fa3_seam.prepare(b.backend)
+    b.init_metadata()
+    return b
+
+
+def check_forward(b: Built, label: str) -> dict:
+    """One eager forward on NaN-poisoned free memory against fp32 on the dequantized pool; for
+    fa4-fp8 and FA3-FP8 also how many calls took the FP8 route / the FA3 build (must be one)."""
+    poison_free_memory()
+    routed, fa3_calls = len(ROUTED_CALLS), len(fa3_seam.CALLS)
+    out = b.forward()
     if DEV == "cuda":
-        x = torch.full((mib * 1024 * 1024 // 2,), float("nan"), dtype=torch.bfloat16, device=DEV)
-        del x
+        torch.cuda.synchronize()
+    calls = {"fa4_fp8": len(ROUTED_CALLS) - routed, "fa3_fp8": len(fa3_seam.CALLS) - fa3_calls}.get(label)
+    ref = b.reference()
+    o = out.float().reshape(ref.shape)
+    res = {"rel_err": float((o - ref).norm() / ref.norm()), "finite": bool(torch.isfinite(o).all()),
+           "out_dtype": str(out.dtype)}
+    if calls is not None:
+        res["calls"] = calls
+    res["pass"] = res["finite"] and res["rel_err"] < BAR and calls in (None, 1)
+    return res
 
 
-def section_correctness():
+def section_correctness(budget_s=float("inf")):
+    impls = [("fa4", "fp8_e4m3")] + ([] if FA3_SKIP else [("fa3", "fp8_e4m3")])
     for lname, (hq, hkv, d) in LAYERS.items():
         for page_size in (1, 16, 64):
             for mode, prefix, new in (("extend+prefix", [1000, 0, 517, 64], [200, 1500, 17, 1]),
                                       ("decode", [100, 777, 2047, 1, 129, 4095, 33, 640], None)):
-                row = {"layer": lname, "hq": hq, "hkv": hkv, "d": d, "page_size": page_size, "case": mode,
-                       "cached": prefix, "new": new or [1] * len(prefix)}
-                try:
-                    b = Built("fa4", "fp8_e4m3", hq, hkv, d, page_size, prefix, new, mode == "decode",
-                              seed=page_size * 7 + d)
-                    b.init_metadata()
-                    poison_free_memory()
-                    before = len(ROUTED_CALLS)
-                    out = b.forward()
-                    row["routed_calls"] = len(ROUTED_CALLS) - before
-                    if DEV == "cuda":
-                        torch.cuda.synchronize()
-                    ref = b.reference()
-                    o = out.float().reshape(ref.shape)
-                    row.update(rel_err=float((o - ref).norm() / ref.norm()), finite=bool(torch.isfinite(o).all()),
-                               out_dtype=str(out.dtype))
-                    row["pass"] = row["finite"] and row["rel_err"] < BAR and row["routed_calls"] == 1
-                except Exception as exc:  # noqa: BLE001 - recorded, the next case runs
-                    row.update(error=f"{type(exc).__name__}: {exc}"[:400], trace=traceback.format_exc()[-1500:],
-                               **{"pass": False})
-                RESULT["correctness"].append(row)
-                log("correct", {k: v for k, v in row.items() if k not in ("cached", "new", "trace")})
+                for backend_name, kv in impls:
+                    row = {"backend": backend_name, "layer": lname, "hq": hq, "hkv": hkv, "d": d,
+                           "page_size": page_size, "case": mode, "cached": prefix, "new": new or [1] * len(prefix)}
+                    if time.time() - T0 > budget_s:
+                        RESULT["correctness"].append({**row, "skipped": "time budget", "pass": None})
+                        continue
+                    try:
+                        b = build(backend_name, kv, hq, hkv, d, page_size, prefix, new, mode == "decode",
+                                  seed=page_size * 7 + d)
+                        res = check_forward(b, label_of(backend_name, kv))
+                        res["routed_calls" if backend_name == "fa4" else "fa3_calls"] = res.pop("calls")
+                        row.update(res)
+                    except Exception as exc:  # noqa: BLE001 - recorded, the next case runs
+                        row.update(error=f"{type(exc).__name__}: {exc}"[:400], trace=traceback.format_exc()[-1500:],
+                                   **{"pass": False})
+                    b = None
+                    RESULT["correctness"].append(row)
+                    log("correct", {k: v for k, v in row.items() if k not in ("cached", "new", "trace")})
 
 
-def timed(fn, row, label):
-    from sglang_fa4.bench.timing import eager_median_ms, graph_replay_ms
-
-    try:
-        row[label] = graph_replay_ms(fn, replays=20)
-        row[label + "_how"] = "graph"
-    except Exception as exc:  # noqa: BLE001 - recorded, then timed eagerly
-        torch.cuda.synchronize()
-        row[label + "_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        try:
-            row[label] = eager_median_ms(fn, iters=20, warmup=3)
-            row[label + "_how"] = "eager events"
-        except Exception as exc2:  # noqa: BLE001
-            row[label] = None
-            row[label + "_error"] = f"{type(exc2).__name__}: {str(exc2)[:300]}"
+SPEED_BACKENDS = (("fa4", "fp8_e4m3"), ("fa4", "auto"), ("triton", "fp8_e4m3"), ("triton", "auto"), ("fa3", "fp8_e4m3"))
+SPEED_SHAPES = (("prefill 8k", "qwen2.5-7b d128", [0], [8192], False, 16),
+                ("decode b64 ctx4k", "qwen2.5-7b d128", [4095] * 64, None, True, 16),
+                ("prefill 8k", "d256", [0], [8192], False, 16),
+                ("decode b64 ctx4k", "d256", [4095] * 64, None, True, 16))
+#: (numerator, denominator) of the reported ratios: > 1 means the second one is faster
+RATIOS = (("fa4_bf16", "fa4_fp8"), ("fa3_fp8", "fa4_fp8"), ("triton_fp8", "fa4_fp8"), ("fa3_fp8", "fa4_bf16"))
 
 
-SPEED_BACKENDS = (("fa4", "fp8_e4m3"), ("fa4", "auto"), ("triton", "fp8_e4m3"), ("triton", "auto"))
+def section_speed(budget_s, rounds):
+    from sglang_fa4.bench.stats import paired
+    from sglang_fa4.bench.timing import interleaved_ms
 
-
-def section_speed(budget_s):
-    shapes = [("prefill 8k", "qwen2.5-7b d128", [0], [8192], False, 16),
-              ("decode b64 ctx4k", "qwen2.5-7b d128", [4095] * 64, None, True, 16),
-              ("prefill 8k", "d256", [0], [8192], False, 16),
-              ("decode b64 ctx4k", "d256", [4095] * 64, None, True, 16)]
-    for name, lname, prefix, new, decode, page_size in shapes:
+    for name, lname, prefix, new, decode, page_size in SPEED_SHAPES:
+        if lname not in LAYERS:
+            continue
         hq, hkv, d = LAYERS[lname]
         row = {"shape": name, "layer": lname, "hq": hq, "hkv": hkv, "d": d, "page_size": page_size}
+        built = {}
         for backend_name, kv in SPEED_BACKENDS:
-            label = f"{backend_name}_{'fp8' if kv == 'fp8_e4m3' else 'bf16'}_ms"
+            label = label_of(backend_name, kv)
             if SPEED_FILTER and not re.search(SPEED_FILTER, f"{name}|{lname}|{backend_name}|{kv}"):
+                continue
+            if backend_name == "fa3" and FA3_SKIP:
+                row[label + "_error"] = FA3_SKIP
                 continue
             if time.time() - T0 > budget_s:
                 row[label + "_error"] = "skipped: time budget"
                 continue
             try:
-                b = Built(backend_name, kv, hq, hkv, d, page_size, prefix, new, decode, seed=1)
-                b.init_metadata()
-                timed(b.forward, row, label)
-            except Exception as exc:  # noqa: BLE001
-                row[label] = None
+                b = build(backend_name, kv, hq, hkv, d, page_size, prefix, new, decode, seed=1)
+                row[label + "_check"] = check_forward(b, label)
+                built[label] = b
+            except Exception as exc:  # noqa: BLE001 - recorded, the other columns run
                 row[label + "_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log(name, lname, label, row.get(label), row.get(label + "_how"), row.get(label + "_error", ""))
+            log(name, lname, label, row.get(label + "_check"), row.get(label + "_error", ""))
             b = None
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+        if DEV == "cuda" and built:
+            timings = interleaved_ms({label: b.forward for label, b in built.items()}, rounds=rounds, replays=10)
+            for label, t in timings.items():
+                row[label + "_ms"] = t.get("ms")
+                row.update({f"{label}_{k}": v for k, v in t.items() if k != "ms"})
+            for num, den in RATIOS:
+                a, b_ = row.get(den + "_rounds"), row.get(num + "_rounds")
+                if a and b_ and len(a) == len(b_):
+                    row[f"{num}_over_{den}"] = paired(a, b_)["median_ratio"]
+            log(name, lname, {k: round(v, 4) for k, v in row.items() if k.endswith("_ms") and v})
+        built = None
+        if DEV == "cuda":
             torch.cuda.empty_cache()
-        base = row.get("fa4_bf16_ms")
-        for key in ("fa4_fp8_ms", "triton_fp8_ms", "triton_bf16_ms"):
-            if base and row.get(key):
-                row[key.replace("_ms", "_vs_fa4_bf16")] = base / row[key]
-        if any(k.endswith("_ms") for k in row):
-            RESULT["speed"].append(row)
+        RESULT["speed"].append(row)
         save()
 
 
@@ -324,9 +256,37 @@ def save():
     if OUT is None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"fp8_kv_backend-{RESULT.get('env', {}).get('sglang', 'x')}{STEM_SUFFIX}"
+    name = f"{STEM}-{RESULT.get('env', {}).get('sglang', 'x')}{STEM_SUFFIX}"
     (OUT / f"{name}.json").write_text(json.dumps(RESULT, indent=1))
     (OUT / f"{name}.md").write_text(markdown(RESULT))
+
+
+COLUMN_TITLES = {"fa4_fp8": "fa4, fp8 pool (ours)", "fa4_bf16": "fa4, bf16 pool", "triton_fp8": "triton, fp8 pool",
+                 "triton_bf16": "triton, bf16 pool", "fa3_fp8": "FA3-FP8 (fa3, fp8 pool)"}
+
+
+def _f(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def speed_table(r) -> list[str]:
+    """The one-run table: ms per column (eager where noted), each column's check against fp32."""
+    labels = [label_of(b, kv) for b, kv in SPEED_BACKENDS]
+    lines = ["| shape | layer | page | " + " | ".join(COLUMN_TITLES[lb] for lb in labels)
+             + " | fa4-bf16 / fa4-fp8 | FA3-FP8 / fa4-fp8 |", "|---|---|---|" + "---|" * (len(labels) + 2)]
+    for s in r["speed"]:
+        cells = []
+        for lb in labels:
+            chk = s.get(lb + "_check") or {}
+            if s.get(lb + "_ms") is None:
+                cells.append("n/a" if lb + "_error" in s or "error" in chk else "-")
+                continue
+            how = "" if s.get(lb + "_how") == "graph" else " (eager)"
+            ok = "" if chk.get("pass") else " FAIL"
+            cells.append(f"{_f(s[lb + '_ms'])}{how} ({chk.get('rel_err', float('nan')):.1e}{ok})")
+        lines.append(f"| {s['shape']} | {s['layer']} | {s['page_size']} | " + " | ".join(cells)
+                     + f" | {_f(s.get('fa4_bf16_over_fa4_fp8'))}x | {_f(s.get('fa3_fp8_over_fa4_fp8'))}x |")
+    return lines
 
 
 def markdown(r) -> str:
@@ -334,33 +294,33 @@ def markdown(r) -> str:
     lines = [f"# SGLang {env.get('sglang')}'s FlashAttentionBackend (fa4) on an fp8_e4m3 MHATokenToKVPool (SM90)", "",
              f"Command: `{r['command']}`", "",
              f"GPU: {env.get('gpu')}; torch {env.get('torch')}; plugin hooks on the dispatcher / prepare_paged_mha_query: "
-             f"{env.get('dispatch_hooked')} / {env.get('prepare_query_hooked')}; stubbed: {env.get('stubbed')}", "",
+             f"{env.get('dispatch_hooked')} / {env.get('prepare_query_hooked')}; stubbed: {env.get('stubbed')}; "
+             f"FA3: {env.get('fa3') or 'not measured'}", "",
              "## Correctness (fp32 on the dequantized pool; free memory NaN-poisoned first)", "",
-             "| layer (hq/hkv/d) | page | case | cached | new | rel. error | finite | FP8 route calls | pass (<3e-2, routed) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| backend | layer (hq/hkv/d) | page | case | cached | new | rel. error | finite | FP8 route / FA3 calls "
+             "| pass (<3e-2, one call) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["correctness"]:
-        err = f"{c['rel_err']:.2e}" if "rel_err" in c else c.get("error", "?")
-        lines.append(f"| {c['layer']} ({c['hq']}/{c['hkv']}/{c['d']}) | {c['page_size']} | {c['case']} | {c['cached']} | "
-                     f"{c['new']} | {err} | {c.get('finite', '-')} | {c.get('routed_calls', '-')} | {c['pass']} |")
+        err = f"{c['rel_err']:.2e}" if "rel_err" in c else c.get("error", c.get("skipped", "?"))
+        calls = c.get("routed_calls", c.get("fa3_calls", "-"))
+        lines.append(f"| {c.get('backend', 'fa4')}-fp8 | {c['layer']} ({c['hq']}/{c['hkv']}/{c['d']}) | {c['page_size']} | "
+                     f"{c['case']} | {c['cached']} | {c['new']} | {err} | {c.get('finite', '-')} | {calls} | {c['pass']} |")
     if r["speed"]:
-        lines += ["", "## Speed (the layer's forward: KV write + attention; median ms of CUDA-graph replays unless noted)",
-                  "", "| shape | layer | page | fa4 fp8 pool (ours) | fa4 bf16 pool | triton fp8 pool | triton bf16 pool "
-                  "| fa4-bf16 / fa4-fp8 | fa4-bf16 / triton-fp8 |", "|---|---|---|---|---|---|---|---|---|"]
-
-        def f(x):
-            return "-" if x is None else f"{x:.3f}"
-
+        rounds = max((len(s.get(lb + "_rounds") or []) for s in r["speed"] for lb in COLUMN_TITLES), default=0)
+        lines += ["", f"## Speed (the layer's forward: KV write + attention; ms, median of {rounds} interleaved rounds "
+                  "of CUDA-graph replays unless noted; in brackets each column's rel. error against fp32 on its "
+                  "pool, one eager forward; ratios: median of the per-round ratios, > 1: fa4-fp8 faster)", ""]
+        lines += speed_table(r)
         for s in r["speed"]:
-            cells = []
-            for backend_name, kv in SPEED_BACKENDS:
-                label = f"{backend_name}_{'fp8' if kv == 'fp8_e4m3' else 'bf16'}_ms"
-                how = "" if s.get(label + "_how") in (None, "graph") else " (eager)"
-                cells.append(f(s.get(label)) + how)
-            lines.append(f"| {s['shape']} | {s['layer']} | {s['page_size']} | " + " | ".join(cells)
-                         + f" | {f(s.get('fa4_fp8_vs_fa4_bf16'))}x | {f(s.get('triton_fp8_vs_fa4_bf16'))}x |")
             errs = {k: v for k, v in s.items() if k.endswith("_error")}
+            errs.update({k: v["error"] for k, v in s.items() if k.endswith("_check") and isinstance(v, dict)
+                         and "error" in v})
             if errs:
-                lines.append(f"|  | errors: {errs} |  |  |  |  |  |  |  |")
+                lines.append(f"\n{s['shape']} {s['layer']}: not measured / errors: `{json.dumps(errs)[:800]}`")
+        pre = [s for s in r["speed"] if s["shape"].startswith("prefill") and s.get("fa4_bf16_over_fa4_fp8")]
+        if pre:
+            lines += ["", "Bar (fa4-fp8 prefill at long context faster than fa4-bf16): " + ", ".join(
+                f"{s['layer']} {'MET' if s['fa4_bf16_over_fa4_fp8'] > 1 else 'NOT MET'} "
+                f"({s['fa4_bf16_over_fa4_fp8']:.3f}x)" for s in pre)]
     if r.get("notes"):
         lines += ["", "Notes:", ""] + [f"- {n}" for n in r["notes"]]
     if r.get("errors"):
@@ -387,9 +347,13 @@ def main():
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--no-correctness", action="store_true")
     ap.add_argument("--suffix", default="", help="output file name suffix")
+    ap.add_argument("--stem", default="fp8_kv_backend", help="output file name stem (then -<sglang version>)")
+    ap.add_argument("--speed-first", action="store_true", help="the speed section before the correctness one")
+    ap.add_argument("--rounds", type=int, default=5, help="speed: interleaved timing rounds")
     ap.add_argument("--speed-filter", default=None,
                     help="speed: only rows/backends whose 'shape|layer|backend|kv' matches this regex")
-    ap.add_argument("--budget-s", type=float, default=150.0, help="skip speed rows after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="skip speed columns (and, with --speed-first, "
+                    "correctness cases) after this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--layers", default=None, help="comma list of layer names (default: all of LAYERS)")
     ap.add_argument("--wait-file", help="before timing, wait (up to 90 s) for this file: another process "
@@ -411,12 +375,13 @@ def main():
     RESULT["env"].update(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (smoke)",
                          torch=torch.__version__)
     log(RESULT["env"])
-    global SPEED_FILTER, STEM_SUFFIX
-    SPEED_FILTER = args.speed_filter
-    STEM_SUFFIX = args.suffix
-    sections = [] if args.no_correctness else [("correctness", section_correctness)]
+    global SPEED_FILTER, STEM, STEM_SUFFIX
+    SPEED_FILTER, STEM, STEM_SUFFIX = args.speed_filter, args.stem, args.suffix
+    sections = [] if args.no_correctness else [("correctness", lambda: section_correctness(
+        args.budget_s if args.speed_first else float("inf")))]
     if args.speed:
-        sections.append(("speed", lambda: (wait_for(args.wait_file), section_speed(args.budget_s))))
+        speed = ("speed", lambda: (wait_for(args.wait_file), section_speed(args.budget_s, args.rounds)))
+        sections.insert(0 if args.speed_first else len(sections), speed)
     for name, fn in sections:
         try:
             fn()
@@ -425,6 +390,13 @@ def main():
             log(traceback.format_exc())
         save()
     log("done")
+    run = [c for c in RESULT["correctness"] if "skipped" not in c]
+    bad = [c for c in run if not c["pass"]]
+    print(f"correctness: {len(run) - len(bad)}/{len(run)} pass ({len(RESULT['correctness']) - len(run)} skipped: "
+          "time budget)" + (f"; failing: {[(c.get('backend'), c['layer'], c['page_size'], c['case']) for c in bad]}"
+                            if bad else ""))
+    if RESULT["speed"]:
+        print("\n".join(speed_table(RESULT)))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ MHATokenToKVPool):
 Correctness: fp32 attention on the dequantized cache, output poisoned first; Qwen2.5-7B-like layer
 (28 q heads, 4 kv heads, d=128), page sizes 1, 16, 64, extend with a cached prefix and decode.
 Speed (CUDA-graph replay, medians): prefill 8k tokens and decode (batch 64, 4k context) for the
-routed fa4-fp8 call (gather + V^T pack + kernel), the FP8 kernel alone on already-contiguous K/V^T,
+routed fa4-fp8 call (the fused page gather + kernel), the FP8 kernel alone on already-contiguous K/V^T,
+the page gather before/after (the fused Triton kernel vs the torch index ops + V^T pack it
+replaced, alone and inside the routed call, interleaved rounds; bytes moved, and the floor at the
+measured device copy rate; ``--gather-only``: just that, on the decode shapes),
 and FA4 4.0.0b36 bf16 through its public API (contiguous K/V; and paged like SGLang's bf16 fa4 call
 where FA4 takes it).
 
@@ -44,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from sglang_fa4.bench.timing import eager_median_ms, graph_replay_ms  # noqa: E402
+from sglang_fa4.bench.timing import interleaved_ms, timed_into  # noqa: E402
 
 DEV = "cuda"
 FP8 = torch.float8_e4m3fn
@@ -53,6 +56,10 @@ RESULT: dict = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.arg
                 "notes": []}
 T0 = time.time()
 DECODE_ONLY = False
+GATHER_ONLY = False
+#: (name, cached tokens per sequence, new tokens per sequence, page size)
+SPEED_SHAPES = [("prefill 8k", [8192], [8192], 16), ("decode b64 ctx4k", [4096] * 64, [1] * 64, 16),
+                ("decode b64 ctx4k", [4096] * 64, [1] * 64, 1)]
 STEM = "fp8_kv_route"
 
 
@@ -151,38 +158,74 @@ def section_correctness():
                 log("correct", row)
 
 
-def graph_ms(fn, replays=20):
-    """Median ms of CUDA-graph replays of fn (after warmup on a side stream)."""
-    return graph_replay_ms(fn, replays=replays)
-
-
 def timed(label, fn, row):
-    try:
-        row[label] = graph_ms(fn)
-        row[label + "_how"] = "graph"
-    except Exception as exc:  # noqa: BLE001 - recorded, then timed eagerly
-        torch.cuda.synchronize()
-        row[label + "_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        try:
-            row[label] = eager_median_ms(fn)
-            row[label + "_how"] = "eager events"
-        except Exception as exc2:  # noqa: BLE001
-            row[label] = None
-            row[label + "_error"] = f"{type(exc2).__name__}: {str(exc2)[:300]}"
+    timed_into(row, label, fn)
     log(label, row.get(label), row.get(label + "_how"))
 
 
-def section_speed(budget_s):
+def time_gathers(row, kc, vc, table, seqlens, q8, cu_q, max_q, kd, vd, out, cu_kg, bound, copy_gbps):
+    """Before/after of the page gather, interleaved: the fused kernel vs the torch index ops + V^T
+    pack, alone and inside the routed call; bytes moved and the floor at the measured copy rate."""
+    from sglang_fa4.kernels import fp8_paged_kv
+    from sglang_fa4.kernels.fp8_paged_gather import bytes_moved, gather_paged_kv, gather_paged_kv_vt
+    from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
+
+    def routed(fused):
+        def call():
+            fp8_paged_kv.FUSED_GATHER = fused
+            try:
+                return sglang_call(q8, kc, vc, table, seqlens, cu_q, max_q, kd, vd, out=out)
+            finally:
+                fp8_paged_kv.FUSED_GATHER = True
+        return call
+
+    calls = {"gather_fused_ms": lambda: gather_paged_kv_vt(kc, vc, table, seqlens),
+             "gather_pack_ms": lambda: pack_vt(gather_paged_kv(kc, vc, table, seqlens)[1], cu_kg, bound),
+             "fa4_fp8_routed_ms": routed(True), "fa4_fp8_routed_torch_gather_ms": routed(False)}
+    for label, t in interleaved_ms(calls, rounds=5, replays=10).items():
+        row[label] = t.get("ms")
+        row.update({f"{label}_{k}": v for k, v in t.items() if k != "ms"})
+        log(label, row[label], t.get("how"), t.get("error", ""))
+    nbytes = bytes_moved(seqlens.tolist(), HKV, D, kc.shape[1])
+    row["gather_bytes"] = nbytes
+    if copy_gbps:
+        row["gather_floor_ms"] = nbytes / (copy_gbps * 1e9) * 1e3
+    for label in ("gather_fused_ms", "gather_pack_ms"):
+        if row.get(label):
+            row[label.replace("_ms", "_gbps")] = nbytes / (row[label] * 1e-3) / 1e9
+    if row.get("gather_fused_ms") and row.get("gather_pack_ms"):
+        row["gather_fused_speedup"] = row["gather_pack_ms"] / row["gather_fused_ms"]
+
+
+def fa4_bf16(row, tq, tk, cu_q, cu_k, new, lens, kc, vc, seqlens, table, budget_s):
+    """FA4 bf16, contiguous K/V (its best case) and paged as SGLang's bf16 fa4 call passes it."""
     from flash_attn.cute import flash_attn_varlen_func
 
+    qb = torch.randn(tq, HQ, D, device=DEV, dtype=torch.bfloat16)
+    kb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
+    vb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
+    timed("fa4_bf16_contig_ms", lambda: flash_attn_varlen_func(
+        qb, kb, vb, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(new), max_seqlen_k=max(lens),
+        causal=True), row)
+    if time.time() - T0 < budget_s:
+        kpb = torch.randn(kc.shape, device=DEV, dtype=torch.bfloat16)
+        vpb = torch.randn(vc.shape, device=DEV, dtype=torch.bfloat16)
+        timed("fa4_bf16_paged_ms", lambda: flash_attn_varlen_func(
+            qb, kpb, vpb, cu_seqlens_q=cu_q, seqused_k=seqlens, page_table=table, max_seqlen_q=max(new),
+            causal=True), row)
+
+
+def section_speed(budget_s):
+    from sglang_fa4.bench.timing import measure_copy_gbps
     from sglang_fa4.kernels.fp8_paged_kv import descales, gather_paged_kv
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 
-    shapes = [("prefill 8k", [8192], [8192], 16), ("decode b64 ctx4k", [4096] * 64, [1] * 64, 16),
-              ("decode b64 ctx4k", [4096] * 64, [1] * 64, 1)]
-    if DECODE_ONLY:
+    shapes = SPEED_SHAPES
+    if DECODE_ONLY or GATHER_ONLY:
         shapes = [sh for sh in shapes if max(sh[2]) == 1]
+    copy = measure_copy_gbps(nbytes=1 << 30, iters=5, repeats=3)
+    RESULT["env"]["copy_gbps"] = copy["gbps"]
     for name, lens, new, page_size in shapes:
         if time.time() - T0 > budget_s:
             RESULT["notes"].append(f"skipped {name} P={page_size}: time budget")
@@ -197,7 +240,8 @@ def section_speed(budget_s):
         out = torch.empty(tq, HQ, D, device=DEV, dtype=torch.bfloat16)
         row = {"shape": name, "page_size": page_size, "batch": B, "new_tokens": tq, "kv_tokens": tk,
                "hq": HQ, "hkv": HKV, "d": D}
-        timed("fa4_fp8_routed_ms", lambda: sglang_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out), row)
+        k, v, cu_kg, bound = gather_paged_kv(kc, vc, table, seqlens)
+        time_gathers(row, kc, vc, table, seqlens, q8, cu_q, max(new), kd, vd, out, cu_kg, bound, copy["gbps"])
         if fa3_available():  # SGLang's fa3 call on the same pool, next to ours
             from sglang_fa4.bench import fa3
 
@@ -206,13 +250,12 @@ def section_speed(budget_s):
             timed("fa3_fp8_ms", lambda: fa3_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out,
                                                  lse=lse3, ws=ws3), row)
         # the same kernel on K / V^T already contiguous (what the gather costs is the difference)
-        k, v, cu_kg, bound = gather_paged_kv(kc, vc, table, seqlens)
         vt = pack_vt(v, cu_kg, bound)
         desc = descales(kd, vd, B, HKV, q8.device)
-        timed("fp8_kernel_only_ms", lambda: fp8_varlen_attention(
-            q8, k.view(FP8), None, cu_q, cu_kg, max(new), bound, descale=desc, softmax_scale=D ** -0.5,
-            causal=True, vt=vt, out=out), row)
-        timed("gather_pack_ms", lambda: pack_vt(gather_paged_kv(kc, vc, table, seqlens)[1], cu_kg, bound), row)
+        if not (GATHER_ONLY and max(new) == 1):  # unpacked decode: the causal variant, another compile
+            timed("fp8_kernel_only_ms", lambda: fp8_varlen_attention(
+                q8, k.view(FP8), None, cu_q, cu_kg, max(new), bound, descale=desc, softmax_scale=D ** -0.5,
+                causal=True, vt=vt, out=out), row)
         if max(new) == 1:  # decode: the GQA group packed into the tile (the default) vs one CTA per q head
             from sglang_fa4.kernels import fp8_paged_kv
 
@@ -220,26 +263,17 @@ def section_speed(budget_s):
             timed("fp8_kernel_only_packed_ms", lambda: fp8_varlen_attention(
                 qp, k.view(FP8), None, cu_qp, cu_kg, g, bound, descale=desc, softmax_scale=D ** -0.5,
                 causal=False, vt=vt), row)
+        if max(new) == 1 and not GATHER_ONLY:  # one CTA per q head: the causal variant, another compile
             fp8_paged_kv.PACK_GQA_DECODE = False
             try:
                 timed("fa4_fp8_routed_unpacked_ms", lambda: sglang_call(
                     q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out), row)
             finally:
                 fp8_paged_kv.PACK_GQA_DECODE = True
-        # FA4 bf16, contiguous K/V (its best case) and paged as SGLang's bf16 fa4 call passes it
-        qb = torch.randn(tq, HQ, D, device=DEV, dtype=torch.bfloat16)
-        kb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
-        vb = torch.randn(tk, HKV, D, device=DEV, dtype=torch.bfloat16)
-        timed("fa4_bf16_contig_ms", lambda: flash_attn_varlen_func(
-            qb, kb, vb, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(new), max_seqlen_k=max(lens),
-            causal=True), row)
-        if time.time() - T0 < budget_s:
-            kpb = torch.randn(kc.shape, device=DEV, dtype=torch.bfloat16)
-            vpb = torch.randn(vc.shape, device=DEV, dtype=torch.bfloat16)
-            timed("fa4_bf16_paged_ms", lambda: flash_attn_varlen_func(
-                qb, kpb, vpb, cu_seqlens_q=cu_q, seqused_k=seqlens, page_table=table, max_seqlen_q=max(new),
-                causal=True), row)
+        if not GATHER_ONLY:
+            fa4_bf16(row, tq, tk, cu_q, cu_k, new, lens, kc, vc, seqlens, table, budget_s)
         flops = 4 * HQ * D * sum((n * (c - n) + n * (n + 1) / 2) for n, c in zip(new, lens))
+
         row["attn_flops"] = flops
         for key in ("fa4_fp8_routed_ms", "fp8_kernel_only_ms", "fa4_bf16_contig_ms", "fa4_bf16_paged_ms", "fa3_fp8_ms"):
             if row.get(key):
@@ -273,11 +307,11 @@ def markdown(r) -> str:
         lines.append(f"| {c.get('impl', 'fa4-fp8 route')} | {c.get('d', D)} | {c['page_size']} | {c['case']} | {c['cached']} | "
                      f"{c['new']} | {c['rel_err']:.2e} | {c['finite']} | {c['pass']} |")
     lines += ["", "## Speed (median ms; CUDA-graph replay unless noted; 28 q / 4 kv heads, d=128, causal)", "",
-              "| shape | page | fa4-fp8 routed (gather+pack+kernel) | FP8 kernel alone | gather+pack | fa4-bf16 contiguous | fa4-bf16 paged | routed vs bf16 | kernel vs bf16 |",
+              "| shape | page | fa4-fp8 routed (fused gather + kernel) | FP8 kernel alone | gather before (torch + V^T pack) | fa4-bf16 contiguous | fa4-bf16 paged | routed vs bf16 | kernel vs bf16 |",
               "|---|---|---|---|---|---|---|---|---|"]
 
-    def f(x):
-        return "-" if x is None else f"{x:.3f}"
+    def f(x, digits=3):
+        return "-" if x is None else f"{x:.{digits}f}"
 
     for s in r["speed"]:
         lines.append(
@@ -302,6 +336,18 @@ def markdown(r) -> str:
         lines += ["", "Upgrade bar (fa4-fp8 at least as fast as FA3-FP8 on every shape): "
                   + ("MET" if not slower else "NOT MET (slower on: " + ", ".join(
                       f"{s['shape']} P={s['page_size']}" for s in slower) + ")")]
+    gathered = [s for s in r["speed"] if s.get("gather_fused_ms")]
+    if gathered:
+        lines += ["", "## The page gather: fused Triton kernel (default) vs torch index ops + V^T pack (before), "
+                  f"interleaved rounds; floor = bytes at the measured device copy rate ({f(env.get('copy_gbps'))} GB/s)", "",
+                  "| shape | page | gather before | gather fused | speedup | MB moved (fused) | floor | fused GB/s "
+                  "| routed, before | routed, fused | kernel alone (packed) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for s in gathered:
+            lines.append(
+                f"| {s['shape']} | {s['page_size']} | {f(s.get('gather_pack_ms'))} | {f(s.get('gather_fused_ms'))} | "
+                f"{f(s.get('gather_fused_speedup'))}x | {s['gather_bytes'] / 1e6:.0f} | {f(s.get('gather_floor_ms'))} | "
+                f"{f(s.get('gather_fused_gbps'), 0)} | {f(s.get('fa4_fp8_routed_torch_gather_ms'))} | "
+                f"{f(s.get('fa4_fp8_routed_ms'))} | {f(s.get('fp8_kernel_only_packed_ms', s.get('fp8_kernel_only_ms')))} |")
     packed = [s for s in r["speed"] if "fa4_fp8_routed_unpacked_ms" in s]
     if packed:
         lines += ["", "## Decode: the GQA group packed into the M tile (default) vs one CTA per (sequence, q head)", "",
@@ -325,10 +371,12 @@ def main():
     ap.add_argument("--budget-s", type=float, default=95.0, help="skip optional work after this many seconds")
     ap.add_argument("--md-from", help="only rewrite the markdown from this JSON")
     ap.add_argument("--decode-only", action="store_true", help="speed: the decode shapes only")
+    ap.add_argument("--gather-only", action="store_true", help="the page gather before/after: correctness as "
+                    "usual; speed on the decode shapes only: gathers, routed calls, packed kernel, FA3; no FA4 bf16)")
     ap.add_argument("--json-name", default="fp8_kv_route", help="output file stem")
     args = ap.parse_args()
-    global DECODE_ONLY, STEM
-    DECODE_ONLY, STEM = args.decode_only, args.json_name
+    global DECODE_ONLY, GATHER_ONLY, STEM
+    DECODE_ONLY, GATHER_ONLY, STEM = args.decode_only, args.gather_only, args.json_name
     out = Path(args.out)
     if args.md_from:
         r = json.loads(Path(args.md_from).read_text())
@@ -354,6 +402,8 @@ def main():
             log(traceback.format_exc())
         save(out)
     log("done")
+    md = markdown(RESULT)
+    print(md[md.index("## The page gather"):] if "## The page gather" in md else md[-2000:])
 
 
 def _has(dist):

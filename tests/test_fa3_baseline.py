@@ -123,6 +123,45 @@ def test_route_report_sets_fa3_beside_fa4():
     assert "(fa4-fp8 at least as fast as FA3-FP8 on every shape): MET" in mod.markdown(r)
 
 
+def test_sgl_kernel_signature_maps_sglangs_fa3_call_onto_paged_fp8():
+    """The positional order SGLang's flash_attention_v3 wrapper passes to sgl-kernel, mapped onto
+    paged_fp8's arguments; what the build lacks is refused by name."""
+    seen = []
+    call = fa3.sgl_kernel_kvcache(lambda *a, **k: seen.append((a, k)) or "out")
+    q, kc, vc, table, seqlens, cu, kd, vd = (object() for _ in range(8))
+    # q k_cache v_cache k v qv rotary_cos rotary_sin cache_seqlens cache_batch_idx cache_leftpad page_table
+    # cu_seqlens_q cu_seqlens_k_new max_seqlen_q rotary_seqlens q_descale k_descale v_descale softmax_scale
+    # causal window_size attention_chunk softcap rotary_interleaved scheduler_metadata num_splits pack_gqa
+    args = (q, kc, vc, None, None, None, None, None, seqlens, None, None, table, cu, "cu_k", 1, None, None, kd, vd,
+            0.088, True, (-1, -1), None, 0.0, True, None, 0, None)
+    assert call(*args, sm_margin=0, only_qv=False, return_softmax_lse=False, sinks=None, out="o") == "out"
+    assert seen == [((q, kc, vc, table, seqlens, cu, 1), dict(k_descale=kd, v_descale=vd, q_descale=None,
+                                                               softmax_scale=0.088, causal=True, out="o"))]
+    for i, value, name in ((3, object(), "k"), (21, (127, 0), "window_size"), (23, 30.0, "softcap"),
+                           (25, object(), "scheduler_metadata")):
+        bad = list(args)
+        bad[i] = value
+        with pytest.raises(fa3.Fa3Unavailable, match=name):
+            call(*bad)
+    with pytest.raises(fa3.Fa3Unavailable, match="return_softmax_lse"):
+        call(*args, return_softmax_lse=True)
+    with pytest.raises(TypeError, match="unexpected argument"):
+        call(*args, score_mod=None)
+    with pytest.raises(fa3.Fa3Unavailable, match="paged varlen call only"):
+        call(q, kc, vc, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=1)
+
+
+def test_sglang_seam_skips_cleanly_without_the_library(monkeypatch, tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmark" / "sglang_on_gpu"))
+    try:
+        import fa3_seam
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(fa3, "DEFAULT_PATH", tmp_path / "libfa3fwd.so")
+    reason = fa3_seam.install()
+    assert reason.startswith("FA3-FP8 not measured:") and "not built" in reason
+
+
 def _gpu_lib():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):

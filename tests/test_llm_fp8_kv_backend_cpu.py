@@ -3,7 +3,9 @@ FlashAttentionBackend built by ATTENTION_BACKENDS["fa4"] from SGLang's test-kit 
 an fp8_e4m3 MHATokenToKVPool, a RadixAttention layer on a ForwardBatch (extend with a cached
 prefix, decode), the plugin loaded by SGLang's plugin loader; the FP8 kernel replaced by the torch
 model of its contract and the SM90 check faked. Every forward must take the FP8 route (once) and
-match fp32 on the dequantized pool."""
+match fp32 on the dequantized pool. The FA3-FP8 column runs SGLang's own fa3 backend (built by
+ATTENTION_BACKENDS["fa3"]) through benchmark/sglang_on_gpu/fa3_seam.py, FA3 modelled in fp32: each
+of its forwards must reach the seam once (SGLang's call mapped onto the FA3 build's arguments)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,36 @@ def test_real_backend_and_pool_route_to_the_fp8_kernel(sglang_version, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / f"fp8_kv_backend-{sglang_version}.json").read_text())
     assert result["env"]["dispatch_hooked"] and result["env"]["prepare_query_hooked"]
+    assert result["env"]["fa3"] == "fp32 torch model (cpu smoke)"
     rows = result["correctness"]
-    assert {(r["page_size"], r["case"]) for r in rows} == {(p, c) for p in (1, 16, 64) for c in ("extend+prefix", "decode")}
+    assert {(r["backend"], r["page_size"], r["case"]) for r in rows} == {
+        (b, p, c) for b in ("fa4", "fa3") for p in (1, 16, 64) for c in ("extend+prefix", "decode")}
     for r in rows:
         assert "error" not in r, r.get("trace")
-        # bf16 output rounding only: the kernel is modelled in fp32
-        assert r["routed_calls"] == 1 and r["finite"] and r["rel_err"] < 1e-2 and r["pass"], r
+        # bf16 output rounding only: the kernels are modelled in fp32
+        calls = r["routed_calls"] if r["backend"] == "fa4" else r["fa3_calls"]
+        assert calls == 1 and r["finite"] and r["rel_err"] < 1e-2 and r["pass"], r
+    assert "| fa3-fp8 | qwen2.5-7b d128 (28/4/128) | 64 | decode |" in (
+        tmp_path / f"fp8_kv_backend-{sglang_version}.md").read_text()
+
+
+def test_one_run_table_has_every_column_its_check_and_the_ratios():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_backend", ROOT / "benchmark" / "check_fp8_kv_backend.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ok = {"rel_err": 1.9e-2, "finite": True, "pass": True}
+    row = {"shape": "prefill 8k", "layer": "qwen2.5-7b d128", "page_size": 16, "fa4_fp8_ms": 0.70, "fa4_fp8_how": "graph",
+           "fa4_fp8_check": {**ok, "calls": 1}, "fa4_bf16_ms": 0.80, "fa4_bf16_how": "graph", "fa4_bf16_check": ok,
+           "triton_fp8_ms": 2.7, "triton_fp8_how": "eager events", "triton_fp8_check": {**ok, "pass": False},
+           "triton_bf16_error": "skipped: time budget", "fa3_fp8_error": "FA3-FP8 not measured: absent",
+           "fa4_bf16_over_fa4_fp8": 0.8 / 0.7, "fa4_fp8_rounds": [0.7] * 5}
+    r = {"command": "x", "env": {"sglang": "0.5.23"}, "correctness": [], "speed": [row], "notes": []}
+    md = mod.markdown(r)
+    line = next(ln for ln in md.splitlines() if ln.startswith("| prefill 8k |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:] == ["0.700 (1.9e-02)", "0.800 (1.9e-02)", "2.700 (eager) (1.9e-02 FAIL)", "n/a", "n/a",
+                         "1.143x", "-x"]
+    assert "median of 5 interleaved rounds" in md and "FA3-FP8 not measured: absent" in md
+    assert "qwen2.5-7b d128 MET (1.143x)" in md

@@ -18,6 +18,7 @@ from sglang_fa4.kernels.fp8_paged_kv import (
     paged_attention_reference,
     paged_fp8_attention,
 )
+from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
 from sglang_harness import run_with_sglang
 
 FP8 = torch.float8_e4m3fn
@@ -71,8 +72,11 @@ def test_gather_rejects_bad_metadata():
 def model_kernel(calls):
     """A torch model of fp8_varlen_attention's contract (what the CUDA kernel computes)."""
 
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out):
-        calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out))
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out, vt=None):
+        calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out, vt=vt is not None))
+        if v is None:  # the route hands the kernel the permuted V^T: read V back through its layout
+            assert vt.dtype == torch.uint8 and vt.shape[:2] == k.shape[1:] and vt.stride(1) % 16 == 0
+            v = unpack_vt_reference(vt, cu_k).view(FP8)
         assert q.dtype == k.dtype == v.dtype == FP8 and descale.shape == (3, cu_q.shape[0] - 1, k.shape[1])
         hq, d = q.shape[1], q.shape[2]
         res = torch.zeros(q.shape, dtype=torch.float32)
@@ -126,7 +130,7 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, page_siz
                                     softmax_scale=0.09, causal=True)
     err = (out.float() - ref).norm() / ref.norm()
     assert err < 1e-2, err
-    assert fake_kernel[-1]["max_k"] == max(lens)
+    assert fake_kernel[-1]["max_k"] == max(lens) and fake_kernel[-1]["vt"]  # the fused gather's V^T
     if mode == "decode":  # the GQA group (7 q heads per kv head) packed into the tile, non-causal
         assert fake_kernel[-1]["max_q"] == hq // hkv and fake_kernel[-1]["causal"] is False
     else:
@@ -308,22 +312,55 @@ def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
 def test_backend_init_warms_the_fp8_variants(monkeypatch):
     import types
 
+    from sglang_fa4.kernels.fp8_paged_gather import GatherShape
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
     from sglang_fa4.startup import warmup
 
     warmed = []
-    monkeypatch.setattr(warmup, "warm_fp8_variants", lambda variants: warmed.append(list(variants)))
+    monkeypatch.setattr(warmup, "warm_fp8_kv_route", lambda variants, shapes, device: warmed.append(
+        (list(variants), list(shapes), device)))
     backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
                                     device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095,
-                                    num_attention_heads=28, num_kv_heads=4)
+                                    num_attention_heads=28, num_kv_heads=4, page_size=16)
     assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
-    # causal (extend), non-causal (GQA decode, the group packed), local (the sliding window)
-    assert warmed == [[Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)]]
+    # causal (extend), non-causal (GQA decode, the group packed), local (the sliding window), and the
+    # page gather for this head dim, kv heads and page size
+    assert warmed == [([Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)],
+                       [GatherShape(128, 4, 16)], torch.device("cuda"))]
     for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=80)):
         llm_fp8_kv.warm_fp8_after_backend_init(None, types.SimpleNamespace(**{**vars(backend), **change}))
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
     assert len(warmed) == 1
     assert llm_fp8_kv.fp8_variants_for(64, None) == [Fp8Variant(64, True, False)]
+
+
+def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
+    """warm_fp8_kv_route: the gather's compiles are warmup work; afterwards one is flagged."""
+    from sglang_fa4.kernels import fp8_paged_gather, triton_handles
+    from sglang_fa4.kernels.fp8_paged_gather import GatherShape
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.startup import jit_monitor, warmup
+
+    jit_monitor.reset_state()
+    monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
+    monkeypatch.setattr(launch, "compiled_kernel", lambda variant: None)
+    event = triton_handles.CompileEvent("fp8_paged_gather", ("key",), 0.5, False, False)
+
+    def fake_warm(shape, device):  # a compile inside the warmup: expected
+        for fn in list(triton_handles._listeners):
+            fn(event)
+        return 1
+
+    monkeypatch.setattr(fp8_paged_gather, "warm", fake_warm)
+    try:
+        report = warmup.warm_fp8_kv_route([], [GatherShape(128, 4, 16)], torch.device("cpu"))
+        assert report.triton["resolved"] == 1 and not report.triton["failures"]
+        assert jit_monitor.warmup_finished() and jit_monitor.compiles_after_warmup() == 0
+        with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="fp8_paged_gather"):
+            for fn in list(triton_handles._listeners):  # the same compile on the request path
+                fn(event)
+    finally:
+        jit_monitor.reset_state()

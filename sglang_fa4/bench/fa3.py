@@ -187,3 +187,65 @@ def varlen_bf16(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seql
     )
     _launch(lib, f)
     return out
+
+
+#: what sgl-kernel's flash_attn_with_kvcache takes beyond paged_fp8's arguments, with the values
+#: that leave its result unchanged (anything else is refused: this build has no such kernel)
+_KVCACHE_NEUTRAL = {
+    "k": (None,), "v": (None,), "qv": (None,), "rotary_cos": (None,), "rotary_sin": (None,),
+    "cache_batch_idx": (None,), "cache_leftpad": (None,), "rotary_seqlens": (None,),
+    "window_size": ((-1, -1), [-1, -1], None), "attention_chunk": (None, 0), "softcap": (0.0, None),
+    "scheduler_metadata": (None,), "only_qv": (False,), "return_softmax_lse": (False,), "sinks": (None,),
+}
+#: scheduling hints: FA3 picks one split on the shapes this build measures (fa3_build/README.md)
+_KVCACHE_HINTS = ("cu_seqlens_k_new", "num_splits", "pack_gqa", "sm_margin", "rotary_interleaved")
+_KVCACHE_USED = ("q", "k_cache", "v_cache", "cache_seqlens", "page_table", "cu_seqlens_q", "max_seqlen_q",
+                 "q_descale", "k_descale", "v_descale", "softmax_scale", "causal", "out")
+
+
+def _neutral(value, allowed) -> bool:
+    if value is None:
+        return None in allowed
+    return not hasattr(value, "shape") and any(n is not None and value == n for n in allowed)
+
+
+def sgl_kernel_kvcache(impl=None):
+    """A function with sgl-kernel's ``flash_attn_with_kvcache`` signature (positional order as
+    SGLang's ``flash_attention_v3`` wrapper passes it) running :func:`paged_fp8` (or ``impl``, of
+    paged_fp8's signature: a torch model in CPU tests). What the build lacks (appending k/v, rotary,
+    windows, softcap, LSE, sinks, precomputed scheduler metadata) raises :class:`Fa3Unavailable`
+    naming it; split hints are ignored (one split here)."""
+    run = impl or paged_fp8
+    names = ("q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin", "cache_seqlens",
+             "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new", "max_seqlen_q",
+             "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale", "causal", "window_size",
+             "attention_chunk", "softcap", "rotary_interleaved", "scheduler_metadata", "num_splits", "pack_gqa")
+
+    def flash_attn_with_kvcache(*args, **kwargs):
+        if len(args) > len(names):
+            raise TypeError(f"flash_attn_with_kvcache takes at most {len(names)} positional arguments")
+        call = dict(zip(names, args))
+        for key in kwargs:
+            if key in call:
+                raise TypeError(f"flash_attn_with_kvcache got multiple values for {key}")
+        call.update(kwargs)
+        for key, value in call.items():
+            if key in _KVCACHE_NEUTRAL:
+                if not _neutral(value, _KVCACHE_NEUTRAL[key]):
+                    raise Fa3Unavailable(f"the FA3 build has no kernel for {key}={_describe(value)}")
+            elif key not in _KVCACHE_USED and key not in _KVCACHE_HINTS:
+                raise TypeError(f"flash_attn_with_kvcache got an unexpected argument {key}")
+        if call.get("page_table") is None or call.get("cu_seqlens_q") is None:
+            raise Fa3Unavailable("the FA3 build runs the paged varlen call only (page_table and cu_seqlens_q)")
+        return run(call["q"], call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"],
+                   call["cu_seqlens_q"], call["max_seqlen_q"], k_descale=call.get("k_descale"),
+                   v_descale=call.get("v_descale"), q_descale=call.get("q_descale"),
+                   softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
+                   out=call.get("out"))
+
+    return flash_attn_with_kvcache
+
+
+def _describe(value) -> str:
+    shape = getattr(value, "shape", None)
+    return f"<tensor {tuple(shape)}>" if shape is not None else repr(value)[:60]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from .stats import median
+from .stats import median, round_order
 
 
 def sync() -> None:
@@ -119,6 +119,77 @@ def graph_replay_ms(fn: Callable[[], object], replays: int = 20, warmup: int = 2
     finally:
         graphed.release()
     return median(times)
+
+
+def _short_error(exc: BaseException, limit: int = 300) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:limit]}"
+
+
+def timed_into(row: dict, label: str, fn: Callable[[], object], replays: int = 20) -> None:
+    """``row[label]`` = median ms of CUDA-graph replays of ``fn`` (``row[label + "_how"]`` =
+    "graph"), or of eager CUDA-event calls where capture fails (the capture error recorded in
+    ``label + "_graph_error"``); None and ``label + "_error"`` where that fails too. Never raises:
+    one failing variant must not stop a benchmark run."""
+    try:
+        row[label] = graph_replay_ms(fn, replays=replays)
+        row[label + "_how"] = "graph"
+    except Exception as exc:  # noqa: BLE001 - recorded, then timed eagerly
+        sync()
+        row[label + "_graph_error"] = _short_error(exc, 200)
+        try:
+            row[label] = eager_median_ms(fn, iters=replays, warmup=3)
+            row[label + "_how"] = "eager events"
+        except Exception as exc2:  # noqa: BLE001
+            row[label] = None
+            row[label + "_error"] = _short_error(exc2)
+
+
+def interleaved_ms(calls: dict, rounds: int = 5, replays: int = 10, pre_replays: int = 3) -> dict:
+    """Time several calls against each other: each captured into its own CUDA graph (all held at
+    once; eager CUDA events where capture fails, the error recorded), then ``rounds`` interleaved
+    rounds (:func:`stats.round_order`: every pair runs in both orders equally often), each timing
+    ``replays`` single replays per call. Per name: {"ms": median of the round medians, "rounds",
+    "how", and "graph_error" / "error" where something failed}. Never raises."""
+    out: dict = {name: {} for name in calls}
+    timers: dict = {}
+    graphs: list = []
+    try:
+        for name, fn in calls.items():
+            try:
+                graphed = GraphedCalls([fn], 1)
+                graphs.append(graphed)
+                for _ in range(pre_replays):
+                    graphed.replay()
+                timers[name] = graphed.replay
+                out[name]["how"] = "graph"
+            except Exception as exc:  # noqa: BLE001 - recorded, then timed eagerly
+                sync()
+                out[name]["graph_error"] = _short_error(exc, 200)
+                try:
+                    for _ in range(pre_replays):
+                        fn()
+                    sync()
+                    timers[name] = fn
+                    out[name]["how"] = "eager events"
+                except Exception as exc2:  # noqa: BLE001
+                    out[name]["error"] = _short_error(exc2)
+        for r in range(rounds):
+            for name in round_order(list(timers), r):
+                if name not in timers:
+                    continue
+                try:
+                    times = [event_time_ms(timers[name], 1) for _ in range(replays)]
+                    out[name].setdefault("rounds", []).append(median(times))
+                except Exception as exc:  # noqa: BLE001
+                    out[name]["error"] = _short_error(exc)
+                    del timers[name]
+        for o in out.values():
+            if o.get("rounds") and "error" not in o:
+                o["ms"] = median(o["rounds"])
+    finally:
+        for graphed in graphs:
+            graphed.release()
+    return out
 
 
 def measure_matmul_tflops(n: int = 8192, iters: int = 20, repeats: int = 5) -> dict:

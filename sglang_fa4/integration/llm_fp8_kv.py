@@ -231,17 +231,24 @@ def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = F
 
 def warm_fp8_after_backend_init(result, self, *args, **kwargs):
     """AFTER FlashAttentionBackend.__init__ (every scheduler process, before CUDA-graph capture and
-    serving): on the FP8 route, compile its kernel variants now (10-20 s each on an H200, otherwise
-    paid by the first request with --disable-cuda-graph), as startup work for the JIT monitor."""
+    serving): on the FP8 route, compile its kernel variants (10-20 s each on an H200, otherwise
+    paid by the first request with --disable-cuda-graph) and its page gather's Triton kernel now,
+    as startup work for the JIT monitor."""
     from sglang_fa4.environ import envs
 
     if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
         return None
     window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
-    gqa = int(getattr(self, "num_attention_heads", 0) or 0) > int(getattr(self, "num_kv_heads", 0) or 0) > 0
-    variants = fp8_variants_for(int(getattr(self, "head_dim", 0) or 0), window, gqa)
+    hkv = int(getattr(self, "num_kv_heads", 0) or 0)
+    gqa = int(getattr(self, "num_attention_heads", 0) or 0) > hkv > 0
+    head_dim = int(getattr(self, "head_dim", 0) or 0)
+    variants = fp8_variants_for(head_dim, window, gqa)
     if variants:
+        import torch
+
+        from sglang_fa4.kernels.fp8_paged_gather import GatherShape
         from sglang_fa4.startup import warmup
 
-        warmup.warm_fp8_variants(variants)
+        shapes = [GatherShape(head_dim, hkv, int(getattr(self, "page_size", 1) or 1))] if hkv > 0 else []
+        warmup.warm_fp8_kv_route(variants, shapes, torch.device(getattr(self, "device", "cuda")))
     return None

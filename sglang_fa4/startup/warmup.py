@@ -170,6 +170,32 @@ def warm_fp8_variants(variants: list) -> WarmupReport:
     return report
 
 
+def warm_fp8_kv_route(variants: list, gather_shapes: list, device) -> WarmupReport:
+    """The LLM FP8 KV route's startup work (``integration/llm_fp8_kv``, a FlashAttentionBackend on an
+    fp8_e4m3 pool on SM90): the FP8 forward's ``variants``, then the page gather's Triton kernel
+    (``kernels/fp8_paged_gather``, one specialization per ``GatherShape``: head dim, kv heads, page
+    size) with one small call each on ``device``, all counted as warmup; then the FP8 forward's and
+    our Triton kernels' compile monitors are armed, so a later compile (on the request path or in a
+    decode-graph capture) is flagged (``SGLANG_FA4_JIT_MONITOR``) also in a process with no fa4 ViT."""
+    from sglang_fa4.kernels import fp8_paged_gather
+
+    report = warm_fp8_variants(variants)
+    gather = WarmupReport()
+
+    def warm_one(shape) -> str:
+        new = fp8_paged_gather.warm(shape, device)
+        gather.resolved += new
+        gather.compiled += new
+        return f"{new} resolved" if new else "cached"
+
+    _warm_each(gather, gather_shapes, warm_one)
+    report.triton = gather.as_dict()
+    if envs.SGLANG_FA4_JIT_MONITOR.get() != "off":
+        jit_monitor.arm_fp8_monitor()
+        jit_monitor.arm_triton_monitor()
+    return report
+
+
 def warm_fp8_vit(model, device=None, *, every_shape: bool = False) -> WarmupReport:
     """The FP8 ViT path's startup work (``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` on SM90): the FP8
     forward variants of the model's shapes that the measured table can route to FP8

@@ -50,6 +50,21 @@ def pack_vt_reference(v: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tens
     return out
 
 
+def unpack_vt_reference(vt: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+    """The inverse of the pack (tests, torch models of the kernel): V (total_k, Hkv, d) read back
+    from V^T's columns, key ``vt_source_key(r)`` of sequence b at column ``base_b + r``."""
+    cu = [int(x) for x in cu_seqlens_k.tolist()]
+    hkv, d, _ = vt.shape
+    v = torch.empty((cu[-1], hkv, d), dtype=vt.dtype, device=vt.device)
+    for b in range(len(cu) - 1):
+        n, base = cu[b + 1] - cu[b], vt_column_offset(cu[b], b)
+        slots = torch.arange(-(-n // 16) * 16)
+        keys = torch.tensor([vt_source_key(int(s)) for s in slots], dtype=torch.int64)
+        keep = keys < n
+        v[cu[b] + keys[keep]] = vt[:, :, base + slots[keep]].permute(2, 0, 1)
+    return v
+
+
 try:
     import triton
     import triton.language as tl
