@@ -484,6 +484,7 @@ def fake_interface(monkeypatch):
     mod.__dict__.update(torch=torch, ARCH=90, KERNEL_CALLS=[], AUX=STATIC)
     exec(_FAKE_INTERFACE, mod.__dict__)
     monkeypatch.setattr(fa4_b36, "_interface", lambda: mod)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", mod)  # imported: its arch wins
     return mod
 
 

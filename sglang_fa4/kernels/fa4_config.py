@@ -164,6 +164,7 @@ class CompileEvent:
     seconds: float  # host time of the resolving call (compile + first launch)
     fa4_compiled: bool  # FA4 compiled it now (False: found in FA4's in-memory or disk cache)
     during_capture: bool  # first seen while a CUDA graph was being captured
+    from_shared_library: bool = False  # loaded from fa4_shared_libs' store (FA4 not involved)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -172,4 +173,5 @@ class CompileEvent:
             "seconds": self.seconds,
             "fa4_compiled": self.fa4_compiled,
             "during_capture": self.during_capture,
+            "from_shared_library": self.from_shared_library,
         }
