@@ -227,7 +227,7 @@ class KernelCache:
             head_dim,
             head_dim_v,
             nheads // nheads_k,
-            "any" if self._one_seqlen_class else seqlen_class(arch, max_seqlen, total_q),
+            "any" if self._one_seqlen_class else seqlen_class(arch, max_seqlen, total_q, nheads // nheads_k),
             causal,
             left is not None,
             right is not None,
