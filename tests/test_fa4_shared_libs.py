@@ -13,12 +13,10 @@ import ctypes
 import json
 import logging
 import math
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from sglang_fa4.kernels import dispatch, fa4_b36, fa4_shared_libs
 from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, Resolved
