@@ -196,6 +196,12 @@ class EnvRegistry:
     def names(self) -> list[str]:
         return list(self._vars)
 
+    def raw_with_prefixes(self, prefixes: tuple[str, ...]) -> dict[str, str]:
+        """The raw value of every variable in the environment whose name starts with one of
+        ``prefixes``, declared here or not: another library's settings as one fingerprint (the
+        key of a stored FA4 kernel, :mod:`sglang_fa4.kernels.fa4_shared_libs`)."""
+        return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Every variable's value (or the error its value raises), for doctor and logs."""
         out = {}

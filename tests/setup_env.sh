@@ -105,6 +105,8 @@ xcompile_envs() {
     local quiet='is ignored: it is neither a file nor a directory'  # as pip_q
     bash tests/setup_xcompile_env.sh 2>&1 | { grep -v "$quiet" || true; }
     bash tests/setup_pip_layer.sh cutlass-dsl-4.8.1 tests/requirements-fp8-xcompile.txt "$vpy" 2>&1 | { grep -v "$quiet" || true; }
+    # flash-attn-4 b36 + quack (pure Python, ~12 MB) for tests/test_fa4_shared_libs_xcompile.py
+    bash tests/setup_pip_layer.sh fa4-b36 tests/requirements-fa4-b36.txt "$vpy" 2>&1 | { grep -v "$quiet" || true; }
 }
 
 stamp_sum() { { cat "$stamps"/* .cache/sglang/*/.sglang-fa4-stamp 2>/dev/null || true; } | sha; }

@@ -136,6 +136,10 @@ def test_seqlen_class_sm100():
     assert seqlen_class(100, 257, 9999) == seqlen_class(100, 100_000, 9999) == "q_stage2"
     assert seqlen_class(103, None, 100) == "q_stage1"  # no host bound: never static
     assert seqlen_class(110, None, 1000) == "q_stage2"
+    # GQA: FA4 packs the q heads of a kv head into the rows (pack_gqa), so the bound is in packed rows
+    assert seqlen_class(100, 64, 9999, 2) == "q_stage1-static" and seqlen_class(100, 65, 9999, 2) == "q_stage2-static"
+    assert seqlen_class(100, 96, 9999, 2) == "q_stage2-static" and seqlen_class(100, 96, 9999, 3) == "q_stage2"
+    assert seqlen_class(100, 129, 9999, 2) == "q_stage2"
 
 
 def test_layouts_match_b36_argument_lists():
@@ -484,6 +488,7 @@ def fake_interface(monkeypatch):
     mod.__dict__.update(torch=torch, ARCH=90, KERNEL_CALLS=[], AUX=STATIC)
     exec(_FAKE_INTERFACE, mod.__dict__)
     monkeypatch.setattr(fa4_b36, "_interface", lambda: mod)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", mod)  # imported: its arch wins
     return mod
 
 

@@ -30,7 +30,9 @@ Layouts of short segments only (ViT windows) are routed to faster kernels where 
 report the configurations resolved in this process (for warmup and "no compiles after warmup"
 checks).
 
-flash_attn.cute is imported lazily: importing this module costs nothing.
+flash_attn.cute is imported lazily: importing this module costs nothing. With the shared-library
+store on (``SGLANG_FA4_SHARED_LIBS``, :mod:`sglang_fa4.kernels.fa4_shared_libs`), a configuration
+stored by an earlier process is loaded with tvm_ffi alone: FA4 is imported only for a new one.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def kernel_cache() -> KernelCache:
         with _cache_lock:
             if _cache is None:
                 from sglang_fa4.kernels.fa4_b36 import FA4Backend
+                from sglang_fa4.kernels.fa4_shared_libs import default_store
 
-                _cache = KernelCache(FA4Backend())
+                _cache = KernelCache(FA4Backend(), default_store())
     return _cache
 
 

@@ -14,7 +14,9 @@ Written against ``flash_attn/cute/interface.py`` of b36:
 While one call runs, the compile cache attribute is swapped for a recording proxy (``__setitem__``
 tells whether FA4 compiled) and ``_compute_tile_cumsum`` for a wrapper that keeps its static
 arguments, so later calls can recompute the scheduler aids themselves. FA4's caches are used, not
-bypassed, so its in-memory and on-disk caches stay consistent.
+bypassed, so its in-memory and on-disk caches stay consistent. ``Resolved.export`` writes the
+kernels as object files; the last section is what :mod:`sglang_fa4.kernels.fa4_shared_libs` needs
+to key, link and launch them without FA4 (b36's kernel class, its tile-cumsum call, its settings).
 
 flash_attn is imported inside the functions only; this module imports neither torch nor SGLang.
 """
@@ -22,14 +24,20 @@ flash_attn is imported inside the functions only; this module imports neither to
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import logging
+import pickle
+import re
+import shutil
 import sys
 import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from sglang_fa4.environ import envs
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -54,9 +62,7 @@ class FA4LayoutError(RuntimeError):
     """FA4's kernel call no longer looks like the one this module was written against (b36)."""
 
 
-# --------------------------------------------------------------------------------------------
-# The installed flash-attn-4
-# --------------------------------------------------------------------------------------------
+# -- The installed flash-attn-4 --
 
 
 def fa4_available() -> bool:
@@ -119,9 +125,7 @@ def loaded_disk_cache() -> Optional[tuple[bool, Optional[str]]]:
     return enabled, path
 
 
-# --------------------------------------------------------------------------------------------
-# The compiled kernel's argument list
-# --------------------------------------------------------------------------------------------
+# -- The compiled kernel's argument list --
 
 
 @dataclass(frozen=True)
@@ -171,13 +175,17 @@ class Resolved:
     fa4_compiled: bool  # FA4 ran cute.compile (False: its memory or disk cache had it)
     #: (cu_seqlens, total_q) -> tensors for layout.sched, when FA4 computed scheduler aids
     sched: Optional[Callable[[Any, int], tuple]] = None
+    #: directory -> [(role, object file, function name)]: the kernel and its scheduler aid as
+    #: object files (fa4_shared_libs); None: not exportable
+    export: Optional[Callable[[Path], list]] = None
+    sched_spec: Optional[dict] = None  # the scheduler aid's kernels (stored_sched), None: no aid
+    key: Any = None  # FA4's compile key (diagnostics)
 
 
-# --------------------------------------------------------------------------------------------
-# The backend: FA4's own forward, recorded
-# --------------------------------------------------------------------------------------------
+# -- The backend: FA4's own forward, recorded --
 
 _SCHED_STATIC = ("tile_size", "q_stage", "cluster_shape_m", "qhead_per_kvhead", "pack_gqa")
+_SCHED_DYNAMIC = ("num_m_blocks", "seqused", "num_splits_dynamic", "virtual_batch_idx")
 _swap_lock = threading.Lock()
 
 
@@ -224,7 +232,7 @@ class FA4Backend:
         check_version()
 
     def arch(self) -> int:
-        return int(_interface()._get_device_arch())
+        return device_arch()
 
     def compile_and_run(self, call) -> Resolved:
         iface = _interface()
@@ -256,13 +264,20 @@ class FA4Backend:
                 f"FA4's forward launched {len(recorder.launches)} cached kernels for one call "
                 f"(expected 1; sglang-fa4 is written against flash-attn-4 4.0.0b36)"
             )
-        _, fn, args = recorder.launches[0]
-        sched = None
+        key, fn, args = recorder.launches[0]
+        sched = spec = None
+        kernels = [("forward", inner, key, fn)]
         if sched_kwargs:
-            if sched_kwargs.get("num_m_blocks") is not None or sched_kwargs.get("seqused") is not None:
+            if any(sched_kwargs.get(k) is not None for k in _SCHED_DYNAMIC):
                 raise FA4LayoutError("FA4 built its scheduler cumsum from unexpected inputs")
-            sched = _make_sched(iface, {k: sched_kwargs[k] for k in _SCHED_STATIC}, self.arch())
-        return Resolved(fn=fn, args=args, fa4_compiled=recorder.compiled, sched=sched)
+            static = {k: sched_kwargs[k] for k in _SCHED_STATIC}
+            sched = _make_sched(iface, static, self.arch())
+            if not sm100_class(self.arch()):  # SM100's block -> batch index is not stored
+                spec = {"tile_cumsum": _cumsum_key(static)}
+                kernels.append(("tile_cumsum", original_cumsum.compile_cache, spec["tile_cumsum"], None))
+        export = None if sched is not None and spec is None else functools.partial(_export, kernels)
+        return Resolved(fn=fn, args=args, fa4_compiled=recorder.compiled, sched=sched, export=export,
+                        sched_spec=spec, key=key)
 
     def public(self, call):
         from flash_attn.cute import flash_attn_varlen_func
@@ -310,3 +325,75 @@ def _make_sched(iface, static: dict, arch: int):
         return total_blocks, total_splits, to_batch(total_blocks, num_blocks, total_blocks.device)
 
     return sched_sm100
+
+
+# -- Without FA4 imported: the kernel class, and what a stored kernel (fa4_shared_libs) needs --
+
+#: distributions whose versions are part of a stored kernel's key
+KEY_DISTRIBUTIONS = ("flash-attn-4", "quack-kernels", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base",
+                     "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu13",
+                     "nvidia-cutlass-dsl-libs-cu12", "apache-tvm-ffi")
+#: FA4 (FLASH_ATTENTION_*, FA_*), quack and the CUTLASS DSL read their settings from variables with
+#: these prefixes: every one set is part of a stored kernel's key, except the cache locations
+KEY_ENV_PREFIXES = ("FLASH_ATTENTION_", "FA_", "CUTE_DSL_", "QUACK_")
+KEY_ENV_IGNORED = frozenset({"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR",
+                             "QUACK_CACHE_ENABLED", "QUACK_CACHE_DIR"})
+SOURCE_PACKAGES = ("flash_attn/cute", "quack")  # their sources make the kernels (FA4 hashes its own)
+_ARCH = re.compile(r"^(?:sm_?|SM_?)?(\d+)(\d)([af]?)$")  # FA4's _parse_arch_str
+
+
+def device_arch() -> int:
+    """FA4's kernel class (``_get_device_arch``: FLASH_ATTENTION_ARCH, else the current GPU's
+    capability), without importing FA4 unless it is imported already."""
+    loaded = sys.modules.get("flash_attn.cute.interface")
+    match = _ARCH.match(envs.FLASH_ATTENTION_ARCH.get()) if envs.FLASH_ATTENTION_ARCH.is_set() else None
+    if loaded is not None or (match is None and envs.FLASH_ATTENTION_ARCH.is_set()):
+        return int(_interface()._get_device_arch())  # FA4's own answer, or its own error
+    if match is not None:
+        return int(match.group(1)) * 10 + int(match.group(2))
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + int(minor)
+
+
+def _cumsum_key(static: dict) -> tuple:
+    """``_compute_tile_cumsum``'s compile key for a cu_seqlens-only call."""
+    qpk, tile = static["qhead_per_kvhead"], static["tile_size"] * static["q_stage"] * static["cluster_shape_m"]
+    return (tile, qpk if static["pack_gqa"] and qpk > 1 else 1, True, False, False, False)
+
+
+def _export(kernels: list, directory: Path) -> list:
+    """Each (role, compile cache, key, fn) kernel as an object file in ``directory``: one compiled
+    in this process exports itself (the DSL's ``export_to_c``); one FA4 loaded from its persistent
+    cache is that cache's object file. Returns [(role, path, exported function name)]."""
+    out = []
+    for role, cache, key, fn in kernels:
+        fn, path, name = cache[key] if fn is None else fn, directory / f"{role}.o", f"sglang_fa4_{role}"
+        if hasattr(fn, "export_to_c"):
+            fn.export_to_c(object_file_path=str(path), function_name=name)
+        else:
+            # JITPersistentCache's entry name: sha256 of the pickled key
+            stored = Path(cache.cache_path) / f"{hashlib.sha256(pickle.dumps(key)).hexdigest()}.o"
+            if not stored.is_file():
+                raise FA4LayoutError(f"no object file of the {role} kernel ({stored})")
+            shutil.copyfile(stored, path)
+            name = cache.EXPORT_FUNCTION_PREFIX
+        out.append((role, path, name))
+    return out
+
+
+def stored_sched(spec: dict, functions: dict) -> Callable[[Any, int], tuple]:
+    """The SM90 scheduler aid of a > MANY_SEGMENTS call from the stored tile-cumsum kernel, as
+    ``_compute_tile_cumsum(cu_seqlens=...)`` computes it: a fresh int32 (segments + 1,) block
+    cumsum, no split counts."""
+    import torch
+
+    fn = functions["tile_cumsum"]
+
+    def sched(cu_seqlens, total_q):
+        blocks = torch.empty(cu_seqlens.shape[0], dtype=torch.int32, device=cu_seqlens.device)
+        fn(blocks, None, cu_seqlens, None, None, None)
+        return blocks, None
+
+    return sched

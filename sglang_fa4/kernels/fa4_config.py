@@ -90,18 +90,20 @@ def normalize_window(window_size) -> tuple[bool, Optional[int], Optional[int]]:
     return False, left, right
 
 
-def seqlen_class(arch: int, max_seqlen: Optional[int], total_q: int) -> str:
+def seqlen_class(arch: int, max_seqlen: Optional[int], total_q: int, qhead_per_kvhead: int = 1) -> str:
     """The part of max_seqlen that reaches FA4's compiled kernel, as a class name.
 
     SM80/SM90/SM120: nothing (``is_static_persistent`` is in FA4's key, but those kernels are
     built without it and take no max_seqlen argument), so one class serves every length.
     SM100/SM110 (tile_m 128): q_stage is 2 above tile_m, and the scheduler is static-persistent
     when the host bound fits one q_stage * tile_m block; without a host bound FA4 uses total_q
-    and is never static. There the kernel also takes max_seqlen as a runtime argument.
+    and is never static. The bound is in packed rows: with GQA FA4 packs the q heads of a kv head
+    into the sequence (``pack_gqa``, its default for qhead_per_kvhead > 1 below hd256), so it is
+    max_seqlen * qhead_per_kvhead. There the kernel also takes max_seqlen as a runtime argument.
     """
     if not sm100_class(arch):
         return "any"
-    bound = total_q if max_seqlen is None else max_seqlen
+    bound = (total_q if max_seqlen is None else max_seqlen) * max(1, qhead_per_kvhead)
     two_stage = bound > SM100_TILE_M
     static = max_seqlen is not None and bound <= SM100_TILE_M * (2 if two_stage else 1)
     return f"q_stage{2 if two_stage else 1}" + ("-static" if static else "")
@@ -133,7 +135,7 @@ def config_for(
         if sink_dtype not in SINK_DTYPE_NAMES.values():
             raise FA4InputError(f"sink dtype must be float32, bfloat16 or float16, got {sink_dtype!r}")
     return FA4Config(
-        arch, dtype_name, head_dim, head_dim_v, qhead_per_kvhead, seqlen_class(arch, max_seqlen, total_q),
+        arch, dtype_name, head_dim, head_dim_v, qhead_per_kvhead, seqlen_class(arch, max_seqlen, total_q, qhead_per_kvhead),
         causal, left is not None, right is not None, sink_dtype, num_segments > MANY_SEGMENTS, broadcast,
     )
 
@@ -164,6 +166,7 @@ class CompileEvent:
     seconds: float  # host time of the resolving call (compile + first launch)
     fa4_compiled: bool  # FA4 compiled it now (False: found in FA4's in-memory or disk cache)
     during_capture: bool  # first seen while a CUDA graph was being captured
+    from_shared_library: bool = False  # loaded from fa4_shared_libs' store (FA4 not involved)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -172,4 +175,5 @@ class CompileEvent:
             "seconds": self.seconds,
             "fa4_compiled": self.fa4_compiled,
             "during_capture": self.during_capture,
+            "from_shared_library": self.from_shared_library,
         }

@@ -10,7 +10,9 @@ the window resolved, the output allocated, the configuration key of
 :mod:`sglang_fa4.kernels.fa4_config`), then dispatched (:meth:`KernelCache.dispatch`): a known
 configuration launches its kernel directly (:mod:`sglang_fa4.kernels.fa4_launcher`); a new one
 goes once through FA4's own forward (so its compile and disk caches stay valid) while the backend
-records what FA4 launched. Everything FA4-specific sits behind the backend seam
+records what FA4 launched, or, when the cache has a shared-library store
+(:mod:`sglang_fa4.kernels.fa4_shared_libs`), loads the kernel an earlier process stored there
+without FA4 (and stores the ones FA4 resolves). Everything FA4-specific sits behind the backend seam
 (:mod:`sglang_fa4.kernels.fa4_b36`); this module imports neither flash_attn nor cutlass.
 """
 
@@ -45,7 +47,7 @@ from sglang_fa4.kernels.fa4_config import (
     normalize_window,
     seqlen_class,
 )
-from sglang_fa4.kernels.fa4_launcher import Launcher
+from sglang_fa4.kernels.fa4_launcher import Launcher, PublicLauncher
 from sglang_fa4.kernels.inputs import check_out_shape, check_tensors, describe
 
 logger = logging.getLogger("sglang_fa4")
@@ -114,8 +116,10 @@ class _Stats:
 class KernelCache:
     """Resolves each configuration once through FA4, then launches its kernel directly."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, store=None):
         self.backend = backend
+        #: fa4_shared_libs.Store (or None): kernels kept as shared libraries, loaded without FA4
+        self.store = store
         self._launchers: dict[tuple, Launcher] = {}
         self._arch: Optional[int] = None
         self._layout: Optional[CallLayout] = None
@@ -223,7 +227,7 @@ class KernelCache:
             head_dim,
             head_dim_v,
             nheads // nheads_k,
-            "any" if self._one_seqlen_class else seqlen_class(arch, max_seqlen, total_q),
+            "any" if self._one_seqlen_class else seqlen_class(arch, max_seqlen, total_q, nheads // nheads_k),
             causal,
             left is not None,
             right is not None,
@@ -308,10 +312,15 @@ class KernelCache:
                 return call.out
             capturing = bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
             t0 = time.perf_counter()
+            launcher = self._from_store(config, call) if self.store is not None else None
+            compiled, stored = False, launcher is not None
             try:
-                resolved = self.backend.compile_and_run(_fa4_form(call))
-                launcher = Launcher.from_capture(resolved, self._layout, call, config)
-                compiled = bool(resolved.fa4_compiled)
+                if launcher is None:
+                    resolved = self.backend.compile_and_run(_fa4_form(call))
+                    launcher = Launcher.from_capture(resolved, self._layout, call, config)
+                    compiled = bool(resolved.fa4_compiled)
+                    if self.store is not None:
+                        self.store.save(config, resolved, launcher.template, self._layout)
             except AssertionError as exc:  # FA4 validates with asserts
                 raise FA4InputError(f"FA4 rejected configuration {config}: {exc}") from exc
             except FA4LayoutError as exc:
@@ -322,12 +331,27 @@ class KernelCache:
                 launcher.launch(call)
             seconds = time.perf_counter() - t0
             self._launchers[key] = launcher
-            event = CompileEvent(len(self._stats.events) + 1, config, seconds, compiled, capturing)
+            event = CompileEvent(len(self._stats.events) + 1, config, seconds, compiled, capturing, stored)
             self._stats.events.append(event)
             listeners = list(self._stats.listeners)
         for callback in listeners:
             callback(event)
         return call.out
+
+    def _from_store(self, config: FA4Config, call: FwdCall) -> Optional[Launcher]:
+        """The configuration's launcher from the shared-library store, having run ``call``; None
+        (FA4's path) when the store has none or its kernel does not take the call."""
+        stored = self.store.load(config, self._layout)
+        if stored is None:
+            return None
+        launcher = Launcher.from_store(stored, self._layout, config)
+        try:
+            launcher.launch(call)
+        except Exception as exc:  # noqa: BLE001 - TVM-FFI checks the arguments before launching
+            logger.warning("sglang-fa4: stored FA4 kernel for %s rejected a call (%s: %s); FA4's own "
+                           "path resolves it", config, type(exc).__name__, exc)
+            return None
+        return launcher
 
     def public_configs(self) -> list[FA4Config]:
         """Configurations that run through FA4's public API (their call layout was not recognised)."""
@@ -339,20 +363,6 @@ class KernelCache:
         with self._lock:
             self._launchers.clear()
             self._stats.events.clear()
-
-
-class PublicLauncher:
-    """A configuration whose kernel call sglang-fa4 does not recognise: FA4's public API, into the
-    call's ``out`` (what :class:`Launcher` does for recognised ones, with FA4's host cost)."""
-
-    def __init__(self, cache: KernelCache, config: Optional[FA4Config] = None):
-        self.cache = cache
-        self.config = config
-
-    def launch(self, call: FwdCall) -> None:
-        out = call.out
-        call = FwdCall(**dict(call.__dict__))  # _public rewrites its argument's fields
-        self.cache._public(call, out)
 
 
 _layout_fallback_warned = False

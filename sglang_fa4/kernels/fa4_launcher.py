@@ -10,6 +10,7 @@ current torch stream (a few microseconds of host time, CUDA-graph capturable).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -97,6 +98,13 @@ class Launcher:
                 fail(f"argument {i} is a tensor this cache does not know how to refresh")
         return cls(resolved.fn, args, layout, default_scale, sched, config)
 
+    @classmethod
+    def from_store(cls, stored, layout: CallLayout, config: FA4Config):
+        """The launcher of a kernel loaded from the shared-library store
+        (:class:`~sglang_fa4.kernels.fa4_shared_libs.Stored`); its template was one of ours."""
+        default_scale = 1.0 / math.sqrt(config.head_dim)  # as from_capture computes it
+        return cls(stored.fn, list(stored.template), layout, default_scale, stored.sched, config)
+
     def launch(self, call: FwdCall) -> None:
         """Run ``call`` (normalised, same configuration) into ``call.out``."""
         lay = self.layout
@@ -120,3 +128,17 @@ class Launcher:
                 for i, t in zip(lay.sched, self.sched(cu_seqlens, total_q)):
                     args[i] = t
         self.fn(*args)
+
+
+class PublicLauncher:
+    """A configuration whose kernel call sglang-fa4 does not recognise: FA4's public API, into the
+    call's ``out`` (what :class:`Launcher` does for recognised ones, with FA4's host cost)."""
+
+    def __init__(self, cache, config: Optional[FA4Config] = None):
+        self.cache = cache  # the KernelCache
+        self.config = config
+
+    def launch(self, call: FwdCall) -> None:
+        out = call.out
+        call = FwdCall(**dict(call.__dict__))  # the cache's _public rewrites its argument's fields
+        self.cache._public(call, out)

@@ -5,7 +5,9 @@ the startup warmup at the end of ``ModelRunner.load_model`` needs it. :func:`sta
 load_model begins, runs the import in a daemon thread so that it overlaps weight loading (file
 reads and host-to-device copies, which release the GIL); :func:`wait`, called by the warmup, joins
 it. Python's import lock makes any other import of the module wait for this one, so nothing can see
-a half-imported module. A failed import is only logged here: the warmup's own import then raises
+a half-imported module. Measured, the import holds the GIL and overlaps little (benchmark/results/
+h200/start.md); on a restart whose kernels are in the shared-library store
+(:mod:`sglang_fa4.kernels.fa4_shared_libs`) nothing is imported at all. A failed import is only logged here: the warmup's own import then raises
 with FA4's message.
 """
 
@@ -39,7 +41,9 @@ def _import(module: str) -> None:
 
 def start(module: str = MODULE) -> bool:
     """Start importing ``module`` in the background, once per process (after FA4's disk-cache
-    variables are set: FA4 reads them at import). False when it is already imported or started."""
+    variables are set: FA4 reads them at import). False when it is already imported or started,
+    or when the shared-library store holds kernels for this environment (a restart: the warmup
+    loads them without FA4, and imports it only for a variant that is not there)."""
     global _thread
     import sys
 
@@ -49,9 +53,24 @@ def start(module: str = MODULE) -> bool:
         if _thread is not None or module in sys.modules:
             return False
         configure_fa4_disk_cache()
+        if module == MODULE and _store_is_warm():
+            logger.info("sglang-fa4: FA4 kernels of this environment are stored as shared libraries: "
+                        "%s is not imported at startup", module)
+            return False
         _thread = threading.Thread(target=_import, args=(module,), name="sglang-fa4-preload", daemon=True)
         _thread.start()
     return True
+
+
+def _store_is_warm() -> bool:
+    try:
+        from sglang_fa4.kernels import fa4_b36, fa4_shared_libs
+
+        store = fa4_shared_libs.default_store()
+        return store is not None and store.has_entries(fa4_b36.device_arch())
+    except Exception as exc:  # noqa: BLE001 - no verdict: import as before
+        logger.info("sglang-fa4: shared-library store not checked (%s: %s)", type(exc).__name__, exc)
+        return False
 
 
 def wait(timeout: Optional[float] = None) -> Optional[float]:

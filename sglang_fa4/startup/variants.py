@@ -103,13 +103,15 @@ def _ancestors(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
 
 
-def _seqlen_reps(arch: int, lo: int, hi: Optional[int]) -> list[int]:
-    """One representative max_seqlen per seqlen class reachable in [lo, hi] (smallest first)."""
-    probes = sorted({lo, *(p for p in _SEQLEN_PROBES if p >= lo and (hi is None or p <= hi))}
+def _seqlen_reps(arch: int, lo: int, hi: Optional[int], qpk: int = 1) -> list[int]:
+    """One representative max_seqlen per seqlen class reachable in [lo, hi] (smallest first);
+    the class thresholds are in packed rows (max_seqlen * q heads per kv head)."""
+    thresholds = {p // qpk + d for p in _SEQLEN_PROBES for d in (0, 1)} if qpk > 1 else set(_SEQLEN_PROBES)
+    probes = sorted({lo, *(p for p in thresholds if p >= lo and (hi is None or p <= hi))}
                     | ({hi} if hi is not None else set()))
     seen, reps = set(), []
     for p in probes:
-        cls = config_for(arch, "bfloat16", 64, 64, 1, p, p).seqlen_class
+        cls = config_for(arch, "bfloat16", 64, 64, qpk, p, p).seqlen_class
         if cls not in seen:
             seen.add(cls)
             reps.append(p)
@@ -155,7 +157,7 @@ def enumerate_variants(
         return None
 
     def add(name, layout, nh, nkv, d, dt, lo, hi, window, sink_dtype):
-        for max_seqlen in _seqlen_reps(arch, lo, hi):
+        for max_seqlen in _seqlen_reps(arch, lo, hi, nh // nkv):
             for many in many_classes:
                 num_segments = MANY_SEGMENTS + 1 if many else 1
                 total = max_seqlen + num_segments - 1

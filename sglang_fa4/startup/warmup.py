@@ -25,6 +25,7 @@ Importing this module imports neither flash_attn nor cutlass (nor SGLang).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -45,6 +46,7 @@ class WarmupReport:
     seconds: list[float] = field(default_factory=list)  # per variant, host time incl. sync
     resolved: int = 0  # new configurations resolved in this process (compile_count delta)
     compiled: int = 0  # of those, compiled by FA4 now (not loaded from its memory/disk cache)
+    from_shared_library: int = 0  # of those, loaded from fa4_shared_libs' store (no FA4 import)
     failures: list[tuple[Any, str]] = field(default_factory=list)
     mismatches: list[tuple[Variant, FA4Config]] = field(default_factory=list)  # predicted != resolved
     total_seconds: float = 0.0
@@ -56,6 +58,7 @@ class WarmupReport:
             "variants": [dict(v.as_dict(), seconds=s) for v, s in zip(self.variants, self.seconds)],
             "resolved": self.resolved,
             "compiled": self.compiled,
+            "from_shared_library": self.from_shared_library,
             "failures": [[v.describe(), msg] for v, msg in self.failures],
             "mismatches": [[v.describe(), c.as_dict()] for v, c in self.mismatches],
             "total_seconds": self.total_seconds,
@@ -131,18 +134,24 @@ def run_warmup(variants: list[Variant], device=None) -> WarmupReport:
         events = dispatch.compile_events()[before:]
         report.resolved += len(events)
         report.compiled += sum(1 for e in events if e.fa4_compiled)
+        report.from_shared_library += sum(1 for e in events if e.from_shared_library)
         for e in events:
             if e.config != variant.config:
                 report.mismatches.append((variant, e.config))
                 logger.warning("sglang-fa4 warmup: predicted configuration %s but FA4 resolved %s",
                                variant.config, e.config)
-        return "cached" if not events else ("compiled" if any(e.fa4_compiled for e in events) else "loaded from FA4's cache")
+        if not events:
+            return "cached"
+        if any(e.fa4_compiled for e in events):
+            return "compiled"
+        return "loaded from a stored shared library" if all(e.from_shared_library for e in events) else "loaded from FA4's cache"
 
     _warm_each(report, variants, warm_one)
     logger.info(
-        "sglang-fa4 warmup: %d FA4 variant(s) in %.2f s (%d compiled, %d loaded from cache, %d failed)",
-        len(variants), report.total_seconds, report.compiled, report.resolved - report.compiled,
-        len(report.failures),
+        "sglang-fa4 warmup: %d FA4 variant(s) in %.2f s (%d compiled, %d loaded from cache, %d of them from "
+        "stored shared libraries, %d failed; flash_attn.cute imported: %s)", len(variants), report.total_seconds,
+        report.compiled, report.resolved - report.compiled, report.from_shared_library, len(report.failures),
+        "flash_attn.cute" in sys.modules,
     )
     return report
 
