@@ -262,6 +262,7 @@ def run(variant: str, cache_dir: Path, args, round_: int = 0) -> dict:
         return {"variant": variant, "round": round_, "error": f"rc {proc.returncode}: {proc.stderr[-2000:]}"}
     result = json.loads(result_path.read_text())
     result_path.unlink()
+    result.update(variant=variant, round=round_)  # the breakdown child's result holds neither
     result["process_wall_s"] = wall
     if variant == "breakdown":
         result["import_self_s_by_package"] = importtime_groups(proc.stderr)
@@ -385,8 +386,9 @@ def main() -> int:
     meta = base_meta("start-lazy")
     meta["command"] = "python3 benchmark/bench_start_lazy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta.update(load_gb=args.load_gb, tensors=args.tensors, rounds=args.rounds, cache_dir=str(cache_dir))
-    res = {"meta": meta, "runs": runs, "summary": summarize(runs)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1, default=str))  # kept if the summary fails
+    res = {"meta": meta, "runs": runs, "summary": summarize(runs)}
     args.out.write_text(json.dumps(res, indent=1, default=str))
     args.out.with_suffix(".md").write_text(markdown(res))
     print(markdown(res))

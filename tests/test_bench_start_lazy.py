@@ -79,3 +79,23 @@ def test_markdown_and_importtime(bench):
     assert "| lazy | 0 | 2.90 | 0.30 | 3.20 | 2 / 2 / 0 | none | 9.0 |" in md
     assert "| lazy | 0.4 | [0.4, 0.4, 0.4] |" in md and "| full_2_images | 2 | True | True |" in md
     assert "flash_attn 0.6 s, cutlass 0.5 s" in md and "Bar (FA4 adds <= 1 s, restart with the store): met" in md
+
+
+def test_a_breakdown_run_goes_through_run_and_summarize(bench, monkeypatch, tmp_path):
+    """The H200 run's summary raised KeyError('variant'): the breakdown child's result holds no
+    variant/round; run() now tags every result it reads."""
+    import json
+    import subprocess
+
+    class Done:
+        returncode, stderr = 0, "import time:      1200 |       1200 | cutlass\n"
+
+    def fake_run(cmd, **kwargs):
+        Path(cmd[cmd.index("--result") + 1]).write_text(json.dumps({"import_flash_attn_cute_s": 2.0}))
+        return Done()
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = type("A", (), {"timeout": 5, "load_gb": 1.0, "tensors": 1})()
+    r = bench.run("breakdown", tmp_path, args)
+    assert r["variant"] == "breakdown" and r["round"] == 0
+    bench.summarize(_runs() + [r])  # no KeyError

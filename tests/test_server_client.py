@@ -143,7 +143,7 @@ def _product_format(path: str, start: str) -> str:
 
 
 def test_log_reader_on_the_products_own_formats():
-    warm = _product_format("startup/warmup.py", "sglang-fa4 warmup: %d FA4 variant(s)") % (2, 8.81, 2, 0, 0)
+    warm = _product_format("startup/warmup.py", "sglang-fa4 warmup: %d FA4 variant(s)") % (2, 8.81, 2, 0, 1, 0, False)
     variant = _product_format("startup/warmup.py", "sglang-fa4 warmup [%d/%d] %s: %.3f s") % (1, 2, "d80 full", 4.2, "compiled")
     budgets = _product_format("integration/vit_budgets.py", "sglang-fa4: %d ViT budget graph(s)") % (8, [1024, 2048], "244.0 MiB")
     capture = _product_format("integration/vit_budgets.py", "sglang-fa4: ViT CUDA graph captured after")
@@ -160,8 +160,12 @@ def test_log_reader_on_the_products_own_formats():
         "NotImplementedError: sgl_kernel.foo is a stand-in (cuda_only_stubs): the real package is not on this machine",
     ])
     f = logcheck.analyse(log)
-    assert f["ready"] and f["warmup"] == [{"variants": 2, "seconds": 8.81, "compiled": 2, "loaded": 0, "failed": 0,
+    assert f["ready"] and f["warmup"] == [{"variants": 2, "seconds": 8.81, "compiled": 2, "loaded": 0,
+                                           "from_shared_libraries": 1, "failed": 0, "fa4_imported": False,
                                            "before_ready": True}]
+    # the summary line as it was before the shared-library store (older server logs)
+    old = logcheck.analyse("sglang-fa4 warmup: 2 FA4 variant(s) in 0.02 s (0 compiled, 2 loaded from cache, 0 failed)")
+    assert old["warmup"][0]["loaded"] == 2 and old["warmup"][0]["from_shared_libraries"] is None
     assert f["warmup_variant_lines"] == 1
     assert f["budgets"] == [{"graphs": 8, "budgets": [1024, 2048], "graph_mib": 244.0, "before_ready": True}]
     assert logcheck.scheduler_hooks(f)["applied"] == {"sglang_fa4": ["a.b"]}

@@ -6,7 +6,9 @@ import json
 import re
 
 READY = "The server is fired up and ready to roll!"
-WARMUP_SUMMARY = re.compile(r"sglang-fa4 warmup: (\d+) FA4 variant\(s\) in ([\d.]+) s \((\d+) compiled, (\d+) loaded from cache, (\d+) failed\)")
+# the shared-library store added "N of them from stored shared libraries" and the import flag
+WARMUP_SUMMARY = re.compile(r"sglang-fa4 warmup: (\d+) FA4 variant\(s\) in ([\d.]+) s \((\d+) compiled, (\d+) loaded from cache, "
+                            r"(?:(\d+) of them from stored shared libraries, )?(\d+) failed(?:; flash_attn\.cute imported: (\w+))?\)")
 WARMUP_VARIANT = re.compile(r"sglang-fa4 warmup \[\d+/\d+\]")
 BUDGETS = re.compile(r"sglang-fa4: (\d+) ViT budget graph\(s\) \[([\d, ]*)\] captured at startup; graph memory ([\d.]+) MiB")
 BACKEND = re.compile(r"sglang-fa4: ViT attention backend (\S+):")
@@ -36,7 +38,8 @@ def analyse(text: str) -> dict:
     out: dict = {"ready": ready_at is not None, "ready_line": ready_at, "lines": len(lines)}
     warm = [(i, m) for i, line in enumerate(lines) if (m := WARMUP_SUMMARY.search(line))]
     out["warmup"] = [{"variants": int(m[1]), "seconds": float(m[2]), "compiled": int(m[3]),
-                      "loaded": int(m[4]), "failed": int(m[5]), "before_ready": before(i)} for i, m in warm]
+                      "loaded": int(m[4]), "from_shared_libraries": int(m[5]) if m[5] else None, "failed": int(m[6]),
+                      "fa4_imported": {"True": True, "False": False}.get(m[7]), "before_ready": before(i)} for i, m in warm]
     out["warmup_variant_lines"] = sum(1 for line in lines if WARMUP_VARIANT.search(line))
     bud = [(i, m) for i, line in enumerate(lines) if (m := BUDGETS.search(line))]
     out["budgets"] = [{"graphs": int(m[1]), "budgets": [int(b) for b in m[2].split(",") if b.strip()],
