@@ -41,6 +41,27 @@ class KernelEntry:
                 hi = mid
         return lo, tile - ((mCuQ[lo] - cu0) // tile_m + lo)
 
+    def make_pipelines(self, storage, q_stages: int):
+        """The Q and K/V^T TMA pipelines on ``storage``'s barriers: one producer thread, the 8
+        consumer warps (a plain method: traced inline into the kernel calling it; the persistent
+        kernel shares it with ``q_stages`` = 2)."""
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(),
+            num_stages=q_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=consumer_warps,
+            tx_count=self.tx_q,
+        )
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=consumer_warps,
+            tx_count=self.tx_kv,
+        )
+        return pipe_q, pipe_kv
+
     @cute.kernel
     def kernel(
         self,
@@ -81,21 +102,7 @@ class KernelEntry:
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_vt)
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(),
-            num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumer_warps,
-            tx_count=self.tx_q,
-        )
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_kv.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumer_warps,
-            tx_count=self.tx_kv,
-        )
+        pipe_q, pipe_kv = self.make_pipelines(storage, q_stages=1)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)

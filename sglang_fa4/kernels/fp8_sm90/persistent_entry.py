@@ -199,21 +199,7 @@ class PersistentEntry:
         s_first = storage.sched_first.get_tensor(cute.make_layout(LPT_MAX_SEQS + 1))
         s_perm = storage.sched_perm.get_tensor(cute.make_layout(LPT_MAX_SEQS + 1))
         self.init_schedule(mCuQ, mCuK, s_first, s_perm, tidx)
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(),
-            num_stages=Q_STAGES,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumer_warps,
-            tx_count=self.tx_q,
-        )
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_kv.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumer_warps,
-            tx_count=self.tx_kv,
-        )
+        pipe_q, pipe_kv = self.make_pipelines(storage, q_stages=Q_STAGES)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, 2 halves x Q_STAGES)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
