@@ -387,9 +387,9 @@ def main() -> int:
     meta["command"] = "python3 benchmark/bench_start_lazy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta.update(load_gb=args.load_gb, tensors=args.tensors, rounds=args.rounds, cache_dir=str(cache_dir))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1, default=str))  # kept if the summary fails
+    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, default=str, separators=(",", ":")))  # kept if the summary fails
     res = {"meta": meta, "runs": runs, "summary": summarize(runs)}
-    args.out.write_text(json.dumps(res, indent=1, default=str))
+    args.out.write_text(json.dumps(res, default=str, separators=(",", ":")))
     args.out.with_suffix(".md").write_text(markdown(res))
     print(markdown(res))
     return 0

@@ -257,7 +257,7 @@ def save():
         return
     OUT.mkdir(parents=True, exist_ok=True)
     name = f"{STEM}-{RESULT.get('env', {}).get('sglang', 'x')}{STEM_SUFFIX}"
-    (OUT / f"{name}.json").write_text(json.dumps(RESULT, indent=1))
+    (OUT / f"{name}.json").write_text(json.dumps(RESULT, separators=(",", ":")))
     (OUT / f"{name}.md").write_text(markdown(RESULT))
 
 

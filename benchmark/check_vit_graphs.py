@@ -456,7 +456,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         result["models"].append(check_model(model, args, seed=i))
         print(f"[vit_graphs] {model}: ok={result['models'][-1]['ok']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"{stem}.json").write_text(json.dumps(result, default=str, separators=(",", ":")))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
     return 0 if all(m["ok"] for m in result["models"]) else 1
