@@ -111,10 +111,28 @@ def test_full_layout_capacity_and_padding(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", raising=False)
     cap = budget_layouts.full_capacity()
     assert cap == 64 + budget_layouts.FULL_PAD_CHUNKS + budget_layouts.SPARE_SEGMENTS
+    # below the largest budget: a slot per 256 tokens, at least MIN_FULL_SLOTS, at most 64
+    extra = budget_layouts.FULL_PAD_CHUNKS + budget_layouts.SPARE_SEGMENTS
+    ladder = (1024, 2048, 4096, 8192, 32768)
+    assert [budget_layouts.full_capacity(b, 32768) - extra for b in ladder] == [4, 8, 16, 32, 64]
+    assert budget_layouts.full_slots(512, 8192) == budget_layouts.MIN_FULL_SLOTS == 4
+    assert budget_layouts.full_slots(8192, 8192) == 64 and budget_layouts.full_slots(20000, 32768) == 64
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT", "0")  # every budget: 64
+    assert budget_layouts.full_slots(1024, 8192) == 64
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT", "128")
+    assert budget_layouts.full_slots(1024, 8192) == 8
+    with pytest.raises(ValueError, match="tokens_per_slot must be >= 0"):
+        budget_layouts.full_slots(1024, 8192, tokens_per_slot=-1)
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT", "-1")
+    with pytest.raises(EnvValueError, match="SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT"):
+        budget_layouts.full_slots(1024, 8192)
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT")
+    assert budget_layouts.budgets_holding(1500, (8192, 1024, 2048)) == [2048, 8192]
+    assert budget_layouts.budgets_holding(9000, (8192, 1024)) == []
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "3")
     assert budget_layouts.full_capacity() == 3 + budget_layouts.FULL_PAD_CHUNKS + budget_layouts.SPARE_SEGMENTS
     with pytest.raises(ValueError, match="max_segments must be >= 1"):
-        budget_layouts.full_capacity(0)
+        budget_layouts.full_capacity(max_segments=0)
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "0")
     with pytest.raises(EnvValueError, match="SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS='0'.*accepted: an integer >= 1"):
         budget_layouts.full_capacity()
@@ -372,12 +390,22 @@ with faked_graphs():
         perm = None if qwen3 else torch.randperm(40)
         big = call_run(runner, x, full, win, tables, qwen3, perm)
         big_err = float((big - reference(vit, x, full, win, tables, qwen3, perm)).abs().max())
+        # more images than the smallest budget holding their tokens has slots: the next budget
+        # that holds them (the largest holds SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS), not eager
+        full = list(range(0, 49, 4)) if qwen3 else [0] + list(range(0, 49, 4))
+        win = None if qwen3 else list(range(0, 49, 4))
+        x = torch.randn(48, C); tables = (torch.randn(48, D), torch.randn(48, D))
+        perm = None if qwen3 else torch.randperm(12)
+        replays, eager = state.replays, state.eager_runs
+        got = call_run(runner, x, full, win, tables, qwen3, perm)
+        many = {"err": float((got - reference(vit, x, full, win, tables, qwen3, perm)).abs().max()),
+                "budget": state.last_budget, "replays": state.replays - replays, "eager": state.eager_runs - eager}
         misfit_err = None
         if not qwen3:  # a window longer than the captured window max_seqlen: eager, not wrong
             x = torch.randn(32, C); tables = (torch.randn(32, D), torch.randn(32, D)); perm = torch.randperm(8)
             got = call_run(runner, x, [0, 0, 32], [0, 32], tables, qwen3, perm)
             misfit_err = float((got - reference(vit, x, [0, 0, 32], [0, 32], tables, qwen3, perm)).abs().max())
-        result[name] = {"cases": cases, "startup_captures": startup_captures, "misfit_err": misfit_err,
+        result[name] = {"cases": cases, "startup_captures": startup_captures, "misfit_err": misfit_err, "many": many,
                         "captures_after": STATE["captures"] - startup_captures, "big_err": big_err,
                         "report": state.report(), "graphs": len(runner.block_graphs)}
         STATE["captures"] = 0
@@ -415,10 +443,15 @@ def test_budget_graphs_on_real_runner(sglang_version):
         assert r["big_err"] < 1e-4  # above the largest budget: eager, right
         rep = r["report"]
         assert rep["eager_runs"] == (1 if name == "qwen3" else 2), rep
-        assert rep["replays"] == len(r["cases"]) and rep["captures_after_startup"] == 0
+        assert rep["replays"] == len(r["cases"]) + 1 and rep["captures_after_startup"] == 0
         assert rep["budgets"] == [32, 64, 128]
-        # the full-attention layout is sized apart from the windowed one (few, fixed slots)
-        assert rep["segment_capacity_full"] == {str(b): budget_layouts.full_capacity() for b in (32, 64, 128)}, rep
+        # the full-attention layout is sized apart from the windowed one (few, fixed slots); budgets
+        # below the largest hold MIN_FULL_SLOTS real segments (256 tokens a slot), the largest 64
+        assert rep["segment_capacity_full"] == {"32": 10, "64": 10, "128": 70}, rep
+        assert {str(b): budget_layouts.full_capacity(b, 128) for b in (32, 64, 128)} == rep["segment_capacity_full"]
+        # 12 images of 4 tokens: 48 tokens fit the 64 budget, 12 segments do not: replayed in 128
+        assert r["many"] == {"err": r["many"]["err"], "budget": 128, "replays": 1, "eager": 0}, r["many"]
+        assert r["many"]["err"] < 1e-4, r["many"]
         if name == "qwen25":
             assert rep["segment_capacity_window"] == {str(b): budget_layouts.segment_capacity(b, 16) for b in (32, 64, 128)}
         else:
@@ -690,3 +723,21 @@ def test_graphs_read_the_rotary_tables_in_the_towers_table_dtype(sglang_version)
     assert out["report"]["replays"] == 1 and out["report"]["eager_runs"] == 1, out["report"]
     assert out["24"] == ["float64"], out  # the replay's blocks
     assert out["160"] == ["float64"], out  # the eager blocks
+
+
+def test_host_layouts_come_from_the_layout_key_without_a_read_back():
+    class DeviceCu:  # a device tensor stand-in: its shape is host data, reading it back is a sync
+        def __init__(self, values):
+            self.values, self.shape = values, (len(values),)
+
+        def tolist(self):
+            raise AssertionError("read back from the device")
+
+    full, win = DeviceCu([0, 0, 16, 48]), DeviceCu([0, 8, 16, 32, 48])
+    assert vb.host_layouts(full, win, ((0, 0, 16, 48), (0, 8, 16, 32, 48))) == ([0, 0, 16, 48], [0, 8, 16, 32, 48])
+    assert vb.host_layouts(full, None, ((0, 0, 16, 48), None)) == ([0, 0, 16, 48], None)
+    # a key that does not describe the tensors (other length, not ints, no key): read back
+    import torch
+    cu = torch.tensor([0, 16, 48], dtype=torch.int32)
+    for key in (((0, 48), None), ((0.0, 16.0, 48.0), None), None, "layout"):
+        assert vb.host_layouts(cu, None, key) == ([0, 16, 48], None)

@@ -18,16 +18,19 @@ def _max_len(layout: Sequence[int]) -> int:
 
 
 def eager_run(runner, x, cu_seqlens, cu_window_seqlens, position_embeddings=None,
-              rotary_pos_emb_cos=None, rotary_pos_emb_sin=None, output_indices=None):
+              rotary_pos_emb_cos=None, rotary_pos_emb_sin=None, output_indices=None, host=None):
     """The captured computation (blocks + merger + deepstack mergers) run eagerly with the
-    request's own layouts: the runner's per-block layout choice, fa4's [cu_seqlens, max_seqlen]."""
+    request's own layouts: the runner's per-block layout choice, fa4's [cu_seqlens, max_seqlen].
+    ``host``: the (full, window) layouts as host lists where the caller has them (no read-back)."""
     import torch
 
     vit = runner.vit
-    full = [cu_seqlens, _max_len(host_layout(cu_seqlens))]
+    host_full, host_window = host if host is not None else (None, None)
+    full = [cu_seqlens, _max_len(host_full if host_full is not None else host_layout(cu_seqlens))]
     window = None
     if runner._fullatt_block_indexes:
-        window = [cu_window_seqlens, _max_len(host_layout(cu_window_seqlens))]
+        window = [cu_window_seqlens,
+                  _max_len(host_window if host_window is not None else host_layout(cu_window_seqlens))]
     rope: dict[str, Any] = {}
     if position_embeddings is not None:
         rope["position_embeddings"] = position_embeddings

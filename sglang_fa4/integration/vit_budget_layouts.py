@@ -32,6 +32,8 @@ MIN_SEGMENT_TOKENS = 4
 CAPACITY_TOKENS_PER_SEGMENT = 16
 #: empty segments a real layout may carry (Qwen2.5-VL's full cu_seqlens starts [0, 0, ...])
 SPARE_SEGMENTS = 2
+#: real full-attention segments a budget below the largest holds at least (full_slots)
+MIN_FULL_SLOTS = 4
 
 
 class LayoutDoesNotFit(ValueError):
@@ -70,6 +72,12 @@ def pick_budget(tokens: int, budgets: Sequence[int]) -> Optional[int]:
     return None
 
 
+def budgets_holding(tokens: int, budgets: Sequence[int]) -> list[int]:
+    """Every budget holding ``tokens``, smallest first: a batch whose layout does not fit the
+    smallest (more segments than its slots) tries the next."""
+    return [b for b in sorted(budgets) if tokens <= b]
+
+
 def segment_capacity(budget: int, window_tokens: Optional[int] = None) -> int:
     """Segments every windowed cu_seqlens tensor of ``budget`` holds (fixed: one shape, one address;
     full-attention layouts use :func:`full_capacity`): one per
@@ -82,14 +90,36 @@ def segment_capacity(budget: int, window_tokens: Optional[int] = None) -> int:
     return budget // max(MIN_SEGMENT_TOKENS, per_slot) + SPARE_SEGMENTS
 
 
-def full_capacity(max_segments: Optional[int] = None) -> int:
-    """Segments every full-attention cu_seqlens tensor holds: ``max_segments`` real ones
-    (SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS), FULL_PAD_CHUNKS padding, SPARE_SEGMENTS empty."""
+def full_slots(budget: Optional[int] = None, largest: Optional[int] = None,
+               max_segments: Optional[int] = None, tokens_per_slot: Optional[int] = None) -> int:
+    """Real segments (images, video frames) the full-attention layout of ``budget`` holds: the
+    largest budget (or any, without ``budget``/``largest``) holds ``max_segments``
+    (SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS); a smaller one a slot per ``tokens_per_slot`` tokens
+    (SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT; 0: ``max_segments`` everywhere), at least
+    MIN_FULL_SLOTS. Why: FA4's SM90 varlen grid is (total_q + segments * 127) / 128 tiles a head
+    and every tile decodes the segment list, so 70 slots gave a 1024-token budget 77 tiles a head
+    for 7 real ones (Qwen3-VL 448: 1.26-1.28x the exact-layout graph, vit_graphs-dense-0.5.23.md).
+    A batch with more segments than a budget holds runs in the next budget that holds them
+    (:func:`budgets_holding`), so the largest budget still takes any batch of up to
+    ``max_segments`` segments."""
     if max_segments is None:
         max_segments = envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()  # >= 1 (environ.yaml)
     if max_segments < 1:
         raise ValueError(f"max_segments must be >= 1, got {max_segments}")
-    return max_segments + FULL_PAD_CHUNKS + SPARE_SEGMENTS
+    if tokens_per_slot is None:
+        tokens_per_slot = envs.SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT.get()  # >= 0
+    if tokens_per_slot < 0:
+        raise ValueError(f"tokens_per_slot must be >= 0, got {tokens_per_slot}")
+    if budget is None or largest is None or budget >= largest or tokens_per_slot == 0:
+        return max_segments
+    return min(max_segments, max(MIN_FULL_SLOTS, budget // tokens_per_slot))
+
+
+def full_capacity(budget: Optional[int] = None, largest: Optional[int] = None,
+                  max_segments: Optional[int] = None, tokens_per_slot: Optional[int] = None) -> int:
+    """Segments every full-attention cu_seqlens tensor of ``budget`` holds: :func:`full_slots` real
+    ones, FULL_PAD_CHUNKS padding, SPARE_SEGMENTS empty."""
+    return full_slots(budget, largest, max_segments, tokens_per_slot) + FULL_PAD_CHUNKS + SPARE_SEGMENTS
 
 
 def full_pad_segment(budget: int, tokens: int) -> int:

@@ -39,11 +39,11 @@ from sglang_fa4.environ import envs
 from sglang_fa4.integration.vit_budget_layouts import (
     LayoutDoesNotFit,
     budgets_from_env,
+    budgets_holding,
     capture_layout,
     full_capacity,
     full_pad_segment,
     pad_layout,
-    pick_budget,
     segment_capacity,
 )
 from sglang_fa4.integration.vit_capture_guard import (  # noqa: F401 - GraphCaptureAfterStartup re-exported
@@ -82,6 +82,7 @@ class BudgetState:
     graph_bytes: dict[int, Optional[int]] = field(default_factory=dict)
     sealed: bool = False
     replays: int = 0
+    last_budget: Optional[int] = None  # the budget the latest replay ran in
     eager_runs: int = 0
     captures_after_startup: int = 0
 
@@ -167,7 +168,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     with jit_monitor.expected_compiles(), shared_graph_pool(cuda and envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()):
         # largest first: the runner's shared rotary workspace is allocated once, at full size
         for budget in sorted(budgets, reverse=True):
-            cap, cap_full = segment_capacity(budget, window), full_capacity()
+            cap, cap_full = segment_capacity(budget, window), full_capacity(budget, max(budgets))
             cu_full = torch.tensor(capture_layout(budget, cap_full, budget), dtype=torch.int32, device=device)
             cu_window = None
             if window is not None:
@@ -201,17 +202,35 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     return state
 
 
-def _budget_layouts(state: BudgetState, budget: int, cu_seqlens, cu_window_seqlens):
+def _budget_layouts(state: BudgetState, budget: int, host_full: Sequence[int],
+                    host_window: Optional[Sequence[int]]):
     """The padded (full, window-or-None) host layouts of a request in ``budget``; raises
     LayoutDoesNotFit."""
-    host_full = host_layout(cu_seqlens)
     full = pad_layout(host_full, budget, state.capacity_full[budget], max_seqlen=budget,
                       pad_segment=full_pad_segment(budget, host_full[-1] if host_full else 0))
     window = None
     if state.window_tokens is not None:
-        window = pad_layout(host_layout(cu_window_seqlens), budget, state.capacity[budget],
+        window = pad_layout(host_window, budget, state.capacity[budget],
                             max_seqlen=min(state.window_tokens, budget))
     return full, window
+
+
+def host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key):
+    """The request's (full, window) cu_seqlens as host lists. SGLang's graph forwards (0.5.20,
+    0.5.23) pass both as host tuples in ``attention_layout_key`` (Qwen2.5-VL: (full, window);
+    Qwen3-VL: (full, None)); taken from there when their lengths match the tensors' (a shape, no
+    device read), else read back from the tensors (a device sync)."""
+    key = attention_layout_key if isinstance(attention_layout_key, tuple) and len(attention_layout_key) == 2 else (None, None)
+
+    def pick(tensor, given):
+        if tensor is None:
+            return None
+        if (isinstance(given, (tuple, list)) and len(given) == int(tensor.shape[0])
+                and all(isinstance(v, int) for v in given)):
+            return [int(v) for v in given]
+        return host_layout(tensor)
+
+    return pick(cu_seqlens, key[0]), pick(cu_window_seqlens, key[1])
 
 
 def _upload(dst, values: Sequence[int]) -> None:
@@ -237,6 +256,7 @@ def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tab
     rows = tokens // (budget // out.shape[0])
     out[rows:].zero_()  # padded rows: no stale or padding values leave the graph
     state.replays += 1
+    state.last_budget = budget
     if output_indices is not None:
         return out.index_select(0, output_indices)
     return owned(out[:rows], out)  # the next replay rewrites `out`; the caller keeps what we return
@@ -252,25 +272,30 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
         return original(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
                         rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices, attention_layout_key)
     tokens = x.shape[0]
-    budget = pick_budget(tokens, state.budgets)
-    if budget is not None:
+    holding = budgets_holding(tokens, state.budgets)
+    if holding:
         tables = position_embeddings if state.rope_kind == "position_embeddings" else (rotary_pos_emb_cos, rotary_pos_emb_sin)
-        merge = budget // int(self.block_output[state.keys[budget]].shape[0])
-        try:
-            if tables is None or any(t is None for t in tables):
-                raise LayoutDoesNotFit(f"the budget graphs were captured with {state.rope_kind}")
-            if tokens % merge:
-                raise LayoutDoesNotFit(f"{tokens} tokens are not a multiple of the merger's {merge}")
-            full, window = _budget_layouts(state, budget, cu_seqlens, cu_window_seqlens)
-        except LayoutDoesNotFit as exc:
-            logger.info("sglang-fa4: ViT batch of %d tokens runs eagerly: %s", tokens, exc)
-        else:
+        merge = holding[0] // int(self.block_output[state.keys[holding[0]]].shape[0])
+        host_full, host_window = host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key)
+        misfit = None
+        if tables is None or any(t is None for t in tables):
+            misfit = LayoutDoesNotFit(f"the budget graphs were captured with {state.rope_kind}")
+        elif tokens % merge:
+            misfit = LayoutDoesNotFit(f"{tokens} tokens are not a multiple of the merger's {merge}")
+        for budget in ([] if misfit else holding):  # smallest first; a misfit tries the next
+            try:
+                full, window = _budget_layouts(state, budget, host_full, host_window)
+            except LayoutDoesNotFit as exc:
+                misfit = exc
+                continue
             return _replay_budget(self, state, budget, full, window, x, tables, output_indices)
+        logger.info("sglang-fa4: ViT batch of %d tokens runs eagerly: %s", tokens, misfit)
     state.eager_runs += 1  # below: the tables in the dtype a replay reads them in
     position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin = (
         as_dtype(t, state.table_dtype) for t in (position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin))
     return eager_run(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
-                     rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices)
+                     rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices,
+                     host=host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key))
 
 
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
