@@ -1,5 +1,6 @@
-"""The persistent FP8 forward's cross-tile overlap ('w:persist,w:xover', persistent_xover.py) in
-its Python twin (schedule.consumer_steps / producer_loads): the same GEMMs, loads and stores as
+"""The persistent FP8 forward's cross-tile overlap ('w:persist,w:xover', persistent_xover.py, and
+its 'xover_pvfirst' order) in its Python twin (schedule.consumer_steps / producer_loads): the same
+GEMMs, loads and stores as
 the plain persistent loop, the same number of ping-pong turns, the data dependencies it must keep
 (Q waited for before its QK^T and released after, O stored after the tile's last PV GEMM and before
 the next tile's first, K/V^T stages consumed and released in the producer's order), and a
@@ -29,9 +30,10 @@ RANDOM = [[random.Random(s).choice([0, 1, 2, 5, 22]) for _ in range(random.Rando
           for s in range(40)]
 
 
+@pytest.mark.parametrize("pv_first", [False, True])
 @pytest.mark.parametrize("key_tiles", LAYOUTS + RANDOM)
-def test_same_work_and_turns_as_the_plain_loop(key_tiles):
-    plain, xover = consumer_steps(key_tiles, False), consumer_steps(key_tiles, True)
+def test_same_work_and_turns_as_the_plain_loop(key_tiles, pv_first):
+    plain, xover = consumer_steps(key_tiles, False), consumer_steps(key_tiles, True, pv_first)
     assert Counter(plain) == Counter(xover)
     turns = sum(s.kind == "turn" for s in xover)
     assert turns == sum(key_tiles)  # a tile of n key tiles: n turns, its last PV in none
@@ -42,9 +44,10 @@ def test_same_work_and_turns_as_the_plain_loop(key_tiles):
         assert [s.tile for s in steps if s.kind == "q_wait"] == list(range(len(key_tiles)))
 
 
+@pytest.mark.parametrize("pv_first", [False, True])
 @pytest.mark.parametrize("key_tiles", LAYOUTS + RANDOM)
-def test_dependencies(key_tiles):
-    steps = consumer_steps(key_tiles, True)
+def test_dependencies(key_tiles, pv_first):
+    steps = consumer_steps(key_tiles, True, pv_first)
     at = {s: i for i, s in enumerate(steps)}
     for t, n in enumerate(key_tiles):
         qk = [at[Step("qk", t, b)] for b in range(n)]
@@ -62,8 +65,11 @@ def test_dependencies(key_tiles):
             # the cross step: the next tile's first QK^T and this tile's last PV in one turn
             nb = key_tiles[t + 1] - 1
             turn = at[Step("turn", t + 1, nb)]
-            assert turn < at[Step("qk", t + 1, nb)] < at[Step("pv", t, 0)]
-            assert not any(s.kind == "turn" for s in steps[turn + 1:at[Step("pv", t, 0)]])
+            first, second = sorted((at[Step("qk", t + 1, nb)], at[Step("pv", t, 0)]))
+            assert turn < first < second and not any(s.kind == "turn" for s in steps[turn + 1:second])
+            assert (steps[first].kind == "pv") == pv_first
+            if pv_first:  # the epilogue in the cross step, while the next tile's S is in flight
+                assert second < at[Step("epilogue", t)] < turn + 6
         # a consumer holds at most two K/V^T stages (the P operand's and the next S's)
     held = 0
     for s in steps:
@@ -71,11 +77,11 @@ def test_dependencies(key_tiles):
         assert 0 <= held <= 2
 
 
-def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2):
+def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first: bool = False):
     """Producer + two consumer warpgroups stepping whenever they can; returns the barriers' final
     (arrivals, waits).  A named barrier of 2 x 128 threads completes once the other warpgroup has
     arrived, so at most one arrival may be pending (a second one would complete it alone)."""
-    prog = consumer_steps(key_tiles, xover)
+    prog = consumer_steps(key_tiles, xover, pv_first)
     loads = producer_loads(key_tiles)
     kv_index = {(s.tile, s.block): k for k, s in enumerate(x for x in loads if x.kind == "kv_load")}
     pc = [0, 0]
@@ -137,10 +143,10 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2):
 
 
 @pytest.mark.parametrize("kv_stages", [2, 3, 4])
-@pytest.mark.parametrize("xover", [False, True])
+@pytest.mark.parametrize("mode", ["plain", "xover", "xover_pvfirst"])
 @pytest.mark.parametrize("key_tiles", LAYOUTS + RANDOM[:10])
-def test_no_deadlock_and_barriers_balance(key_tiles, xover, kv_stages):
-    arrivals, waits = simulate(key_tiles, xover, kv_stages)
+def test_no_deadlock_and_barriers_balance(key_tiles, mode, kv_stages):
+    arrivals, waits = simulate(key_tiles, mode != "plain", kv_stages, pv_first=mode == "xover_pvfirst")
     assert arrivals == waits
 
 

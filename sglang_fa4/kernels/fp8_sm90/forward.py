@@ -219,6 +219,12 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.xover = self.persistent and "xover" in self.debug and "no_xover" not in self.debug
         if "xover" in self.debug and not self.persistent:
             raise ValueError("xover: a switch of the persistent kernel (give it together with persist)")
+        # "xover_pvfirst": the cross step issues the tile's last PV GEMM before the next tile's first
+        # QK^T and runs the epilogue while that QK^T is in flight (the default order, QK^T first, runs
+        # the next tile's first softmax while the PV GEMM is in flight and the epilogue after it).
+        self.xover_pv_first = self.xover and "xover_pvfirst" in self.debug
+        if "xover_pvfirst" in self.debug and not self.xover:
+            raise ValueError("xover_pvfirst: an order of the xover cross step (give it together with persist, xover)")
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)

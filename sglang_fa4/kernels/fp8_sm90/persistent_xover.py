@@ -66,7 +66,6 @@ class PersistentXover:
         consume_persistent's fragments, softmax state and O-store pieces (see there)."""
         tSrQ, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, tOcO, ones32 = frags
         row_max, row_sum, factor = soft
-        stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, store_thread = epi
         d = self.head_dim
         tile_n = self.tile_n
         sum_done = cute.make_rmem_tensor((2,), Float32)  # the finished tile's row sums (its epilogue)
@@ -147,6 +146,7 @@ class PersistentXover:
             for r in cutlass.range_constexpr(2):
                 sum_done[r] = row_sum[r]
             started = Int32(0)
+            stored = Int32(0)  # xover_pvfirst: the cross step has stored this tile's O
             if n_iters > 0:
                 m_block_n, seqlen_q_n, seqlen_k_n, scale_log2_n = nxt[2], nxt[5], nxt[6], nxt[7]
                 n_iters_n = (seqlen_k_n + tile_n - 1) // tile_n
@@ -155,28 +155,42 @@ class PersistentXover:
                     if n_iters_n > 0:
                         cross = Int32(1)
                 if cross != 0:
-                    # ---- cross step: QK^T of the next tile's first key tile + this tile's last PV ----
+                    # ---- cross step: the next tile's first QK^T + this tile's last PV, one turn ----
                     self.rescale_o(acc_o, factor)
                     pipe_q.consumer_wait(q_state)
                     pipe_kv.consumer_wait(kv_state)
                     if cutlass.const_expr(self.pingpong):
                         cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
                     warpgroup.fence()
+                    if cutlass.const_expr(self.xover_pv_first):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+                        for kb in cutlass.range_constexpr(tile_n // 32):
+                            cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb],
+                                      tOrVt[None, None, kb, prev_state.index], acc_o)
+                        warpgroup.commit_group()
                     for kb in cutlass.range_constexpr(d // 32):
                         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb, 2 * q_state.index + wg],
                                   tSrK[None, None, kb, kv_state.index], acc_s)
                     warpgroup.commit_group()
-                    tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-                    for kb in cutlass.range_constexpr(tile_n // 32):
-                        cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index],
-                                  acc_o)
-                    warpgroup.commit_group()
+                    if cutlass.const_expr(not self.xover_pv_first):
+                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+                        for kb in cutlass.range_constexpr(tile_n // 32):
+                            cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb],
+                                      tOrVt[None, None, kb, prev_state.index], acc_o)
+                        warpgroup.commit_group()
                     if cutlass.const_expr(self.pingpong and not self.pingpong_late):
                         self.pass_turn(wg, self.last_turn(False))
-                    warpgroup.wait_group(1)  # the next tile's S
+                    warpgroup.wait_group(1)  # xover_pvfirst: this tile's O; else the next tile's S
                     if cutlass.const_expr(self.pingpong_late):
                         self.pass_turn(wg, self.last_turn(False))
+                    if cutlass.const_expr(self.xover_pv_first):
+                        # this tile's epilogue while the next tile's S is in flight
+                        pipe_kv.consumer_release(prev_state)
+                        self.xover_epilogue(acc_o, sum_done, v_descale, row_start, seqlen_q, offset_q, head, m_block,
+                                            wg, thr_pv, mO, tOcO, epi)
+                        stored = Int32(1)
+                        warpgroup.wait_group(0)  # the next tile's S
                     for r in cutlass.range_constexpr(2):
                         row_max[r] = -Float32.inf
                         row_sum[r] = 0.0
@@ -185,10 +199,11 @@ class PersistentXover:
                     self.mask_tile(acc_s, tScS, row_start_n, n_iters_n - 1, seqlen_k_n, seqlen_k_n - seqlen_q_n,
                                    Int32(0), Int32(0))
                     self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2_n, wg, ones32)
-                    if cutlass.const_expr(self.pin_wait):
-                        self.pin_below(acc_s[cute.size(acc_s) - 1])
-                    warpgroup.wait_group(0)  # this tile's O is complete
-                    pipe_kv.consumer_release(prev_state)
+                    if cutlass.const_expr(not self.xover_pv_first):
+                        if cutlass.const_expr(self.pin_wait):
+                            self.pin_below(acc_s[cute.size(acc_s) - 1])
+                        warpgroup.wait_group(0)  # this tile's O is complete
+                        pipe_kv.consumer_release(prev_state)
                     self.p_to_operand(acc_s, tOrP)
                     prev_state = kv_state.clone()
                     kv_state.advance()
@@ -205,18 +220,34 @@ class PersistentXover:
                     warpgroup.wait_group(0)
                     pipe_kv.consumer_release(prev_state)
             # ---- epilogue of this tile (O read before the next tile's first PV GEMM, next turn) ----
-            m64_block = 2 * m_block + wg
-            mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
-            tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
-            r_out = self.finish_o(acc_o, sum_done, v_descale)
-            if cutlass.const_expr(self.o_tma):
-                if row_start + WG_ROWS <= seqlen_q:
-                    self.store_o_tma(r_out, stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, offset_q, head, m64_block, wg,
-                                     store_thread)
-                else:
-                    self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
+            if cutlass.const_expr(self.xover_pv_first):
+                if stored == 0:
+                    self.xover_epilogue(acc_o, sum_done, v_descale, row_start, seqlen_q, offset_q, head, m_block, wg,
+                                        thr_pv, mO, tOcO, epi)
             else:
-                self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
-            acc_o.fill(0.0)
+                self.xover_epilogue(acc_o, sum_done, v_descale, row_start, seqlen_q, offset_q, head, m_block, wg,
+                                    thr_pv, mO, tOcO, epi)
             w = w_next
             cur = nxt
+
+    @cute.jit
+    def xover_epilogue(self, acc_o: cute.Tensor, sum_done: cute.Tensor, v_descale: Float32, row_start: Int32,
+                       seqlen_q: Int32, offset_q: Int32, head: Int32, m_block: Int32, wg: Int32, thr_pv,
+                       mO: cute.Tensor, tOcO: cute.Tensor, epi):
+        """A finished tile's O / rowsum * v_descale -> bf16 -> global memory (as consume_persistent:
+        TMA store of full 64-row halves unless o_direct), then O zeroed for the next tile."""
+        stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, store_thread = epi
+        d = self.head_dim
+        m64_block = 2 * m_block + wg
+        mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
+        tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
+        r_out = self.finish_o(acc_o, sum_done, v_descale)
+        if cutlass.const_expr(self.o_tma):
+            if row_start + WG_ROWS <= seqlen_q:
+                self.store_o_tma(r_out, stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, offset_q, head, m64_block, wg,
+                                 store_thread)
+            else:
+                self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
+        else:
+            self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
+        acc_o.fill(0.0)

@@ -127,10 +127,11 @@ class Step(NamedTuple):
     block: int = -1
 
 
-def consumer_steps(key_tiles: list[int], xover: bool) -> list[Step]:
+def consumer_steps(key_tiles: list[int], xover: bool, pv_first: bool = False) -> list[Step]:
     """A consumer warpgroup's steps over a CTA's valid tiles with ``key_tiles[t]`` key tiles each,
     in program order: the twin of ``PersistentXover.xover_loop`` (``xover``) and of the plain
-    persistent loop (``PersistentConsumer.consume_persistent`` with ``one_level_tile``).  Key blocks
+    persistent loop (``PersistentConsumer.consume_persistent`` with ``one_level_tile``); ``pv_first``:
+    the cross step's order of "xover_pvfirst" (the last PV GEMM first, the epilogue in the step).  Key blocks
     run from the last one down (the producer's order); a turn step is the ping-pong barrier wait
     before the QK^T of its block (the GEMMs after it, up to the next turn, are that turn's issue)."""
     steps: list[Step] = []
@@ -149,14 +150,17 @@ def consumer_steps(key_tiles: list[int], xover: bool) -> list[Step]:
         if n > 0:
             nxt = key_tiles[t + 1] if t + 1 < len(key_tiles) else 0
             if xover and nxt > 0:  # the cross step: one turn, the next tile's first QK^T + this tile's last PV
-                steps += [Step("q_wait", t + 1), Step("kv_wait", t + 1, nxt - 1), Step("turn", t + 1, nxt - 1),
-                          Step("qk", t + 1, nxt - 1), Step("pv", t, 0), Step("kv_release", t, 0)]
+                steps += [Step("q_wait", t + 1), Step("kv_wait", t + 1, nxt - 1), Step("turn", t + 1, nxt - 1)]
+                gemms = [Step("qk", t + 1, nxt - 1), Step("pv", t, 0)]
+                steps += gemms[::-1] + [Step("kv_release", t, 0), Step("epilogue", t)] if pv_first else \
+                    gemms + [Step("kv_release", t, 0)]
                 started = True
             else:
                 steps += [Step("pv", t, 0), Step("kv_release", t, 0)]
         if not xover:
             steps.append(Step("q_release", t))
-        steps.append(Step("epilogue", t))
+        if not (started and pv_first):
+            steps.append(Step("epilogue", t))
     return steps
 
 
