@@ -19,6 +19,10 @@ GEMM is the current tile's last:
 * the epilogue of the current tile (O / rowsum -> bf16 -> store) reads O only after that wait,
   and O is zeroed before the next tile's first PV GEMM (its next turn), which accumulates into it.
 
+``xover_pvfirst`` orders the cross step the other way: PV (current) then QK^T (next), the wait for
+1 group gives the finished O, the epilogue runs while the next S is in flight, then the wait for
+S and its softmax (with nothing of its own in flight).  Which hides more is for the GPU to say.
+
 Turns: a tile of n key tiles still takes n turns (its first QK^T, in the cross step or alone,
 then n - 1 loop turns); the last PV GEMM of a tile never takes one -- as in the plain loop, so the
 arrivals and waits of the named barriers match (warpgroup 1 opens the CTA's first turn, warpgroup
