@@ -64,7 +64,7 @@ def test_no_marker_no_retry(bench, tmp_path, monkeypatch):
 def test_case_sets(bench):
     for cases in bench.VARIANT_CASE_SETS.values():
         for name, lens_q, lens_k, hq, hkv, d, causal, data in cases:
-            assert len(lens_q) == len(lens_k) and hq % hkv == 0 and data in ("randn", "zeros")
+            assert len(lens_q) == len(lens_k) and hq % hkv == 0 and data in ("randn", "zeros", "randn_no_fa4")
     full = bench.VARIANT_CASE_SETS["d128full"]
     assert all(c[5] == 128 and not c[6] for c in full)  # the d=128 non-causal kernel only
     seg_counts = [len(c[1]) for c in full]

@@ -175,12 +175,13 @@ def _segments(n, hi, seed):
     return lens
 
 
-@pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct"], indirect=True)
+@pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct", "w:persist,w:xover"], indirect=True)
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv", [
     ([1000, 3000], [1000, 3000], 4, 4),  # partial halves at both sequence ends
     (_segments(60, 300, 0), _segments(60, 300, 0), 4, 4),  # <= 128 sequences: longest-first table
     (_segments(300, 70, 1), _segments(300, 70, 1), 2, 2),  # > 128: index order
     ([100, 700, 0, 300], [900, 1700, 5, 64], 8, 2),  # GQA, seqlen_q != seqlen_k
+    ([3000, 2000, 1290, 640], [0, 5000, 0, 3000], 8, 8),  # q rows without keys between tiles with keys
     ([8192], [8192], 2, 2),
 ])
 def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, hq, hkv):

@@ -138,3 +138,26 @@ def test_fp8_forward_persistent_variant_cross_compiles(dsl_pythonpath, tmp_path)
             assert v["stmatrix"] == 8 and v["tma_stores"] >= 1 and v["bulk_wait_read"] == 1
         else:
             assert v["stmatrix"] == 0 and v["tma_stores"] == 0
+
+
+def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
+    """'w:persist,w:xover' (the tile boundaries overlapped, persistent_xover.py) builds for sm_90a
+    without register spills: the persistent kernel's GEMMs, each issue block written three times
+    -- QK^T for a tile's lone first key tile, the loop and the cross step; PV for the loop, the cross
+    step and a lone last one -- P converted after each QK^T, the PV wait pinned below the softmax in
+    the loop and in the cross step; O still through stmatrix + TMA.  Also its 'xover_pvfirst' order."""
+    for flags, pv_first in (("w:persist,w:xover", False), ("w:persist,w:xover,w:xover_pvfirst", True)):
+        r = xcompile(dsl_pythonpath, tmp_path / str(pv_first), ["128,0,0"], flags=flags, ptxas=True)
+        v = r["128,0,0"]
+        assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
+        assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+        assert v["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n192k32.e4m3.e4m3"] and v["wgmma_other"] == []
+        assert v["wgmma_count"] == 3 * (128 // 32 + 192 // 32)
+        assert v["cvt_e4m3x2"] == 3 * 48
+        # xover_pvfirst: the cross step waits for its PV GEMM (1 group) and needs no pin
+        assert v["wgmma_wait_1"] == 2 and v["warp_sync"] == (1 if pv_first else 2)
+        assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
+        assert v["ctaid"] == ["x"] and v["nctaid"] == ["x"]
+        # the epilogue: once (after the cross step or the lone last PV), or also in the cross step
+        assert v["stmatrix"] == (16 if pv_first else 8) and v["tma_stores"] >= 1
+        assert v["named_bar_arrive"] >= 4  # the turns: opened once, passed after each of three issue blocks

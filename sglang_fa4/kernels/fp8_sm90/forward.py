@@ -70,6 +70,7 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
 )
 from sglang_fa4.kernels.fp8_sm90.persistent_consumer import PersistentConsumer
 from sglang_fa4.kernels.fp8_sm90.persistent_entry import Q_STAGES, PersistentEntry
+from sglang_fa4.kernels.fp8_sm90.persistent_xover import PersistentXover
 from sglang_fa4.kernels.fp8_sm90.schedule import DEFAULT_NUM_SMS
 from sglang_fa4.kernels.fp8_sm90.tile_softmax import TileSoftmax
 
@@ -78,7 +79,7 @@ _ROW_MAJOR = cutlass.utils.LayoutEnum.ROW_MAJOR  # K-major for both A (M,K) and 
 
 
 class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWide, TileSoftmax, PersistentEntry,
-                              PersistentConsumer):
+                              PersistentConsumer, PersistentXover):
     """One compiled variant: head dim, causal, local window (everything else is runtime)."""
 
     def __init__(
@@ -212,6 +213,18 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
                                  f"(got head dim {head_dim}, causal={causal}, local={local}, "
                                  f"two_level={self.two_level})")
             self.num_stages = num_stages or persistent_stages(head_dim, self.tile_n, Q_STAGES, self.o_tma)
+        # Cross-tile overlap ("xover", with "persist"; persistent_xover.py): a tile's last PV GEMM is
+        # issued with the next tile's first QK^T and its epilogue runs after the next tile's first
+        # softmax, so the tensor cores do not drain at the CTA's tile boundaries.
+        self.xover = self.persistent and "xover" in self.debug and "no_xover" not in self.debug
+        if "xover" in self.debug and not self.persistent:
+            raise ValueError("xover: a switch of the persistent kernel (give it together with persist)")
+        # "xover_pvfirst": the cross step issues the tile's last PV GEMM before the next tile's first
+        # QK^T and runs the epilogue while that QK^T is in flight (the default order, QK^T first, runs
+        # the next tile's first softmax while the PV GEMM is in flight and the epilogue after it).
+        self.xover_pv_first = self.xover and "xover_pvfirst" in self.debug
+        if "xover_pvfirst" in self.debug and not self.xover:
+            raise ValueError("xover_pvfirst: an order of the xover cross step (give it together with persist, xover)")
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)

@@ -95,45 +95,55 @@ class PersistentConsumer:
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        # a tile's coordinates and the loads they need are fetched one tile ahead, while the tile
-        # before runs (their latency -- a search of the schedule table, then cu_seqlens and
-        # descales -- is otherwise paid at every tile start)
-        w = first_work
-        nxt = self.tile_info(w, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2,
-                             qhead_per_kvhead)
-        while w < num_work:
-            valid, batch, m_block, head, offset_q, seqlen_q, seqlen_k, scale_log2, v_descale = nxt
-            nxt = self.tile_info(w + stride, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm,
-                                 softmax_scale_log2, qhead_per_kvhead)
-            if valid != 0:
-                row_start = m_block * self.tile_m + wg * WG_ROWS
-                m64_block = 2 * m_block + wg
-                n_block_max = (seqlen_k + tile_n - 1) // tile_n
-                acc_o.fill(0.0)
-                for r in cutlass.range_constexpr(2):
-                    row_max[r] = -Float32.inf
-                    row_sum[r] = 0.0
-                    factor[r] = 1.0
-                mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
-                tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
-                pipe_q.consumer_wait(q_state)
-                kv_state = self.one_level_tile(
-                    tiled_mma_qk, tiled_mma_pv, tSrQ, 2 * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
-                    tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
-                    seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
-                )
-                pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
-                q_state.advance()
-                r_out = self.finish_o(acc_o, row_sum, v_descale)
-                if cutlass.const_expr(self.o_tma):
-                    if row_start + WG_ROWS <= seqlen_q:
-                        self.store_o_tma(r_out, stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, offset_q, head,
-                                         m64_block, wg, store_thread)
+        if cutlass.const_expr(self.xover):
+            # the tile boundaries overlapped (persistent_xover.py)
+            self.xover_loop(
+                tiled_mma_qk, tiled_mma_pv, thr_pv, (tSrQ, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, tOcO, ones32),
+                (row_max, row_sum, factor), (stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, store_thread), pipe_q,
+                pipe_kv, q_state, kv_state, mO,
+                (num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2, qhead_per_kvhead),
+                wg, first_work, stride, num_work,
+            )
+        else:
+            # a tile's coordinates and the loads they need are fetched one tile ahead, while the tile
+            # before runs (their latency -- a search of the schedule table, then cu_seqlens and
+            # descales -- is otherwise paid at every tile start)
+            w = first_work
+            nxt = self.tile_info(w, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2,
+                                 qhead_per_kvhead)
+            while w < num_work:
+                valid, batch, m_block, head, offset_q, seqlen_q, seqlen_k, scale_log2, v_descale = nxt
+                nxt = self.tile_info(w + stride, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm,
+                                     softmax_scale_log2, qhead_per_kvhead)
+                if valid != 0:
+                    row_start = m_block * self.tile_m + wg * WG_ROWS
+                    m64_block = 2 * m_block + wg
+                    n_block_max = (seqlen_k + tile_n - 1) // tile_n
+                    acc_o.fill(0.0)
+                    for r in cutlass.range_constexpr(2):
+                        row_max[r] = -Float32.inf
+                        row_sum[r] = 0.0
+                        factor[r] = 1.0
+                    mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
+                    tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
+                    pipe_q.consumer_wait(q_state)
+                    kv_state = self.one_level_tile(
+                        tiled_mma_qk, tiled_mma_pv, tSrQ, 2 * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
+                        tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
+                        seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
+                    )
+                    pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
+                    q_state.advance()
+                    r_out = self.finish_o(acc_o, row_sum, v_descale)
+                    if cutlass.const_expr(self.o_tma):
+                        if row_start + WG_ROWS <= seqlen_q:
+                            self.store_o_tma(r_out, stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, offset_q, head,
+                                             m64_block, wg, store_thread)
+                        else:
+                            self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
                     else:
                         self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
-                else:
-                    self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
-            w += stride
+                w += stride
         if cutlass.const_expr(self.pingpong):
             if wg == 0:  # the turn warpgroup 1 passed after its last GEMMs
                 cute.arch.barrier(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)

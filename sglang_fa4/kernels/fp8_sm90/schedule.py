@@ -117,3 +117,58 @@ def cta_work(cu_seqlens_q, cu_seqlens_k, num_heads: int, qhead_per_kvhead: int, 
     table = lpt_table(cq, cu_seqlens_k, tile_m) if batch <= LPT_MAX_SEQS else None
     return [[work_tile(w, cq, cu_seqlens_k, total_q, qhead_per_kvhead, table, tile_m)
              for w in range(c, n, grid)] for c in range(grid)]
+
+
+class Step(NamedTuple):
+    """One step of a consumer warpgroup (``tile``: index in the CTA's valid tiles, ``block``: key block)."""
+
+    kind: str  # q_wait, q_release, kv_wait, kv_release, turn, qk, pv, epilogue
+    tile: int
+    block: int = -1
+
+
+def consumer_steps(key_tiles: list[int], xover: bool, pv_first: bool = False) -> list[Step]:
+    """A consumer warpgroup's steps over a CTA's valid tiles with ``key_tiles[t]`` key tiles each,
+    in program order: the twin of ``PersistentXover.xover_loop`` (``xover``) and of the plain
+    persistent loop (``PersistentConsumer.consume_persistent`` with ``one_level_tile``); ``pv_first``:
+    the cross step's order of "xover_pvfirst" (the last PV GEMM first, the epilogue in the step).  Key blocks
+    run from the last one down (the producer's order); a turn step is the ping-pong barrier wait
+    before the QK^T of its block (the GEMMs after it, up to the next turn, are that turn's issue)."""
+    steps: list[Step] = []
+    started = False  # xover: the cross step has issued this tile's first QK^T
+    for t, n in enumerate(key_tiles):
+        if not started:
+            steps.append(Step("q_wait", t))
+            if n > 0:
+                steps += [Step("kv_wait", t, n - 1), Step("turn", t, n - 1), Step("qk", t, n - 1)]
+        for i in range(1, n):
+            steps += [Step("kv_wait", t, n - 1 - i), Step("turn", t, n - 1 - i), Step("qk", t, n - 1 - i),
+                      Step("pv", t, n - i), Step("kv_release", t, n - i)]
+        if xover:
+            steps.append(Step("q_release", t))  # every QK^T of the tile is complete
+        started = False
+        if n > 0:
+            nxt = key_tiles[t + 1] if t + 1 < len(key_tiles) else 0
+            if xover and nxt > 0:  # the cross step: one turn, the next tile's first QK^T + this tile's last PV
+                steps += [Step("q_wait", t + 1), Step("kv_wait", t + 1, nxt - 1), Step("turn", t + 1, nxt - 1)]
+                gemms = [Step("qk", t + 1, nxt - 1), Step("pv", t, 0)]
+                steps += gemms[::-1] + [Step("kv_release", t, 0), Step("epilogue", t)] if pv_first else \
+                    gemms + [Step("kv_release", t, 0)]
+                started = True
+            else:
+                steps += [Step("pv", t, 0), Step("kv_release", t, 0)]
+        if not xover:
+            steps.append(Step("q_release", t))
+        if not (started and pv_first):
+            steps.append(Step("epilogue", t))
+    return steps
+
+
+def producer_loads(key_tiles: list[int]) -> list[Step]:
+    """The producer warp's loads in issue order (``PersistentEntry.kernel_persistent``): a tile's Q,
+    then its K/V^T blocks from the last one down."""
+    loads: list[Step] = []
+    for t, n in enumerate(key_tiles):
+        loads.append(Step("q_load", t))
+        loads += [Step("kv_load", t, b) for b in range(n - 1, -1, -1)]
+    return loads
