@@ -40,6 +40,26 @@ def test_wait_without_start_and_already_imported(slow_module):
     assert fa4_preload.start(slow_module) is False  # nothing left to overlap
 
 
+def test_warm_store_imports_only_the_loader_in_the_background(slow_module, monkeypatch, caplog):
+    """A restart whose FA4 kernels are stored as shared libraries: FA4 is not imported, the store's
+    loader (tvm_ffi; here a slow stand-in) is, in the background, and wait() joins it."""
+    monkeypatch.setattr(fa4_preload, "_store_is_warm", lambda: True)
+    monkeypatch.setattr(fa4_preload, "STORE_LOADER", slow_module)
+    imported = []
+    real_import = fa4_preload.importlib.import_module
+    monkeypatch.setattr(fa4_preload.importlib, "import_module", lambda m: (imported.append(m), real_import(m))[1])
+    t0 = time.perf_counter()
+    assert fa4_preload.start(fa4_preload.MODULE) is False  # FA4: not imported
+    assert time.perf_counter() - t0 < 0.3
+    with caplog.at_level("INFO", logger="sglang_fa4"):
+        seconds = fa4_preload.wait()
+    assert seconds is not None and seconds >= 0.5 and sys.modules[slow_module].LOADED
+    assert f"{slow_module} imported in the background" in caplog.text
+    assert imported == [slow_module]  # the loader only, never flash_attn.cute
+    fa4_preload.reset()
+    assert fa4_preload.start(fa4_preload.MODULE) is False and fa4_preload.wait() is None  # loader already imported
+
+
 def test_failed_import_is_logged_not_raised(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")
     fa4_preload.reset()

@@ -133,11 +133,12 @@ def test_grid_is_min_of_work_and_sms():
 
 
 def test_wide_default_switches():
-    """layout.WIDE_DEFAULT_SWITCHES (how the persistent kernel would become the d=128 non-causal
-    default): empty today; a default is dropped by "no_X", a default key tile by an explicit one."""
+    """layout.WIDE_DEFAULT_SWITCHES (the d=128 non-causal kernel's defaults): the persistent
+    kernel; a default is dropped by "no_X", a default key tile by an explicit one."""
     from sglang_fa4.kernels.fp8_sm90.layout import WIDE_DEFAULT_SWITCHES, with_wide_defaults
 
-    assert WIDE_DEFAULT_SWITCHES == frozenset()
+    assert WIDE_DEFAULT_SWITCHES == frozenset({"persist"})
+    assert with_wide_defaults(frozenset({"no_persist"}), WIDE_DEFAULT_SWITCHES) == {"no_persist"}
     d = frozenset({"persist", "o_direct", "n224"})
     assert with_wide_defaults(frozenset(), d) == d
     assert "persist" not in with_wide_defaults(frozenset({"no_persist"}), d)

@@ -65,7 +65,10 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
         # and the wait for 0 sits behind a branch (bar.warp.sync) so ptxas keeps it there
         assert v["wgmma_wait_1"] >= 1
         assert v["warp_sync"] == 1
-        assert v["ctaid"] == ["x", "y"]  # one list of q tiles over all sequences x heads: no batch axis
+    # one list of q tiles over all sequences x heads (no batch axis); d=128 non-causal: the
+    # persistent kernel (layout.WIDE_DEFAULT_SWITCHES), a 1-D grid walked by a grid-stride loop
+    assert d128["ctaid"] == d64["ctaid"] == ["x", "y"]
+    assert wide["ctaid"] == wide["nctaid"] == ["x"] and wide["stmatrix"] == 8 and wide["tma_stores"] >= 1
     # S = Q K^T: m64n128k32 over d/32 steps; O = P V: m64n<d>k32 over 128/32 key steps, and with
     # it the row sums as P x ones, m64n8k32 over the same steps (forward.rowsum_mma); the
     # overlapped main loop holds each GEMM twice (QK: first tile + loop; PV: loop + last tile)

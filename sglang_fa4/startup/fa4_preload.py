@@ -7,8 +7,10 @@ reads and host-to-device copies, which release the GIL); :func:`wait`, called by
 it. Python's import lock makes any other import of the module wait for this one, so nothing can see
 a half-imported module. Measured, the import holds the GIL and overlaps little (benchmark/results/
 h200/start.md); on a restart whose kernels are in the shared-library store
-(:mod:`sglang_fa4.kernels.fa4_shared_libs`) nothing is imported at all. A failed import is only logged here: the warmup's own import then raises
-with FA4's message.
+(:mod:`sglang_fa4.kernels.fa4_shared_libs`) FA4 is not imported at all, and the thread imports
+only ``tvm_ffi``, the store's loader (0.34 s on the H200, start-lazy.md), which the warmup would
+otherwise import after the load. A failed import is only logged here: the warmup's own import
+then raises with its own message.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from typing import Optional
 logger = logging.getLogger("sglang_fa4")
 
 MODULE = "flash_attn.cute"
+#: what a restart with a warm shared-library store imports instead (the stored kernels' loader)
+STORE_LOADER = "tvm_ffi"
 
 _lock = threading.Lock()
 _thread: Optional[threading.Thread] = None
 _seconds: Optional[float] = None
 _error: Optional[str] = None
+_module: Optional[str] = None  # what the thread imports
 
 
 def _import(module: str) -> None:
@@ -44,7 +49,7 @@ def start(module: str = MODULE) -> bool:
     variables are set: FA4 reads them at import). False when it is already imported or started,
     or when the shared-library store holds kernels for this environment (a restart: the warmup
     loads them without FA4, and imports it only for a variant that is not there)."""
-    global _thread
+    global _thread, _module
     import sys
 
     from sglang_fa4.startup.fa4_env import configure_fa4_disk_cache
@@ -55,8 +60,14 @@ def start(module: str = MODULE) -> bool:
         configure_fa4_disk_cache()
         if module == MODULE and _store_is_warm():
             logger.info("sglang-fa4: FA4 kernels of this environment are stored as shared libraries: "
-                        "%s is not imported at startup", module)
+                        "%s is not imported at startup (%s, their loader, is)", module, STORE_LOADER)
+            if STORE_LOADER not in sys.modules:
+                _module = STORE_LOADER
+                _thread = threading.Thread(target=_import, args=(STORE_LOADER,), name="sglang-fa4-preload",
+                                           daemon=True)
+                _thread.start()
             return False
+        _module = module
         _thread = threading.Thread(target=_import, args=(module,), name="sglang-fa4-preload", daemon=True)
         _thread.start()
     return True
@@ -85,17 +96,17 @@ def wait(timeout: Optional[float] = None) -> Optional[float]:
         return None
     waited = time.perf_counter() - t0
     if _error:
-        logger.warning("sglang-fa4: background import of %s failed (%s)", MODULE, _error)
+        logger.warning("sglang-fa4: background import of %s failed (%s)", _module, _error)
     else:
         logger.info("sglang-fa4: %s imported in the background in %.2f s (the warmup waited %.2f s for it)",
-                    MODULE, _seconds, waited)
+                    _module, _seconds, waited)
     return _seconds
 
 
 def reset() -> None:
     """Forget a finished background import (tests)."""
-    global _thread, _seconds, _error
+    global _thread, _seconds, _error, _module
     with _lock:
         if _thread is not None:
             _thread.join()
-        _thread, _seconds, _error = None, None, None
+        _thread, _seconds, _error, _module = None, None, None, None

@@ -39,9 +39,11 @@ TWO_LEVEL_MAX_HEAD_DIM = 128
 #: Shared memory an SM90 CTA may use (227 KiB).
 SM90_SMEM_BYTES = 227 * 1024
 #: Switches the d=128 non-causal ("wide tile") kernel gets unless told otherwise, as if given as
-#: "w:X" (forward.Fp8AttentionForwardSm90): e.g. {"persist"} makes the persistent kernel its
-#: default.  Empty: the non-persistent kernel (results/h200/fp8_attention_speed4.md).
-WIDE_DEFAULT_SWITCHES: frozenset = frozenset()
+#: "w:X" (forward.Fp8AttentionForwardSm90; "w:no_persist" drops it): the persistent kernel, faster
+#: than the non-persistent one in three H200 runs (8x4096 1.21-1.25x FA4 bf16 vs 1.17x, 1x16384
+#: 1.32-1.42x; results/h200/fp8_attention_speed5.md, _persist.md, _speed6.md) and 35/35 correct
+#: (fp8_attention_persist.md).
+WIDE_DEFAULT_SWITCHES: frozenset = frozenset({"persist"})
 #: A window side this large or larger is "unbounded".
 WINDOW_UNBOUNDED = 1 << 28
 
