@@ -73,7 +73,7 @@ def call_ms(tower, x, grid, graph: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) -> dict:
+def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int, profile: bool = False) -> dict:
     """GPU time (CUDA events, medians of interleaved rounds) of the runner's part alone -- the
     blocks and mergers, on the inputs the tower's graph forward prepared: the budget graph replay,
     SGLang's own graph for this exact layout (captured here, once: budgets unsealed), and the same
@@ -108,7 +108,13 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int) 
         for r in range(rounds):
             for k in (list(paths) if r % 2 == 0 else list(paths)[::-1]):
                 times[k].append(event_time_ms(paths[k], 1))
-    return {k: round(statistics.median(v), 3) for k, v in times.items()}
+    out = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    if profile:
+        from vit_graph_profile import compare
+
+        with torch.no_grad():
+            out["profile"] = compare(paths)
+    return out
 
 
 #: fixed mixes of the batch-invariance check (pictures of sglang_fa4.bench.layouts.PICTURES): one
@@ -318,7 +324,8 @@ def check_model(model: str, args, seed: int) -> dict:
                         "eager_over_graph_range": [round(min(per_round), 3), round(max(per_round), 3)],
                         "rounds": n, "eager_all_ms": [round(v, 3) for v in times["eager"]],
                         "graph_all_ms": [round(v, 3) for v in times["graph"]],
-                        "blocks_ms": blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, n)})
+                        "blocks_ms": blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, n,
+                                               profile=name in args.profile)})
     res["latency"] = latency
     res["batch_invariance"] = batch_invariance(tower, model, state, random.Random(seed + 1), args.invariance_mixes,
                                                grids_given=args.invariance_grids.get(model, ()),
@@ -394,6 +401,11 @@ def markdown(result: dict) -> str:
                          f"{r['graph_ms']:.2f} | {r['eager_over_graph']:.3f}x{span} | {b['budget_graph']:.2f} | "
                          f"{b['sglang_exact_graph']:.2f} | {ratio} | {b['eager_blocks']:.2f} |")
         lines.append("")
+        for r in m["latency"]:
+            if r["blocks_ms"].get("profile"):
+                from vit_graph_profile import markdown as profile_markdown
+
+                lines += profile_markdown(m["model"], r["image"], r["blocks_ms"]["profile"])
         if m.get("batch_invariance"):
             lines += ["Batch invariance: each image's rows of a batched call vs the image alone "
                       "(max |difference|; 0 = bitwise), paths batched / alone.", "",
@@ -422,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token budgets, or 'dense' (vit_budget_layouts.dense_ladder) (default: "
                          "SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--profile", nargs="*", default=[],
+                    help="pictures whose runner paths also run once under torch.profiler (kernel time by name)")
     ap.add_argument("--shared-pool", action="store_true",
                     help="capture the budget graphs into one memory pool (SGLANG_FA4_VIT_GRAPH_SHARED_POOL=1)")
     ap.add_argument("--invariance-grids", type=json.loads, default={},

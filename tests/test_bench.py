@@ -437,3 +437,22 @@ def test_graph_replay_ms_times_single_replays():
     ms = graph_replay_ms(lambda: x.add_(1), replays=5, warmup=2, pre_replays=3)
     # 2 eager warmups + 3 untimed + 5 timed replays (the capture itself does not run)
     assert ms > 0 and float(x) == 10
+
+
+def test_vit_graph_profile_compare_and_markdown(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vit_graph_profile", ROOT / "benchmark" / "vit_graph_profile.py")
+    prof = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prof)
+    runs = {"a": {"event_us": 40.0, "kernel_us": 30.0, "count": 3, "kernels": {"gemm": 20.0, "attn": 10.0}},
+            "b": {"event_us": 60.0, "kernel_us": 33.0, "count": 4, "kernels": {"gemm": 20.0, "attn": 8.0, "copy": 5.0}}}
+    monkeypatch.setattr(prof, "kernel_times_us", lambda fn: runs[fn()])
+    out = prof.compare({"a": lambda: "a", "b": lambda: "b"}, top=1)
+    assert out["paths"]["b"] == {"event_us": 60.0, "kernel_us": 33.0, "count": 4}
+    # the first path's top kernel, then the others' top ones; each with every path's time (0: absent)
+    assert out["top"] == [{"kernel": "gemm", "a": 20.0, "b": 20.0}]
+    out = prof.compare({"a": lambda: "a", "b": lambda: "b"}, top=3)
+    assert out["top"][-1] == {"kernel": "copy", "a": 0.0, "b": 5.0}
+    md = "\n".join(prof.markdown("qwen3_vl", "448", out))
+    assert "| event_us | 40.0 | 60.0 |" in md and "| `copy` | 0.0 | 5.0 |" in md
