@@ -127,7 +127,9 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         debug = scoped_switches(debug, head_dim, causal, local, wide_tile)
         if wide_tile and WIDE_DEFAULT_SWITCHES:
             debug = with_wide_defaults(debug, WIDE_DEFAULT_SWITCHES)
-        # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.
+        # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.  At d=256
+        # (O alone is 128 registers a thread) 64 / 96 / 128 keys build without spills for sm_90a,
+        # 160 spills 192 bytes (S + P of 160 keys beside O).
         self.tile_n = next((int(f[1:]) for f in debug if f[:1] == "n" and f[1:].isdigit()),
                            192 if wide_tile else TILE_N)
         if self.tile_n % 32 or not 32 <= self.tile_n <= 256:
