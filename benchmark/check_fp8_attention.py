@@ -645,16 +645,43 @@ VARIANT_CASE_SETS = {
         # lone-first-QK^T paths); FA4 bf16 is not asked about key-less rows
         ("no-key q rows", [3000, 2000, 1290, 640], [0, 5000, 0, 3000], 8, 8, 128, False, "randn_no_fa4"),
     ],
+    # d=256 causal alone (an LLM's prefill, e.g. 16 q / 4 kv heads): partial key and q tiles at
+    # sequence ends (for any key tile of 64..160), GQA, seqlen_q != seqlen_k (bottom-right
+    # diagonal, 1-token and empty segments), a q block shorter than a consumer's 64 rows, one 8k
+    # sequence (the causal loop's long run of unmasked tiles) -- one kernel compiled per variant
+    "d256causal": [
+        ("2seq causal gqa 16/4 d256", [1000, 3000], [1000, 3000], 16, 4, 256, True, "randn"),
+        ("q!=k causal gqa 8/2 d256", [100, 700, 0, 1, 300], [900, 1700, 5, 3, 333], 8, 2, 256, True, "randn"),
+        ("24,1000 causal d256", [24, 1000], [24, 1000], 4, 4, 256, True, "randn"),
+        ("1x8192 causal gqa 4/1 d256", [8192], [8192], 4, 1, 256, True, "randn"),
+    ],
 }
+# both d=256 kernels: the causal set plus the unmasked kernel's partial tiles and GQA
+VARIANT_CASE_SETS["d256"] = VARIANT_CASE_SETS["d256causal"] + [
+    ("2seq gqa 16/4 d256", [1000, 3000], [1000, 3000], 16, 4, 256, False, "randn"),
+    ("q!=k gqa 8/2 d256", [100, 700, 0, 1, 300], [900, 1700, 5, 3, 333], 8, 2, 256, False, "randn"),
+]
 VARIANT_CASES = VARIANT_CASE_SETS["default"]
 VARIANT_DIMS = (64, 128)  # head dims of the variant cases / shapes (--variant-dims)
-VARIANT_SHAPES = [("8x4096", [4096] * 8, 16, 128), ("1x16384", [16384], 16, 128),
-                  ("8x4096", [4096] * 8, 16, 64), ("1x16384", [16384], 16, 64)]
+#: timed shapes (name, lens, q heads, kv heads, d, causal); a shape is timed only where the variant
+#: cases compiled its kernel (same d and causal), so no variant compiles during the timing
+VARIANT_SHAPES = [("8x4096", [4096] * 8, 16, 16, 128, False), ("1x16384", [16384], 16, 16, 128, False),
+                  ("8x4096", [4096] * 8, 16, 16, 64, False), ("1x16384", [16384], 16, 16, 64, False),
+                  # an LLM's prefill at d=256 (16 q / 4 kv heads; fp8_kv_backend-all-0.5.23.md: 8k tokens)
+                  ("1x8192 causal gqa16/4", [8192], 16, 4, 256, True), ("4x2048 causal gqa16/4", [2048] * 4, 16, 4, 256, True),
+                  ("2x4096 gqa16/4", [4096] * 2, 16, 4, 256, False)]
+
+
+def variant_shapes(cases, dims) -> list:
+    """The VARIANT_SHAPES of head dims ``dims`` whose kernel (d, causal) the ``cases`` compile."""
+    kinds = {(c[5], c[6]) for c in cases}
+    return [sh for sh in VARIANT_SHAPES if sh[4] in dims and (sh[4], sh[5]) in kinds]
 
 
 def section_variants():
     """Main-loop variants side by side in one process: quick correctness of each (which compiles
-    it), then fp8 speed on the d128 / d64 non-causal shapes against FA4 bf16, interleaved: per
+    it), then fp8 speed on VARIANT_SHAPES (those of the cases' kernels: d128 / d64 non-causal, d256
+    causal / non-causal with GQA) against FA4 bf16 (same mask and heads), interleaved: per
     shape, ``ROUNDS`` rounds of [FA4 bf16, every variant in turn (order rotated)] on the same inputs (FA4 bf16's
     time moves by ~10% between processes and by a few % within one), each variant's time the
     median of its rounds and its speedup the median of its per-round ratios to the bf16 time of the
@@ -666,7 +693,10 @@ def section_variants():
 
     specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
     cases = [c for c in VARIANT_CASES if c[5] in VARIANT_DIMS]
-    shapes = [sh for sh in VARIANT_SHAPES if sh[3] in VARIANT_DIMS]
+    shapes = variant_shapes(cases, VARIANT_DIMS)
+    left = [f"{sh[0]} d{sh[4]}" for sh in VARIANT_SHAPES if sh[4] in VARIANT_DIMS and sh not in shapes]
+    if left:
+        log("variants: not timed (no case compiles their kernel):", left)
     kernels = {}  # flags -> that variant's compiled kernels, so the winner is not compiled again
     rows = RESULT["sections"].setdefault("variants", [])
     for name, flags in specs:
@@ -694,19 +724,20 @@ def section_variants():
         launch._compiled.update(kernels[flags])
 
     timed = [v for v in rows if v["ok"]]
-    for sname, lens, h, d in shapes:
+    for sname, lens, h, hkv, d, causal in shapes:
         cu = make_cu(lens)
         t = sum(lens)
-        q, k, vv = (torch.randn(t, h, d, device=DEV).bfloat16() for _ in range(3))
+        q = torch.randn(t, h, d, device=DEV).bfloat16()
+        k, vv = (torch.randn(t, hkv, d, device=DEV).bfloat16() for _ in range(2))
         res = quantize.quantize_qkv(q, k, vv, cu)
         out8 = torch.empty(t, h, d, dtype=torch.bfloat16, device=DEV)
         m = max(lens)
-        flops = 4 * sum(n * n for n in lens) * h * d
+        flops = 4 * sum(n * (n + 1) // 2 if causal else n * n for n in lens) * h * d
         key = f"{sname} d{d}"
         per = {v["name"]: {"shape_key": key, "fp8_rounds": [], "bf16_rounds": [], "ratio_rounds": []} for v in timed}
         for rnd in range(ROUNDS):
             bf = bench_graph(lambda: flash_attn_varlen_func(
-                q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m), iters=30)
+                q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m, causal=causal), iters=30)
             fault_guard("fa4_bf16", f"variants {key}")
             for v in timed[rnd % max(1, len(timed)):] + timed[:rnd % max(1, len(timed))]:  # order rotated per round
                 row = per[v["name"]]
@@ -714,7 +745,8 @@ def section_variants():
                 print(f"VARIANTTIME {v['name']}", flush=True)
                 try:
                     us = bench_graph(lambda: launch.fp8_varlen_attention(
-                        res.q, res.k, None, cu, cu, m, m, descale=res.descale, out=out8, vt=res.vt), iters=30)
+                        res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8,
+                        vt=res.vt), iters=30)
                 except Exception as e:  # noqa: BLE001
                     row["fp8_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue

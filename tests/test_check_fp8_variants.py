@@ -70,3 +70,26 @@ def test_case_sets(bench):
     seg_counts = [len(c[1]) for c in full]
     assert max(seg_counts) > 256 and any(1 < n <= 128 for n in seg_counts)  # both schedule orders
     assert any(0 in c[1] and 1 in c[1] for c in full)  # empty and 1-token segments
+
+
+def test_d256_case_sets_and_timed_shapes(bench):
+    """--variant-cases d256causal: the d=256 causal kernel alone, with partial tiles for every key
+    tile of 64..160 keys, GQA and seqlen_q != seqlen_k; a shape is timed only where the cases
+    compiled its kernel, so d256causal times the LLM prefill shapes (causal, 16 q / 4 kv heads,
+    one 8k sequence among them) and no variant compiles during the timing."""
+    causal = bench.VARIANT_CASE_SETS["d256causal"]
+    assert all(c[5] == 256 and c[6] for c in causal)
+    assert any(c[3] > c[4] for c in causal)  # GQA
+    assert any(c[1] != c[2] for c in causal)  # seqlen_q != seqlen_k
+    lens = {n for c in causal for n in c[1] + c[2] if n}
+    for tile in (64, 96, 128, 160):
+        assert any(n % tile for n in lens) and max(lens) >= 4 * tile  # partial and whole tiles
+    shapes = bench.variant_shapes(causal, (256,))
+    assert shapes and all(sh[4] == 256 and sh[5] for sh in shapes)
+    assert ("1x8192 causal gqa16/4", [8192], 16, 4, 256, True) in shapes
+    both = bench.variant_shapes(bench.VARIANT_CASE_SETS["d256"], (256,))
+    assert {sh[5] for sh in both} == {True, False} and len(both) > len(shapes)
+    # the d64/d128 defaults: the same shapes as before the d=256 ones were added
+    assert [(sh[0], sh[4]) for sh in bench.variant_shapes(bench.VARIANT_CASE_SETS["default"], (64, 128))] == [
+        ("8x4096", 128), ("1x16384", 128), ("8x4096", 64), ("1x16384", 64)]
+    assert bench.variant_shapes(causal, (64, 128)) == []

@@ -164,3 +164,21 @@ def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
         # the epilogue: once (after the cross step or the lone last PV), or also in the cross step
         assert v["stmatrix"] == (16 if pv_first else 8) and v["tma_stores"] >= 1
         assert v["named_bar_arrive"] >= 4  # the turns: opened once, passed after each of three issue blocks
+
+
+def test_fp8_forward_d256_tile_variants_cross_compile(dsl_pythonpath, tmp_path):
+    """The d=256 tuning switches (check_fp8_attention --variants, scoped "d256:" / "d256c:") build
+    for sm_90a without register spills: a 64-key tile with 5 K/V^T stages and ping-pong (FA3's
+    scheduler barrier for FP8 at d >= 128) in the causal kernel -- QK^T m64n64, 8 + 2 k-steps,
+    16 P conversions a tile -- while a "d256c:" switch leaves the unmasked kernel's 128-key tile."""
+    r = xcompile(dsl_pythonpath, tmp_path / "causal", ["256,1,0"], flags="d256:n64,d256:s5,d256:pingpong", ptxas=True)
+    v = r["256,1,0"]
+    assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
+    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    assert v["wgmma_e4m3"] == ["m64n256k32.e4m3.e4m3", "m64n64k32.e4m3.e4m3"] and v["wgmma_other"] == []
+    assert v["wgmma_count"] == 2 * (256 // 32 + 64 // 32) and v["cvt_e4m3x2"] == 2 * 16
+    assert v["named_bar_arrive"] >= 3  # the ping-pong turns
+    assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
+    full = xcompile(dsl_pythonpath, tmp_path / "full", ["256,0,0"], flags="d256c:n96,d256f:pingpong")["256,0,0"]
+    assert full["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n256k32.e4m3.e4m3"]  # d256c:n96 not applied
+    assert full["named_bar_arrive"] >= 3

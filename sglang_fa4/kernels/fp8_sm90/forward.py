@@ -63,8 +63,10 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     TILE_N,
     TWO_LEVEL_MAX_HEAD_DIM,
     WIDE_DEFAULT_SWITCHES,
+    explicit_stages,
     head_dim_stages,
     persistent_stages,
+    scoped_switches,
     tile_stages,
     with_wide_defaults,
 )
@@ -118,12 +120,16 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # pp_late + emu8 (fp8_attention_speed3.md); other head dims the loop before that.
         wide_tile = head_dim == 128 and not causal and not local
         d128_default = head_dim == 128
-        # A switch written "w:X" is X for the wide-tile kernel and nothing for the others, so one
-        # set of switches can vary that kernel alone (check_fp8_attention --variants).
-        debug = frozenset(f[2:] if f.startswith("w:") else f for f in debug if wide_tile or not f.startswith("w:"))
+        # A switch written "w:X" is X for the wide-tile kernel and nothing for the others, "d256:X"
+        # X for head dim 256 only ("d256c:X" causal, "d256f:X" unmasked, "d256l:X" windowed), so
+        # one set of switches can vary some kernels alone (check_fp8_attention --variants;
+        # layout.scoped_switches).
+        debug = scoped_switches(debug, head_dim, causal, local, wide_tile)
         if wide_tile and WIDE_DEFAULT_SWITCHES:
             debug = with_wide_defaults(debug, WIDE_DEFAULT_SWITCHES)
-        # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.
+        # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.  At d=256
+        # (O alone is 128 registers a thread) 64 / 96 / 128 keys build without spills for sm_90a,
+        # 160 spills 192 bytes (S + P of 160 keys beside O).
         self.tile_n = next((int(f[1:]) for f in debug if f[:1] == "n" and f[1:].isdigit()),
                            192 if wide_tile else TILE_N)
         if self.tile_n % 32 or not 32 <= self.tile_n <= 256:
@@ -131,7 +137,10 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.  Shared memory
         # holds Q + 4 stages up to d=128, 3 at d=192, 2 at d=256 (layout.head_dim_stages); other
         # key tiles: as many stages (at most 4) as fit (layout.tile_stages: 4 for 128 x 192).
-        self.num_stages = num_stages or (head_dim_stages(head_dim) if self.tile_n == TILE_N
+        # "sN" (e.g. "s3"): N stages, as long as they fit (layout.explicit_stages).
+        stages_flag = next((int(f[1:]) for f in debug if f[:1] == "s" and f[1:].isdigit()), 0)
+        self.num_stages = num_stages or (explicit_stages(head_dim, self.tile_n, stages_flag) if stages_flag
+                                         else head_dim_stages(head_dim) if self.tile_n == TILE_N
                                          else tile_stages(head_dim, self.tile_n))
         # O accumulated in two levels (fp32 O + each tile's fp32 P V) up to d=128; above, the two
         # accumulators do not fit the consumers' 240 registers beside S, so the PV GEMM
@@ -212,6 +221,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
                 raise ValueError("persist: the persistent kernel is the d=128 non-causal one-level loop only "
                                  f"(got head dim {head_dim}, causal={causal}, local={local}, "
                                  f"two_level={self.two_level})")
+            if stages_flag:
+                raise ValueError("sN: a stage count of the non-persistent kernel (the persistent one sizes its own)")
             self.num_stages = num_stages or persistent_stages(head_dim, self.tile_n, Q_STAGES, self.o_tma)
         # Cross-tile overlap ("xover", with "persist"; persistent_xover.py): a tile's last PV GEMM is
         # issued with the next tile's first QK^T and its epilogue runs after the next tile's first

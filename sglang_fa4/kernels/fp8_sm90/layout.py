@@ -14,6 +14,7 @@ contraction over keys does not care about their order as long as P and V agree.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple, Optional
 
 #: Head dims (of q/k and of v, which must match) the kernel is compiled for.
@@ -94,13 +95,54 @@ def head_dim_stages(head_dim: int) -> int:
     return 4 if head_dim <= 128 else 3 if head_dim <= 192 else 2
 
 
+def stages_that_fit(head_dim: int, tile_n: int) -> int:
+    """K/V^T stages of ``tile_n`` keys that fit beside Q and 4 KiB of barriers / spare (no cap)."""
+    return (SM90_SMEM_BYTES - TILE_M * head_dim - 4096) // (2 * tile_n * head_dim)
+
+
 def tile_stages(head_dim: int, tile_n: int) -> int:
     """K/V^T stages for a key tile of ``tile_n`` keys (kernel option "nN"): as many as fit beside Q
     and 4 KiB of barriers / spare, at most 4 -- 4 at d=128 for 192 keys (208 KiB), 3 for 224."""
-    fits = (SM90_SMEM_BYTES - TILE_M * head_dim - 4096) // (2 * tile_n * head_dim)
+    fits = stages_that_fit(head_dim, tile_n)
     if fits < 2:
         raise ValueError(f"a key tile of {tile_n} at head dim {head_dim}: two K/V^T stages do not fit shared memory")
     return min(4, fits)
+
+
+def explicit_stages(head_dim: int, tile_n: int, stages: int) -> int:
+    """``stages`` K/V^T stages (kernel option "sN"), checked: at least 2 (the overlapped loop holds
+    tile i-1's V^T while it waits for tile i's K) and no more than fit shared memory."""
+    fits = stages_that_fit(head_dim, tile_n)
+    if not 2 <= stages <= fits:
+        raise ValueError(f"{stages} K/V^T stages of {tile_n} keys at head dim {head_dim}: "
+                         f"2 to {fits} fit shared memory beside Q")
+    return stages
+
+
+def scoped_switches(switches, head_dim: int, causal: bool, local: bool, wide_tile: bool) -> frozenset:
+    """The switches one compiled kernel sees, so that one switch list can vary some kernels alone
+    (check_fp8_attention --variants runs one list over every kernel it compiles):
+
+    * "w:X": X for the d=128 non-causal "wide tile" kernel only;
+    * "dD:X": X for head dim D (e.g. "d256:n64"); "dDc:X" head dim D causal, "dDf:X" head dim D
+      without a mask (neither causal nor windowed), "dDl:X" head dim D with a window;
+    * anything else: every kernel.
+    """
+    kind = "c" if causal else "l" if local else "f"
+    out = set()
+    for f in switches:
+        scope, sep, rest = f.partition(":")
+        if not sep:
+            out.add(f)
+        elif scope == "w":
+            if wide_tile:
+                out.add(rest)
+        elif m := re.fullmatch(r"d(\d+)([cfl]?)", scope):
+            if int(m[1]) == head_dim and m[2] in ("", kind):
+                out.add(rest)
+        else:
+            raise ValueError(f"switch {f!r}: its scope {scope!r} is none of w:, dD:, dDc:, dDf:, dDl:")
+    return frozenset(out)
 
 
 def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: bool) -> int:
