@@ -104,19 +104,21 @@ def test_fp8_forward_mufu_gate_variant_cross_compiles(dsl_pythonpath, tmp_path):
 
 def test_fp8_forward_wide_head_dims_cross_compile_one_level(dsl_pythonpath, tmp_path):
     """d=192 and d=256 (forward.two_level off): the PV GEMM accumulates into O itself, so the
-    PTX has no m64n8 row-sum GEMM; both GEMMs FP8; the overlapped schedule (wait for 1 group)."""
-    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["192,0,0", "256,1,0"])
-    for d, spec in ((192, "192,0,0"), (256, "256,1,0")):
+    PTX has no m64n8 row-sum GEMM; both GEMMs FP8; the overlapped schedule (wait for 1 group).
+    d=256 causal runs 96-key tiles by default (layout.D256_CAUSAL_DEFAULT_SWITCHES), spill-free."""
+    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["192,0,0", "256,1,0"], ptxas=True)
+    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    for d, spec, keys in ((192, "192,0,0", 128), (256, "256,1,0", 96)):
         v = r[spec]
         assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
         assert v["wgmma_other"] == []
-        assert v["wgmma_e4m3"] == sorted(["m64n128k32.e4m3.e4m3", f"m64n{d}k32.e4m3.e4m3"])
-        # QK^T: d/32 k-steps, PV: 128/32, each written twice (first tile + loop / loop + last)
-        assert v["wgmma_count"] == 2 * (d // 32 + 128 // 32)
+        assert v["wgmma_e4m3"] == sorted([f"m64n{keys}k32.e4m3.e4m3", f"m64n{d}k32.e4m3.e4m3"])
+        # QK^T: d/32 k-steps, PV: keys/32, each written twice (first tile + loop / loop + last)
+        assert v["wgmma_count"] == 2 * (d // 32 + keys // 32)
         assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
         assert v["tma_loads"] >= 3
         assert v["wgmma_wait_1"] >= 1 and v["warp_sync"] == 1
-        assert v["cvt_e4m3x2"] == 2 * 32
+        assert v["cvt_e4m3x2"] == 2 * (keys // 4)  # 64 x keys P values over 128 threads, two a cvt
 
 
 

@@ -58,6 +58,7 @@ from sglang_fa4.kernels.fp8_sm90.consumer_mainloop_wide import ConsumerMainLoopW
 from sglang_fa4.kernels.fp8_sm90.kernel_entry import KernelEntry
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, NUM_THREADS, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import (
+    D256_CAUSAL_DEFAULT_SWITCHES,
     SUPPORTED_HEAD_DIMS,
     TILE_M,
     TILE_N,
@@ -127,6 +128,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         debug = scoped_switches(debug, head_dim, causal, local, wide_tile)
         if wide_tile and WIDE_DEFAULT_SWITCHES:
             debug = with_wide_defaults(debug, WIDE_DEFAULT_SWITCHES)
+        if head_dim == 256 and causal and not local and D256_CAUSAL_DEFAULT_SWITCHES:
+            debug = with_wide_defaults(debug, D256_CAUSAL_DEFAULT_SWITCHES)  # an explicit nN wins
         # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.  At d=256
         # (O alone is 128 registers a thread) 64 / 96 / 128 keys build without spills for sm_90a,
         # 160 spills 192 bytes (S + P of 160 keys beside O).

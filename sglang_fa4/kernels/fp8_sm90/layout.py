@@ -45,6 +45,10 @@ SM90_SMEM_BYTES = 227 * 1024
 #: 1.32-1.42x; results/h200/fp8_attention_speed5.md, _persist.md, _speed6.md) and 35/35 correct
 #: (fp8_attention_persist.md).
 WIDE_DEFAULT_SWITCHES: frozenset = frozenset({"persist"})
+#: Switches the d=256 causal kernel without a window gets unless told otherwise (as "d256c:X"): 96-key
+#: tiles (3 K/V^T stages), 1.26x FA4 bf16 at 1x8192 causal GQA 16/4 and 1.07x at 4x2048 against
+#: 0.89-0.90x with 128-key tiles, same rounds (results/h200/fp8_attention_d256_tiles.md).
+D256_CAUSAL_DEFAULT_SWITCHES: frozenset = frozenset({"n96"})
 #: A window side this large or larger is "unbounded".
 WINDOW_UNBOUNDED = 1 << 28
 
