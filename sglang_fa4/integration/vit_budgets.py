@@ -15,7 +15,10 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   ``T / merge``) are zeroed and the real rows returned as a tensor of their own (through
   ``output_indices`` when given, else a copy): the next replay rewrites the graph's output buffer,
   and SGLang keeps what the tower returns (:mod:`sglang_fa4.integration.vit_graph_outputs`);
-* above the largest budget, or for a layout that does not fit a budget's segment capacity, the
+* a layout with more segments than the smallest budget holding its tokens holds replays in the
+  next budget that holds them (smaller budgets hold fewer full-attention segment slots,
+  ``vit_budget_layouts.full_slots``);
+* above the largest budget, or for a layout that fits no budget holding its tokens, the
   tower runs EAGERLY (:func:`eager_run`: the runner's own per-block layout logic, no graph), not
   through the original ``run``, which would capture and keep a new graph for that layout. For
   Qwen2.5-VL a batch above the budgets is seen from ``grid_thw`` before the graph path
@@ -273,10 +276,10 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
                         rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices, attention_layout_key)
     tokens = x.shape[0]
     holding = budgets_holding(tokens, state.budgets)
+    host_full, host_window = host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key)
     if holding:
         tables = position_embeddings if state.rope_kind == "position_embeddings" else (rotary_pos_emb_cos, rotary_pos_emb_sin)
         merge = holding[0] // int(self.block_output[state.keys[holding[0]]].shape[0])
-        host_full, host_window = host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key)
         misfit = None
         if tables is None or any(t is None for t in tables):
             misfit = LayoutDoesNotFit(f"the budget graphs were captured with {state.rope_kind}")
@@ -295,7 +298,7 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
         as_dtype(t, state.table_dtype) for t in (position_embeddings, rotary_pos_emb_cos, rotary_pos_emb_sin))
     return eager_run(self, x, cu_seqlens, cu_window_seqlens, position_embeddings,
                      rotary_pos_emb_cos, rotary_pos_emb_sin, output_indices,
-                     host=host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key))
+                     host=(host_full, host_window))
 
 
 def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
