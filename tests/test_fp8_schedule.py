@@ -139,6 +139,12 @@ def test_wide_default_switches():
 
     assert WIDE_DEFAULT_SWITCHES == frozenset({"persist"})
     assert with_wide_defaults(frozenset({"no_persist"}), WIDE_DEFAULT_SWITCHES) == {"no_persist"}
+    # a main loop the persistent kernel lacks (the two-level 128-key loop) drops the default persist
+    from sglang_fa4.kernels.fp8_sm90.layout import wide_defaults_for
+
+    assert wide_defaults_for(frozenset()) == {"persist"}
+    assert wide_defaults_for(frozenset({"two_level", "n128"})) == frozenset()
+    assert wide_defaults_for(frozenset({"no_overlap"})) == frozenset()
     d = frozenset({"persist", "o_direct", "n224"})
     assert with_wide_defaults(frozenset(), d) == d
     assert "persist" not in with_wide_defaults(frozenset({"no_persist"}), d)

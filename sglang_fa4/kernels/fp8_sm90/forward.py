@@ -69,6 +69,7 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     persistent_stages,
     scoped_switches,
     tile_stages,
+    wide_defaults_for,
     with_wide_defaults,
 )
 from sglang_fa4.kernels.fp8_sm90.persistent_consumer import PersistentConsumer
@@ -127,7 +128,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # layout.scoped_switches).
         debug = scoped_switches(debug, head_dim, causal, local, wide_tile)
         if wide_tile and WIDE_DEFAULT_SWITCHES:
-            debug = with_wide_defaults(debug, WIDE_DEFAULT_SWITCHES)
+            debug = with_wide_defaults(debug, wide_defaults_for(debug))
         if head_dim == 256 and causal and not local and D256_CAUSAL_DEFAULT_SWITCHES:
             debug = with_wide_defaults(debug, D256_CAUSAL_DEFAULT_SWITCHES)  # an explicit nN wins
         # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.  At d=256

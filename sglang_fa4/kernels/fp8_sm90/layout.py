@@ -45,6 +45,17 @@ SM90_SMEM_BYTES = 227 * 1024
 #: 1.32-1.42x; results/h200/fp8_attention_speed5.md, _persist.md, _speed6.md) and 35/35 correct
 #: (fp8_attention_persist.md).
 WIDE_DEFAULT_SWITCHES: frozenset = frozenset({"persist"})
+#: Switches that ask for a main loop the persistent kernel does not have: given explicitly, they
+#: drop the default "persist" (an explicit "persist" with them is an error, forward.py).
+PERSIST_INCOMPATIBLE: frozenset = frozenset({"two_level", "no_overlap", "mufu_gate"})
+
+
+def wide_defaults_for(switches: frozenset) -> frozenset:
+    """The defaults the d=128 non-causal kernel adds to ``switches`` (WIDE_DEFAULT_SWITCHES, less
+    "persist" where ``switches`` ask for a loop the persistent kernel lacks)."""
+    return WIDE_DEFAULT_SWITCHES - ({"persist"} if frozenset(switches) & PERSIST_INCOMPATIBLE else frozenset())
+
+
 #: Switches the d=256 causal kernel without a window gets unless told otherwise (as "d256c:X"): 96-key
 #: tiles (3 K/V^T stages), 1.26x FA4 bf16 at 1x8192 causal GQA 16/4 and 1.07x at 4x2048 against
 #: 0.89-0.90x with 128-key tiles, same rounds (results/h200/fp8_attention_d256_tiles.md).
