@@ -37,6 +37,10 @@ def facts(ptx: str) -> dict:
         "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)),
         # the no-op behind a branch that keeps ptxas from hoisting the PV wait (forward.pin_wait)
         "warp_sync": len(re.findall(r"\bbar\.warp\.sync\b", ptx)),
+        # the compare whose branch skips that no-op: it must be false in every lane for every P
+        # (>= 0, +inf, NaN), ordered "eq" against -1 (an unordered "leu" split a warp on NaN: hang)
+        "pin_skip": [m[0] for m in re.findall(
+            r"setp\.(\w+)\.f32\s+(%p\d+), %r\d+, 0fBF800000;\s*@\2 bra\s+\S+;\s*bar\.warp\.sync", ptx)],
         # the grid: (q tiles of all sequences, heads), no batch axis (KernelEntry.locate_tile)
         "ctaid": sorted(set(re.findall(r"%ctaid\.([xyz])", ptx))),
         # the persistent kernel: a grid-stride loop over work slots, O stored by TMA from stmatrix

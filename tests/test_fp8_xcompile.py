@@ -64,7 +64,7 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
         # the softmax of tile i runs while P_{i-1} V_{i-1} is in flight: wait for 1 group, not 0,
         # and the wait for 0 sits behind a branch (bar.warp.sync) so ptxas keeps it there
         assert v["wgmma_wait_1"] >= 1
-        assert v["warp_sync"] == 1
+        assert v["warp_sync"] == 1 and v["pin_skip"] == ["eq"]  # no lane skips it, NaN or not
     # one list of q tiles over all sequences x heads (no batch axis); d=128 non-causal: the
     # persistent kernel (layout.WIDE_DEFAULT_SWITCHES), a 1-D grid walked by a grid-stride loop
     assert d128["ctaid"] == d64["ctaid"] == ["x", "y"]
@@ -117,7 +117,7 @@ def test_fp8_forward_wide_head_dims_cross_compile_one_level(dsl_pythonpath, tmp_
         assert v["wgmma_count"] == 2 * (d // 32 + keys // 32)
         assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
         assert v["tma_loads"] >= 3
-        assert v["wgmma_wait_1"] >= 1 and v["warp_sync"] == 1
+        assert v["wgmma_wait_1"] >= 1 and v["warp_sync"] == 1 and v["pin_skip"] == ["eq"]
         assert v["cvt_e4m3x2"] == 2 * (keys // 4)  # 64 x keys P values over 128 threads, two a cvt
 
 
@@ -161,6 +161,7 @@ def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
         assert v["cvt_e4m3x2"] == 3 * 48
         # xover_pvfirst: the cross step waits for its PV GEMM (1 group) and needs no pin
         assert v["wgmma_wait_1"] == 2 and v["warp_sync"] == (1 if pv_first else 2)
+        assert v["pin_skip"] == ["eq"] * v["warp_sync"]
         assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "240")]
         assert v["ctaid"] == ["x"] and v["nctaid"] == ["x"]
         # the epilogue: once (after the cross step or the lone last PV), or also in the cross step

@@ -87,6 +87,11 @@ class Built:
         self.q = torch.randn(ntok, hq * d, generator=g).to(torch.bfloat16).to(DEV)
         self.k = torch.randn(ntok, hkv * d, generator=g).to(torch.bfloat16).to(DEV)
         self.v = torch.randn(ntok, hkv * d, generator=g).to(torch.bfloat16).to(DEV)
+        # SGLang's fp8 pool divides the k/v it is handed by the layer's scales in place
+        # (set_kv_buffer: cache_k.div_(k_scale)); a model hands it fresh k/v every forward, so
+        # forward() restores them from these first (else every timed replay divides again: after
+        # two the values pass E4M3's 448 and the pool holds NaN)
+        self.k0, self.v0 = self.k.clone(), self.v.clone()
         out_loc = torch.cat([slots_of[b][p:p + n] for b, (p, n) in enumerate(zip(self.prefix_lens, self.new_lens))])
         positions = torch.cat([torch.arange(p, p + n) for p, n in zip(self.prefix_lens, self.new_lens)])
         fb = ForwardBatch(
@@ -116,8 +121,11 @@ class Built:
             self.backend.init_forward_metadata(self.fb)
 
     def forward(self):
-        """The layer's forward as a model calls it (KV write + attention)."""
+        """The layer's forward as a model calls it (KV write + attention), on the same k/v each time
+        (two copies of ~tokens x kv heads x d bf16 each, in every column alike)."""
         with torch.no_grad(), self.context():
+            self.k.copy_(self.k0)
+            self.v.copy_(self.v0)
             return self.layer(self.q, self.k, self.v, self.fb)
 
     def reference(self):

@@ -274,8 +274,11 @@ class ConsumerMainLoop:
     def pin_below(self, x: Float32):
         """A branch on ``x`` (a late softmax result) around a no-op: it ends the basic block, and
         ptxas does not schedule the instructions after it (the PV GEMM's wait) above the softmax
-        (see forward.pin_wait)."""
-        if x > Float32(-1.0):
+        (see forward.pin_wait).  The branch must be taken by every lane for every value a P can
+        hold (>= 0, +inf, NaN): ``x != -1`` is unordered, true for NaN.  ``x > -1`` skipped the
+        warp sync in lanes whose P was NaN and ran it in lanes whose P was masked to 0: a NaN in q
+        or k split the warp there and hung the d=256 96-key kernel on the H200."""
+        if x != Float32(-1.0):
             cute.arch.sync_warp()
 
     @cute.jit
