@@ -38,6 +38,9 @@ def test_real_backend_and_pool_route_to_the_fp8_kernel(sglang_version, tmp_path)
         # bf16 output rounding only: the kernels are modelled in fp32
         calls = r["routed_calls"] if r["backend"] == "fa4" else r["fa3_calls"]
         assert calls == 1 and r["finite"] and r["rel_err"] < 1e-2 and r["pass"], r
+        # a second forward on the same k/v writes the same pool bytes (the timing replays it;
+        # SGLang's fp8 set_kv_buffer divides its k/v in place, sglang_llm_layer restores them)
+        assert r["repeatable"], r
     assert "| fa3-fp8 | qwen2.5-7b d128 (28/4/128) | 64 | decode |" in (
         tmp_path / f"fp8_kv_backend-{sglang_version}.md").read_text()
 
@@ -63,33 +66,3 @@ def test_one_run_table_has_every_column_its_check_and_the_ratios():
     assert "median of 5 interleaved rounds" in md and "FA3-FP8 not measured: absent" in md
     assert "qwen2.5-7b d128 MET (1.143x)" in md
 
-
-REPEAT_CHILD = r"""
-import sys
-sys.path[:0] = [sys.argv[1] + "/benchmark", sys.argv[1] + "/benchmark/sglang_on_gpu"]
-import torch
-import check_fp8_kv_backend as cb
-cb.DEV = "cpu"
-cb.setup(True)
-b = cb.build("fa4", "fp8_e4m3", 4, 2, 64, 16, [40], [24], False, seed=1)
-pools = []
-for _ in range(3):
-    b.forward()
-    pools.append((b.pool.get_key_buffer(0).view(torch.uint8).clone(), b.pool.get_value_buffer(0).view(torch.uint8).clone()))
-same = all(torch.equal(a[0], pools[0][0]) and torch.equal(a[1], pools[0][1]) for a in pools)
-finite = bool(torch.isfinite(b.pool.get_key_buffer(0).float()).all())
-print("REPEAT", same, finite)
-"""
-
-
-def test_repeated_forwards_write_the_same_pool(sglang_version):
-    """SGLang's fp8 pool divides the k/v it is handed by the layer's scales in place; the timing
-    harness's layer forward is replayed many times on one k/v, so it must restore them first: three
-    forwards leave the pool byte-identical and finite (before, the second held NaN, and the d=256
-    FP8 kernel's NaN hang surfaced in the timing)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target_dir(sglang_version)), str(ROOT)]),
-           "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_WARMUP": "0"}
-    proc = subprocess.run([sys.executable, "-c", REPEAT_CHILD, str(ROOT)], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("REPEAT")[-1].split() == ["True", "True"], proc.stdout[-2000:]
