@@ -239,7 +239,6 @@ def graph_eager_same(tower, runner, recorded: dict, x, grid):
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
-    from sglang_fa4.integration import vit_budget_layouts as budget_layouts
     from sglang_fa4.kernels import dispatch
     from sglang_fa4.startup import jit_monitor
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
@@ -279,7 +278,7 @@ def check_model(model: str, args, seed: int) -> dict:
             continue
         tokens = sum(t * h * w for t, h, w in grids)
         row = {"grids": [list(g) for g in grids], "tokens": tokens,
-               "budget": budget_layouts.pick_budget(tokens, state.budgets),
+               "budget": state.last_budget if state.replays > replays0 else None,
                "path": "replay" if state.replays > replays0 else ("eager" if state.eager_runs > eager0 else "?"),
                "shape_equal": list(out_g.shape) == list(out_e.shape),
                "finite": bool(torch.isfinite(out_g).all()),
@@ -317,8 +316,10 @@ def check_model(model: str, args, seed: int) -> dict:
         tokens = sum(t * hh * ww for t, hh, ww in grids)
         e, g = statistics.median(times["eager"]), statistics.median(times["graph"])
         per_round = [a / b for a, b in zip(times["eager"], times["graph"])]  # same round, adjacent calls
+        state.last_budget = None
+        call_ms(tower, x, grid, True)  # the budget this picture replays in (the route may skip the smallest)
         latency.append({"image": name, "grid_thw": list(grids[0]), "tokens": tokens,
-                        "budget": budget_layouts.pick_budget(tokens, state.budgets),
+                        "budget": state.last_budget,
                         "eager_ms": round(e, 3), "graph_ms": round(g, 3),
                         "eager_over_graph": round(statistics.median(per_round), 3),
                         "eager_over_graph_range": [round(min(per_round), 3), round(max(per_round), 3)],
@@ -438,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pictures whose runner paths also run once under torch.profiler (kernel time by name)")
     ap.add_argument("--shared-pool", action="store_true",
                     help="capture the budget graphs into one memory pool (SGLANG_FA4_VIT_GRAPH_SHARED_POOL=1)")
+    ap.add_argument("--budget-route", choices=("smallest", "fastest"), default="smallest",
+                    help="which holding budget a batch replays in (SGLANG_FA4_VIT_GRAPH_BUDGET_ROUTE): fastest = "
+                         "timed at startup, vit_budget_routing")
     ap.add_argument("--invariance-grids", type=json.loads, default={},
                     help='JSON {model: [[[t, h, w], ...], ...]}: more batch-invariance mixes, e.g. the ViT calls '
                          'of a server log (serve-check "vit call" lines)')
@@ -465,7 +469,8 @@ def main(argv=None) -> int:
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise",
-           "SGLANG_FA4_VIT_GRAPH_SHARED_POOL": "1" if args.shared_pool else "0"}
+           "SGLANG_FA4_VIT_GRAPH_SHARED_POOL": "1" if args.shared_pool else "0",
+           "SGLANG_FA4_VIT_GRAPH_BUDGET_ROUTE": args.budget_route}
     info = prepare_sglang("fa4", env, batch_invariant=args.batch_invariant)
     from sglang_fa4.bench.meta import base_meta
 

@@ -400,12 +400,24 @@ with faked_graphs():
         got = call_run(runner, x, full, win, tables, qwen3, perm)
         many = {"err": float((got - reference(vit, x, full, win, tables, qwen3, perm)).abs().max()),
                 "budget": state.last_budget, "replays": state.replays - replays, "eager": state.eager_runs - eager}
+        # measured routing (SGLANG_FA4_VIT_GRAPH_BUDGET_ROUTE=fastest): with 128 timed fastest, a
+        # 20-token batch replays there, still right
+        state.replay_ms = {32: 3.0, 64: 2.0, 128: 1.0}
+        full = [0, 8, 20] if qwen3 else [0, 0, 8, 20]
+        win = None if qwen3 else [0, 8, 20]
+        x = torch.randn(20, C); tables = (torch.randn(20, D), torch.randn(20, D))
+        perm = None if qwen3 else torch.randperm(5)
+        got = call_run(runner, x, full, win, tables, qwen3, perm)
+        routed = {"err": float((got - reference(vit, x, full, win, tables, qwen3, perm)).abs().max()),
+                  "budget": state.last_budget}
+        state.replay_ms = {}
         misfit_err = None
         if not qwen3:  # a window longer than the captured window max_seqlen: eager, not wrong
             x = torch.randn(32, C); tables = (torch.randn(32, D), torch.randn(32, D)); perm = torch.randperm(8)
             got = call_run(runner, x, [0, 0, 32], [0, 32], tables, qwen3, perm)
             misfit_err = float((got - reference(vit, x, [0, 0, 32], [0, 32], tables, qwen3, perm)).abs().max())
         result[name] = {"cases": cases, "startup_captures": startup_captures, "misfit_err": misfit_err, "many": many,
+                        "routed": routed,
                         "captures_after": STATE["captures"] - startup_captures, "big_err": big_err,
                         "report": state.report(), "graphs": len(runner.block_graphs)}
         STATE["captures"] = 0
@@ -443,7 +455,8 @@ def test_budget_graphs_on_real_runner(sglang_version):
         assert r["big_err"] < 1e-4  # above the largest budget: eager, right
         rep = r["report"]
         assert rep["eager_runs"] == (1 if name == "qwen3" else 2), rep
-        assert rep["replays"] == len(r["cases"]) + 1 and rep["captures_after_startup"] == 0
+        assert rep["replays"] == len(r["cases"]) + 2 and rep["captures_after_startup"] == 0
+        assert rep["replay_ms"] == {}  # route "smallest" (the default): nothing timed at startup
         assert rep["budgets"] == [32, 64, 128]
         # the full-attention layout is sized apart from the windowed one (few, fixed slots); budgets
         # below the largest hold MIN_FULL_SLOTS real segments (256 tokens a slot), the largest 64
@@ -452,6 +465,7 @@ def test_budget_graphs_on_real_runner(sglang_version):
         # 12 images of 4 tokens: 48 tokens fit the 64 budget, 12 segments do not: replayed in 128
         assert r["many"] == {"err": r["many"]["err"], "budget": 128, "replays": 1, "eager": 0}, r["many"]
         assert r["many"]["err"] < 1e-4, r["many"]
+        assert r["routed"]["budget"] == 128 and r["routed"]["err"] < 1e-4, r["routed"]  # the fastest holding budget
         if name == "qwen25":
             assert rep["segment_capacity_window"] == {str(b): budget_layouts.segment_capacity(b, 16) for b in (32, 64, 128)}
         else:

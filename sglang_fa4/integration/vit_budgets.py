@@ -5,8 +5,9 @@ SGLang's generic ``ViTCudaGraphRunner`` (0.5.20 and 0.5.23) captures one graph p
 layout on the request path and keeps it forever. Here the runner instead gets one graph per token
 budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budgets` before serving:
 
-* an image batch of ``T`` tokens runs in the smallest budget ``B >= T``: ``x`` and the rotary
-  tables are copied into the budget's static buffers, rows ``T..B`` zeroed;
+* an image batch of ``T`` tokens runs in the smallest budget ``B >= T`` (or the fastest holding
+  one, :mod:`~sglang_fa4.integration.vit_budget_routing`): ``x`` and the rotary tables are copied
+  into the budget's static buffers, rows ``T..B`` zeroed;
 * every cu_seqlens tensor of a budget has a FIXED length (a fixed address and shape), the real
   boundaries then padding segments then empty ones (:mod:`sglang_fa4.integration.vit_budget_layouts`);
 * max_seqlen is fixed per budget and layout, baked into the graph at capture: ``B`` for full
@@ -55,6 +56,7 @@ from sglang_fa4.integration.vit_capture_guard import (  # noqa: F401 - GraphCapt
     flag_capture_after_startup,
 )
 from sglang_fa4.integration.vit_budget_eager import as_dtype, eager_run, host_layout
+from sglang_fa4.integration.vit_budget_routing import replay_order, route_fastest, time_budgets
 from sglang_fa4.integration.vit_graph_outputs import owned
 from sglang_fa4.integration.vit_host_metadata import grid_rows, pinned_copy
 from sglang_fa4.selection import FA4
@@ -83,6 +85,7 @@ class BudgetState:
     cu_full: dict[int, Any] = field(default_factory=dict)
     cu_window: dict[int, Any] = field(default_factory=dict)
     graph_bytes: dict[int, Optional[int]] = field(default_factory=dict)
+    replay_ms: dict[int, float] = field(default_factory=dict)  # measured at startup (route "fastest")
     sealed: bool = False
     replays: int = 0
     last_budget: Optional[int] = None  # the budget the latest replay ran in
@@ -100,6 +103,7 @@ class BudgetState:
                                         if self.window_tokens is not None else None),
             "graph_bytes": {str(b): v for b, v in self.graph_bytes.items()},
             "graph_bytes_total": sum(measured) if measured else None,
+            "replay_ms": {str(b): round(v, 4) for b, v in self.replay_ms.items()},
             "replays": self.replays,
             "eager_runs": self.eager_runs,
             "captures_after_startup": self.captures_after_startup,
@@ -197,6 +201,8 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
                 state.cu_window[budget] = runner.cu_window_len[key]
             logger.info("sglang-fa4: ViT graph for a %d-token budget captured (%s)", budget,
                         "n/a on CPU" if not cuda else f"{state.graph_bytes[budget] / 2**20:.1f} MiB")
+    if cuda and route_fastest():
+        state.replay_ms = time_budgets({b: runner.block_graphs[state.keys[b]] for b in budgets})
     state.sealed = True
     rep = state.report()
     logger.info("sglang-fa4: %d ViT budget graph(s) %s captured at startup; graph memory %s",
@@ -285,7 +291,7 @@ def run_around(original, self, x, cu_seqlens, cu_window_seqlens=None, position_e
             misfit = LayoutDoesNotFit(f"the budget graphs were captured with {state.rope_kind}")
         elif tokens % merge:
             misfit = LayoutDoesNotFit(f"{tokens} tokens are not a multiple of the merger's {merge}")
-        for budget in ([] if misfit else holding):  # smallest first; a misfit tries the next
+        for budget in ([] if misfit else replay_order(holding, state.replay_ms)):  # a misfit tries the next
             try:
                 full, window = _budget_layouts(state, budget, host_full, host_window)
             except LayoutDoesNotFit as exc:
