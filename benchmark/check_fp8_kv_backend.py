@@ -174,12 +174,19 @@ def check_forward(b: Built, label: str) -> dict:
     return res
 
 
+#: (case, cached tokens, new tokens) per sequence: empty and 1-token prefixes and news, lengths off
+#: every page size; the CPU smoke runs the same shapes scaled down (its kernel is an fp32 torch model)
+CASES = (("extend+prefix", [1000, 0, 517, 64], [200, 1500, 17, 1]),
+         ("decode", [100, 777, 2047, 1, 129, 4095, 33, 640], None))
+SMOKE_CASES = (("extend+prefix", [125, 0, 65, 64], [25, 187, 17, 1]),
+               ("decode", [100, 97, 255, 1, 129, 511, 33, 80], None))
+
+
 def section_correctness(budget_s=float("inf")):
     impls = [("fa4", "fp8_e4m3")] + ([] if FA3_SKIP else [("fa3", "fp8_e4m3")])
     for lname, (hq, hkv, d) in LAYERS.items():
         for page_size in (1, 16, 64):
-            for mode, prefix, new in (("extend+prefix", [1000, 0, 517, 64], [200, 1500, 17, 1]),
-                                      ("decode", [100, 777, 2047, 1, 129, 4095, 33, 640], None)):
+            for mode, prefix, new in (SMOKE_CASES if DEV == "cpu" else CASES):
                 for backend_name, kv in impls:
                     row = {"backend": backend_name, "layer": lname, "hq": hq, "hkv": hkv, "d": d,
                            "page_size": page_size, "case": mode, "cached": prefix, "new": new or [1] * len(prefix)}
