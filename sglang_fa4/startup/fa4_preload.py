@@ -49,7 +49,6 @@ def start(module: str = MODULE) -> bool:
     variables are set: FA4 reads them at import). False when it is already imported or started,
     or when the shared-library store holds kernels for this environment (a restart: the warmup
     loads them without FA4, and imports it only for a variant that is not there)."""
-    global _thread, _module
     import sys
 
     from sglang_fa4.startup.fa4_env import configure_fa4_disk_cache
@@ -62,15 +61,18 @@ def start(module: str = MODULE) -> bool:
             logger.info("sglang-fa4: FA4 kernels of this environment are stored as shared libraries: "
                         "%s is not imported at startup (%s, their loader, is)", module, STORE_LOADER)
             if STORE_LOADER not in sys.modules:
-                _module = STORE_LOADER
-                _thread = threading.Thread(target=_import, args=(STORE_LOADER,), name="sglang-fa4-preload",
-                                           daemon=True)
-                _thread.start()
+                _spawn(STORE_LOADER)
             return False
-        _module = module
-        _thread = threading.Thread(target=_import, args=(module,), name="sglang-fa4-preload", daemon=True)
-        _thread.start()
+        _spawn(module)
     return True
+
+
+def _spawn(module: str) -> None:
+    """The background import thread of ``module`` (under ``_lock``)."""
+    global _thread, _module
+    _module = module
+    _thread = threading.Thread(target=_import, args=(module,), name="sglang-fa4-preload", daemon=True)
+    _thread.start()
 
 
 def _store_is_warm() -> bool:
