@@ -66,6 +66,7 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     WIDE_DEFAULT_SWITCHES,
     explicit_stages,
     head_dim_stages,
+    numbered_switch,
     persistent_stages,
     scoped_switches,
     tile_stages,
@@ -134,15 +135,14 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.  At d=256
         # (O alone is 128 registers a thread) 64 / 96 / 128 keys build without spills for sm_90a,
         # 160 spills 192 bytes (S + P of 160 keys beside O).
-        self.tile_n = next((int(f[1:]) for f in debug if f[:1] == "n" and f[1:].isdigit()),
-                           192 if wide_tile else TILE_N)
+        self.tile_n = numbered_switch(debug, "n", 192 if wide_tile else TILE_N)
         if self.tile_n % 32 or not 32 <= self.tile_n <= 256:
             raise ValueError(f"key tile {self.tile_n}: a multiple of 32 (the PV GEMM's K step) up to 256")
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.  Shared memory
         # holds Q + 4 stages up to d=128, 3 at d=192, 2 at d=256 (layout.head_dim_stages); other
         # key tiles: as many stages (at most 4) as fit (layout.tile_stages: 4 for 128 x 192).
         # "sN" (e.g. "s3"): N stages, as long as they fit (layout.explicit_stages).
-        stages_flag = next((int(f[1:]) for f in debug if f[:1] == "s" and f[1:].isdigit()), 0)
+        stages_flag = numbered_switch(debug, "s", 0)
         self.num_stages = num_stages or (explicit_stages(head_dim, self.tile_n, stages_flag) if stages_flag
                                          else head_dim_stages(head_dim) if self.tile_n == TILE_N
                                          else tile_stages(head_dim, self.tile_n))
@@ -194,10 +194,10 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.pin_wait = self.overlap and (pin_wait or "pin_wait" in self.debug) and "no_pin_wait" not in self.debug
         # Row max / row sum as this many interleaved serial chains (shorter dependent chains, few
         # live partials); 1 = one chain per row.
-        self.ilp = next((int(f[3:]) for f in self.debug if f.startswith("ilp") and f[3:].isdigit()), ilp or 1)
+        self.ilp = numbered_switch(self.debug, "ilp", ilp or 1)
         # Every emu-th exp2 of a row on the FMA pipe (tile_softmax.exp2_on_fma), the rest on the MUFU
         # (16/clk/SM: a 128x128 tile's exp2s alone take as long as its FP8 MMAs at peak); 0 = none.
-        self.emu = next((int(f[3:]) for f in self.debug if f.startswith("emu") and f[3:].isdigit()), emu)
+        self.emu = numbered_switch(self.debug, "emu", emu)
         # Overlap loop: add PV_{i-2} into the fp32 O while S_i = Q K_i^T is in flight, just before
         # PV_{i-1} is issued, instead of right after PV_{i-1}'s wait (same sums, same order), so
         # that nothing but P's conversion waits for the PV GEMM.

@@ -172,11 +172,19 @@ def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: boo
     return min(4, fits)
 
 
+def numbered_switch(switches, prefix: str, default=None):
+    """N of the first switch spelled ``prefix`` + digits ("n192": the key tile, "s3": stages,
+    "ilp2", "emu8"), else ``default``."""
+    return next((int(f[len(prefix):]) for f in switches
+                 if f.startswith(prefix) and f[len(prefix):].isdigit()), default)
+
+
 def with_wide_defaults(switches: frozenset, defaults: frozenset) -> frozenset:
     """The wide-tile kernel's switches: ``switches`` plus each default not overridden -- "no_X"
     drops X, an explicit key tile "nN" replaces a default one."""
-    is_tile = lambda f: f[:1] == "n" and f[1:].isdigit()  # noqa: E731
-    keep = {f for f in defaults if f"no_{f}" not in switches and not (is_tile(f) and any(map(is_tile, switches)))}
+    explicit_tile = numbered_switch(switches, "n") is not None
+    keep = {f for f in defaults
+            if f"no_{f}" not in switches and not (explicit_tile and numbered_switch((f,), "n") is not None)}
     return frozenset(switches) | keep
 
 
