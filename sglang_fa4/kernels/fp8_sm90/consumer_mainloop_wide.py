@@ -184,42 +184,10 @@ class ConsumerMainLoopWide:
             self.p_to_operand(acc_s, tOrP)
             prev_state = kv_state.clone()
             kv_state.advance()
-            for i in cutlass.range(1, n_iters, unroll=1):
-                n_block = n_block_max - 1 - i
-                if cutlass.const_expr(self.pingpong):
-                    # ping-pong: O's rescale before this warpgroup's turn, so that the turn holds
-                    # the GEMM issues alone (the previous PV GEMM into O was waited for below)
-                    self.rescale_o(acc_o, factor)
-                pipe_kv.consumer_wait(kv_state)
-                if cutlass.const_expr(self.pingpong):
-                    cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(d // 32):
-                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma_qk, acc_s, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc_s)
-                warpgroup.commit_group()
-                # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
-                if cutlass.const_expr(not self.pingpong):
-                    self.rescale_o(acc_o, factor)
-                    warpgroup.fence()
-                tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-                for kb in cutlass.range_constexpr(tile_n // 32):
-                    cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
-                warpgroup.commit_group()
-                if cutlass.const_expr(self.pingpong and not self.pingpong_late):
-                    self.pass_turn(wg, self.last_turn(i == n_iters - 1))
-                warpgroup.wait_group(1)  # S_i ready (groups complete in order)
-                if cutlass.const_expr(self.pingpong_late):
-                    self.pass_turn(wg, self.last_turn(i == n_iters - 1))
-                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-                if cutlass.const_expr(self.pin_wait):
-                    self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
-                warpgroup.wait_group(0)  # P_{i-1} V_{i-1} done; tOrP free again
-                pipe_kv.consumer_release(prev_state)
-                self.p_to_operand(acc_s, tOrP)
-                prev_state = kv_state.clone()
-                kv_state.advance()
+            kv_state, prev_state = self.later_key_tiles(
+                tiled_mma_qk, tiled_mma_pv, tSrQ, q_stage, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, ones32, row_max,
+                row_sum, factor, pipe_kv, kv_state, prev_state, wg, row_start, seqlen_k, diag, n_block_max, n_iters,
+                scale_log2, window_left, window_right)
             self.rescale_o(acc_o, factor)
             warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
@@ -230,6 +198,80 @@ class ConsumerMainLoopWide:
             pipe_kv.consumer_release(prev_state)
 
         return kv_state
+
+    @cute.jit
+    def later_key_tiles(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        q_stage,
+        tSrK: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_o: cute.Tensor,
+        acc_s: cute.Tensor,
+        tOrP: cute.Tensor,
+        tScS: cute.Tensor,
+        ones32: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        factor: cute.Tensor,
+        pipe_kv,
+        kv_state,
+        prev_state,
+        wg: Int32,
+        row_start: Int32,
+        seqlen_k: Int32,
+        diag: Int32,
+        n_block_max: Int32,
+        n_iters: Int32,
+        scale_log2: Float32,
+        window_left: Int32,
+        window_right: Int32,
+    ):
+        """Key tiles 1 .. n_iters - 1 of a q tile, after its first QK^T and softmax (P in ``tOrP``,
+        its K/V^T stage ``prev_state``): each issues S_i = Q K_i^T with O += P_{i-1} V_{i-1} and
+        runs S_i's softmax while that PV GEMM is in flight.  Returns (kv_state, prev_state); the
+        last PV GEMM is the caller's (one_level_tile's, or the cross step of persistent_xover)."""
+        d = self.head_dim
+        tile_n = self.tile_n
+        for i in cutlass.range(1, n_iters, unroll=1):
+            n_block = n_block_max - 1 - i
+            if cutlass.const_expr(self.pingpong):
+                # ping-pong: O's rescale before this warpgroup's turn, so that the turn holds
+                # the GEMM issues alone (the previous PV GEMM into O was waited for below)
+                self.rescale_o(acc_o, factor)
+            pipe_kv.consumer_wait(kv_state)
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(d // 32):
+                tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(tiled_mma_qk, acc_s, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc_s)
+            warpgroup.commit_group()
+            # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
+            if cutlass.const_expr(not self.pingpong):
+                self.rescale_o(acc_o, factor)
+                warpgroup.fence()
+            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(tile_n // 32):
+                cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
+            warpgroup.commit_group()
+            if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                self.pass_turn(wg, self.last_turn(i == n_iters - 1))
+            warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+            if cutlass.const_expr(self.pingpong_late):
+                self.pass_turn(wg, self.last_turn(i == n_iters - 1))
+            self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
+            if cutlass.const_expr(self.pin_wait):
+                self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
+            warpgroup.wait_group(0)  # P_{i-1} V_{i-1} done; tOrP free again
+            pipe_kv.consumer_release(prev_state)
+            self.p_to_operand(acc_s, tOrP)
+            prev_state = kv_state.clone()
+            kv_state.advance()
+        return kv_state, prev_state
 
     # Plain Python: runs at trace time, inlined like the code it stands for.
     def rescale_o(self, acc_o, factor):

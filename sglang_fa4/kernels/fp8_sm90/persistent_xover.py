@@ -110,41 +110,11 @@ class PersistentXover:
                     self.p_to_operand(acc_s, tOrP)
                     prev_state = kv_state.clone()
                     kv_state.advance()
-            # the tile's other key tiles: consumer_mainloop_wide.one_level_tile's loop
-            for i in cutlass.range(1, n_iters, unroll=1):
-                n_block = n_iters - 1 - i
-                if cutlass.const_expr(self.pingpong):
-                    self.rescale_o(acc_o, factor)
-                pipe_kv.consumer_wait(kv_state)
-                if cutlass.const_expr(self.pingpong):
-                    cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(d // 32):
-                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb, 2 * q_state.index + wg],
-                              tSrK[None, None, kb, kv_state.index], acc_s)
-                warpgroup.commit_group()
-                if cutlass.const_expr(not self.pingpong):
-                    self.rescale_o(acc_o, factor)
-                    warpgroup.fence()
-                tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-                for kb in cutlass.range_constexpr(tile_n // 32):
-                    cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
-                warpgroup.commit_group()
-                if cutlass.const_expr(self.pingpong and not self.pingpong_late):
-                    self.pass_turn(wg, self.last_turn(False))
-                warpgroup.wait_group(1)
-                if cutlass.const_expr(self.pingpong_late):
-                    self.pass_turn(wg, self.last_turn(False))
-                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, seqlen_k - seqlen_q, Int32(0), Int32(0))
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-                if cutlass.const_expr(self.pin_wait):
-                    self.pin_below(acc_s[cute.size(acc_s) - 1])
-                warpgroup.wait_group(0)
-                pipe_kv.consumer_release(prev_state)
-                self.p_to_operand(acc_s, tOrP)
-                prev_state = kv_state.clone()
-                kv_state.advance()
+            # the tile's other key tiles (consumer_mainloop_wide; non-causal, no window)
+            kv_state, prev_state = self.later_key_tiles(
+                tiled_mma_qk, tiled_mma_pv, tSrQ, 2 * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS,
+                ones32, row_max, row_sum, factor, pipe_kv, kv_state, prev_state, wg, row_start, seqlen_k,
+                seqlen_k - seqlen_q, n_iters, n_iters, scale_log2, Int32(0), Int32(0))
             pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete (the waits above)
             q_state.advance()
             for r in cutlass.range_constexpr(2):
