@@ -32,8 +32,11 @@ QK^T is complete (the loop's last wait), before the next tile's Q is waited for.
 keys (seqlen_k = 0) and a last tile end the stream as the plain loop does (last PV alone);
 ``schedule.xover_steps`` is the Python twin of this order, for CPU tests.
 
-The GEMM issue blocks are written out where they run (the DSL yields an MMA whose ACCUMULATE field
-is set in a region only when the ``set`` call is in that region's own code: consumer_mainloop.py).
+A tile's later key tiles are ``ConsumerMainLoopWide.later_key_tiles``, as in ``one_level_tile``. The
+other GEMM issue blocks are written out where they run, inside branches: the DSL yields an MMA whose
+ACCUMULATE field is set in a region only when the ``set`` call is in that region's own code
+(consumer_mainloop.py); a helper issuing the first QK^T inside ``if started == 0`` failed IR
+verification ("operand does not dominate this use").
 """
 
 from __future__ import annotations
