@@ -310,14 +310,13 @@ def check_model(model: str, args, seed: int) -> dict:
         for graph in (False, True):  # warm both paths (allocator, caches)
             call_ms(tower, x, grid, graph)
         times = {"eager": [], "graph": []}
+        state.last_budget = None  # the rounds' graph calls leave the budget this picture replays in
         for r in range(n):
             for graph in ((False, True) if r % 2 == 0 else (True, False)):
                 times["graph" if graph else "eager"].append(call_ms(tower, x, grid, graph))
         tokens = sum(t * hh * ww for t, hh, ww in grids)
         e, g = statistics.median(times["eager"]), statistics.median(times["graph"])
         per_round = [a / b for a, b in zip(times["eager"], times["graph"])]  # same round, adjacent calls
-        state.last_budget = None
-        call_ms(tower, x, grid, True)  # the budget this picture replays in (the route may skip the smallest)
         latency.append({"image": name, "grid_thw": list(grids[0]), "tokens": tokens,
                         "budget": state.last_budget,
                         "eager_ms": round(e, 3), "graph_ms": round(g, 3),
