@@ -16,21 +16,19 @@ def kernel_times_us(fn: Callable[[], object]) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from sglang_fa4.bench.timing import event_time_ms
+
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
+        event_ms = event_time_ms(fn, 1)
     per_name: dict = defaultdict(float)
     count = 0
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
             per_name[ev.name] += ev.device_time
             count += 1
-    return {"event_us": round(start.elapsed_time(end) * 1e3, 1), "kernel_us": round(sum(per_name.values()), 1),
+    return {"event_us": round(event_ms * 1e3, 1), "kernel_us": round(sum(per_name.values()), 1),
             "count": count, "kernels": {k: round(v, 1) for k, v in sorted(per_name.items(), key=lambda kv: -kv[1])}}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Mapping, Optional, Sequence
 
+from sglang_fa4.bench.timing import event_time_ms
 from sglang_fa4.environ import envs
 
 #: timed replays per budget (after one warm replay)
@@ -25,19 +26,12 @@ def route_fastest() -> bool:
     return envs.SGLANG_FA4_VIT_GRAPH_BUDGET_ROUTE.get() == "fastest"
 
 
-def cuda_replay_ms(replay: Callable[[], None]) -> float:
-    """Milliseconds of one graph replay between two CUDA events (the stream otherwise idle)."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+def one_replay_ms(replay: Callable[[], None]) -> float:
+    """Milliseconds of one graph replay between two CUDA events."""
+    return event_time_ms(replay, 1)
 
 
-def time_budgets(graphs: Mapping[int, object], timer: Callable[[Callable[[], None]], float] = cuda_replay_ms,
+def time_budgets(graphs: Mapping[int, object], timer: Callable[[Callable[[], None]], float] = one_replay_ms,
                  replays: int = TIMED_REPLAYS) -> dict[int, float]:
     """Median replay time per budget of ``graphs`` (budget -> an object with ``replay()``): one
     warm replay each, then ``replays`` rounds over all budgets (interleaved, so that clock or
