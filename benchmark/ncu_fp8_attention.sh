@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on the GPU machine: the FP8 attention kernel and FA4 bf16 at d128 non-causal
 # 8x4096 (16 heads), one warm launch each (benchmark/ncu_fp8_attention.py workload), written as
-# --csv pages (details, raw, source with SASS) under $OUT/ncu.  Extra FP8 flags: $1 (comma list).
+# --csv pages (details, raw, source with SASS) under $OUT/ncu.  Extra FP8 flags: $1 (comma list);
+# NCU_WHICH=fp8 profiles the FP8 kernel alone (default: fp8 bf16).
 # Summarize afterwards, on any machine:
 #   python benchmark/ncu_fp8_attention.py summarize --raw DIR --out benchmark/results/h200/fp8_attention_ncu
 set -uo pipefail
@@ -29,7 +30,7 @@ echo "extra metrics: $extra" | tee "$dst/extra_metrics.txt"
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
   --section InstructionStats --section LaunchStats --section Occupancy --section SourceCounters"
-for which in fp8 bf16; do
+for which in ${NCU_WHICH:-fp8 bf16}; do
   t0=$(date +%s)
   "$NCU" --clock-control none --profile-from-start off --kernel-name regex:'cutlass|Fp8|Flash|flash|fp8' -c 1 \
     $sections ${extra:+--metrics $extra} -f -o "$dst/$which" \
