@@ -49,7 +49,23 @@ def facts(ptx: str) -> dict:
         "stmatrix": len(re.findall(r"\bstmatrix\.sync\.aligned", ptx)),
         "bulk_wait_read": len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)),
         "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1],
+        # mufu_token: per softmax, the exp2s between the turn's wait (a shared store of the row
+        # maxima's result, the wait on a register barrier id, the load of the word of 0.0) and the
+        # hand-over (an arrive on a register barrier id); and the exp2s outside those spans
+        "mufu_spans": _mufu_spans(ptx),
     }
+
+
+def _mufu_spans(ptx: str) -> dict:
+    take = re.compile(r"st\.shared\.b32[^\n]*\n(?:[^\n]*\n){0,2}?\s*bar\.sync\s+%r\d+, 256;\s*ld\.shared\.b32")
+    give = re.compile(r"\bbar\.arrive\s+%r\d+,\s*256;")
+    spans = []
+    for m in take.finditer(ptx):
+        g = give.search(ptx, m.end())
+        if g is None:
+            break
+        spans.append(ptx.count("ex2.approx", m.end(), g.start()))
+    return {"inside": spans, "total": ptx.count("ex2.approx")}
 
 
 def main() -> None:

@@ -145,6 +145,26 @@ def test_fp8_forward_persistent_variant_cross_compiles(dsl_pythonpath, tmp_path)
             assert v["stmatrix"] == 0 and v["tma_stores"] == 0
 
 
+def test_fp8_forward_mufu_token_variant_cross_compiles(dsl_pythonpath, tmp_path):
+    """'mufu_token' (the consumer warpgroups take turns at their exp2 streams, forward.mufu_token)
+    builds without spills for the d=128 non-causal default (persistent) and the d=256 causal
+    kernel: the same FP8 GEMMs, and every P exp2 of a tile between the turn's wait -- behind a
+    shared-memory store of the row maxima and followed by the load of the word of 0.0 the exp2s'
+    bias depends on -- and its hand-over; only the two rescale-factor exp2s of a tile may lie
+    outside (the first key tile and the loop: two softmaxes in the code)."""
+    for flags, spec, keys in (("w:mufu_token", "128,0,0", 192), ("d256:mufu_token", "256,1,0", 96)):
+        r = xcompile(dsl_pythonpath, tmp_path / spec.replace(",", "_"), [spec], flags=flags, ptxas=True)
+        v = r[spec]
+        assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+        d = int(spec.split(",")[0])
+        assert v["wgmma_e4m3"] == sorted([f"m64n{d}k32.e4m3.e4m3" if d != 128 else "m64n128k32.e4m3.e4m3",
+                                          f"m64n{keys}k32.e4m3.e4m3"]) and v["wgmma_other"] == []
+        spans = v["mufu_spans"]
+        per_tile = 64 * keys // 128  # a thread's P values of one key tile
+        assert spans["inside"] == [per_tile, per_tile], spans
+        assert spans["total"] - sum(spans["inside"]) == 2 * 2, spans
+
+
 def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
     """'w:persist,w:xover' (the tile boundaries overlapped, persistent_xover.py) builds for sm_90a
     without register spills: the persistent kernel's GEMMs, each issue block written three times

@@ -77,10 +77,13 @@ def test_dependencies(key_tiles, pv_first):
         assert 0 <= held <= 2
 
 
-def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first: bool = False):
+def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first: bool = False,
+             mufu_token: bool = False, mufu_opened: int = 1):
     """Producer + two consumer warpgroups stepping whenever they can; returns the barriers' final
     (arrivals, waits).  A named barrier of 2 x 128 threads completes once the other warpgroup has
-    arrived, so at most one arrival may be pending (a second one would complete it alone)."""
+    arrived, so at most one arrival may be pending (a second one would complete it alone).
+    ``mufu_token``: a softmax step also takes this warpgroup's exp2 turn (warpgroup 1 opens
+    warpgroup 0's first) and hands it to the other one; warpgroup 0 takes the last at the end."""
     prog = consumer_steps(key_tiles, xover, pv_first)
     loads = producer_loads(key_tiles)
     kv_index = {(s.tile, s.block): k for k, s in enumerate(x for x in loads if x.kind == "kv_load")}
@@ -92,6 +95,8 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first
     arrivals, waits = [0, 0], [0, 0]  # per barrier (warpgroup w's turn)
     arrivals[0] = 1  # warpgroup 1 opens warpgroup 0's first turn
     final_wait_done = False
+    mufu_arrivals, mufu_waits = [mufu_opened if mufu_token else 0, 0], [0, 0]
+    mufu_final_done = not mufu_token
 
     def can(wg, s):
         if s.kind == "kv_wait":
@@ -100,6 +105,8 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first
             return s.tile in loaded_q
         if s.kind == "turn":
             return arrivals[wg] > waits[wg]
+        if s.kind == "softmax" and mufu_token:
+            return mufu_arrivals[wg] > mufu_waits[wg]
         return True
 
     while True:
@@ -125,6 +132,10 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first
                     waits[wg] += 1
                     arrivals[1 - wg] += 1  # the turn passed right after the GEMM issue
                     assert arrivals[1 - wg] - waits[1 - wg] <= 1, "a named barrier over-arrived"
+                elif s.kind == "softmax" and mufu_token:
+                    mufu_waits[wg] += 1
+                    mufu_arrivals[1 - wg] += 1  # handed on after this warpgroup's exp2s
+                    assert mufu_arrivals[1 - wg] - mufu_waits[1 - wg] <= 1, "the exp2 token over-arrived"
                 elif s.kind == "kv_release":
                     released_kv[kv_index[(s.tile, s.block)]] += 1
                 elif s.kind == "q_release":
@@ -135,20 +146,35 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first
             waits[0] += 1  # warpgroup 0 takes the turn left open after the last tile
             final_wait_done = True
             progressed = True
+        if final_wait_done and not mufu_final_done and mufu_arrivals[0] > mufu_waits[0]:
+            mufu_waits[0] += 1  # ... then the exp2 turn warpgroup 1 handed on after its last exp2s
+            mufu_final_done = True
+            progressed = True
         if not progressed:
             break
     assert pc == [len(prog), len(prog)] and lp == len(loads), f"deadlock at {pc}, producer {lp}"
-    assert final_wait_done
+    assert final_wait_done and mufu_final_done
+    assert mufu_arrivals == mufu_waits
     return arrivals, waits
 
 
+@pytest.mark.parametrize("mufu_token", [False, True])
 @pytest.mark.parametrize("kv_stages", [2, 3, 4])
 @pytest.mark.parametrize("mode", ["plain", "xover", "xover_pvfirst"])
 @pytest.mark.parametrize("key_tiles", LAYOUTS + RANDOM[:10])
-def test_no_deadlock_and_barriers_balance(key_tiles, mode, kv_stages):
-    arrivals, waits = simulate(key_tiles, mode != "plain", kv_stages, pv_first=mode == "xover_pvfirst")
+def test_no_deadlock_and_barriers_balance(key_tiles, mode, kv_stages, mufu_token):
+    arrivals, waits = simulate(key_tiles, mode != "plain", kv_stages, pv_first=mode == "xover_pvfirst",
+                               mufu_token=mufu_token)
     assert arrivals == waits
 
+
+
+@pytest.mark.parametrize("opened", [0, 2])
+def test_the_simulation_catches_a_wrong_exp2_token_protocol(opened):
+    """Without warpgroup 1's opening arrival both warpgroups wait at their first softmax forever;
+    with two, a barrier over-arrives: either way the simulation fails (it can tell)."""
+    with pytest.raises(AssertionError):
+        simulate([3, 1], False, 3, mufu_token=True, mufu_opened=opened)
 
 def _cu(lens):
     cu = [0]

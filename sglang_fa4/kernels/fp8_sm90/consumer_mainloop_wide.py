@@ -24,7 +24,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import PINGPONG_BAR, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import MUFU_BAR, PINGPONG_BAR, WG_ROWS
 
 
 class ConsumerMainLoopWide:
@@ -91,6 +91,7 @@ class ConsumerMainLoopWide:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
+        self.open_mufu_token(wg)
         self.one_level_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, None, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS,
                             ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag,
                             n_block_max, n_iters, scale_log2, window_left, window_right)
@@ -98,6 +99,23 @@ class ConsumerMainLoopWide:
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         r_out = self.finish_o(acc_o, row_sum, v_descale)
         self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
+        self.close_mufu_token(wg)
+
+    @cute.jit
+    def open_mufu_token(self, wg: Int32):
+        """mufu_token: warpgroup 0 takes the first exp2 turn (warpgroup 1 opens it once; the turns
+        then run on across a CTA's tiles)."""
+        if cutlass.const_expr(self.mufu_token):
+            if wg == 1:
+                cute.arch.barrier_arrive(barrier_id=MUFU_BAR, number_of_threads=2 * 128)
+
+    @cute.jit
+    def close_mufu_token(self, wg: Int32):
+        """mufu_token: warpgroup 0 takes the turn warpgroup 1 handed on after its last exp2s, so
+        that each barrier sees as many arrivals as waits."""
+        if cutlass.const_expr(self.mufu_token):
+            if wg == 0:
+                cute.arch.barrier(barrier_id=MUFU_BAR, number_of_threads=2 * 128)
 
     @cute.jit
     def finish_o(self, acc_o: cute.Tensor, row_sum: cute.Tensor, v_descale: Float32) -> cute.Tensor:

@@ -213,6 +213,13 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # (mio_throttle in the profile), so a GEMM issue that overlaps the other warpgroup's exp2s
         # reaches the tensor cores late.  Not yet measured on the GPU; off by default.
         self.mufu_gate = self.rowsum_mma and "mufu_gate" in self.debug  # reads the block of ones
+        # One-level loop ("mufu_token"): the two consumer warpgroups take turns at their exp2 streams
+        # (a token on a pair of named barriers, taken once a tile's row maxima are known, given after
+        # its last exp2).  Why: Nsight Compute of the wide-tile default (fp8_attention_ncu_persist.md)
+        # shows both warpgroups in their exp2 phase together (16 cycles a MUFU.EX2 where one warp
+        # alone takes 8) and the tensor pipe idle meanwhile; exclusive exp2 phases keep them half a
+        # period apart, each warpgroup's GEMMs running during the other's exp2s.
+        self.mufu_token = not self.two_level and "mufu_token" in self.debug
         # Persistent CTAs ("persist", d=128 non-causal one-level loop; persistent_entry.py): a grid
         # of min(work, SMs) CTAs each looping over (q tile, head) work slots, Q double-buffered,
         # O stored through shared memory + TMA ("o_direct": from the registers, one more K/V^T
@@ -303,6 +310,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            if cutlass.const_expr(self.mufu_token):  # per consumer warpgroup: 0.0, a scratch word (mufu_take)
+                zero: cute.struct.MemRange[Float32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]

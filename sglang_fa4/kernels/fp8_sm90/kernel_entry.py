@@ -214,6 +214,9 @@ class KernelEntry:
                         ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
+                sOnes_wg = sOnes[None, None, wg]
+                if cutlass.const_expr(self.mufu_token):
+                    sOnes_wg = self.zero_words(storage, wg)[None, None, wg]  # consume_one_level's word operand
                 # d > 128: O accumulated by the PV GEMM itself (forward.two_level)
                 consume = self.consume if cutlass.const_expr(self.two_level) else self.consume_one_level
                 consume(
@@ -223,7 +226,7 @@ class KernelEntry:
                     sQ[None, None, wg],
                     sK,
                     sVt,
-                    sOnes[None, None, wg],
+                    sOnes_wg,
                     pipe_q,
                     pipe_kv,
                     mO,

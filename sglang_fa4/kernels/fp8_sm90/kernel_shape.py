@@ -23,3 +23,5 @@ ISSUED_BAR = 5
 #: Named barriers EPILOGUE_BAR + consumer warpgroup: its O staging buffer is free / written
 #: (the persistent kernel's smem + TMA store of O).
 EPILOGUE_BAR = 7
+#: Named barriers MUFU_BAR + consumer warpgroup: its turn at the exp2 stream (mufu_token).
+MUFU_BAR = 9

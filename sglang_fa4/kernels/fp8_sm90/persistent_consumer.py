@@ -49,6 +49,7 @@ class PersistentConsumer:
         mDescale: cute.Tensor,
         s_first: cute.Tensor,
         s_perm: cute.Tensor,
+        s_zero: cute.Tensor,
         softmax_scale_log2: Float32,
         qhead_per_kvhead: Int32,
         tid: Int32,
@@ -72,8 +73,8 @@ class PersistentConsumer:
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
-        # softmax_tile's mufu_gate operand: never read here (mufu_gate needs rowsum_mma)
-        ones32 = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=Int32), cute.make_layout(1))
+        # softmax_tile's word operand: this warpgroup's zero word (mufu_token), else never read
+        ones32 = cute.make_tensor(cute.recast_ptr(s_zero.iterator, dtype=Int32), cute.make_layout(1))
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         factor = cute.make_rmem_tensor((2,), Float32)
@@ -93,6 +94,7 @@ class PersistentConsumer:
             # warpgroup 0 takes the CTA's first turn (the turns then run on across tiles)
             if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+        self.open_mufu_token(wg)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         if cutlass.const_expr(self.xover):
@@ -147,6 +149,7 @@ class PersistentConsumer:
         if cutlass.const_expr(self.pingpong):
             if wg == 0:  # the turn warpgroup 1 passed after its last GEMMs
                 cute.arch.barrier(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+        self.close_mufu_token(wg)
         if cutlass.const_expr(self.o_tma):
             if store_thread:
                 cute.arch.cp_async_bulk_wait_group(0)  # the last stores, before shared memory goes

@@ -57,6 +57,8 @@ class PersistentEntry:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
+            if cutlass.const_expr(self.mufu_token):  # per consumer warpgroup: 0.0, a scratch word (mufu_take)
+                zero: cute.struct.MemRange[Float32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
@@ -67,6 +69,8 @@ class PersistentEntry:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
+            if cutlass.const_expr(self.mufu_token):  # per consumer warpgroup: 0.0, a scratch word (mufu_take)
+                zero: cute.struct.MemRange[Float32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
@@ -266,6 +270,9 @@ class PersistentEntry:
         else:
             # ------------------------------ consumers ------------------------------
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            s_zero = sQ  # softmax_tile's word operand: read by mufu_token (mufu_gate needs rowsum_mma)
+            if cutlass.const_expr(self.mufu_token):
+                s_zero = self.zero_words(storage, wg_idx - 1)[None, None, wg_idx - 1]
             self.consume_persistent(
                 tiled_mma_qk,
                 tiled_mma_pv,
@@ -283,6 +290,7 @@ class PersistentEntry:
                 mDescale,
                 s_first,
                 s_perm,
+                s_zero,
                 softmax_scale_log2,
                 qhead_per_kvhead,
                 tidx - 128 * wg_idx,

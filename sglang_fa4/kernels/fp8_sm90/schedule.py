@@ -122,7 +122,7 @@ def cta_work(cu_seqlens_q, cu_seqlens_k, num_heads: int, qhead_per_kvhead: int, 
 class Step(NamedTuple):
     """One step of a consumer warpgroup (``tile``: index in the CTA's valid tiles, ``block``: key block)."""
 
-    kind: str  # q_wait, q_release, kv_wait, kv_release, turn, qk, pv, epilogue
+    kind: str  # q_wait, q_release, kv_wait, kv_release, turn, qk, softmax, pv, epilogue
     tile: int
     block: int = -1
 
@@ -133,17 +133,19 @@ def consumer_steps(key_tiles: list[int], xover: bool, pv_first: bool = False) ->
     persistent loop (``PersistentConsumer.consume_persistent`` with ``one_level_tile``); ``pv_first``:
     the cross step's order of "xover_pvfirst" (the last PV GEMM first, the epilogue in the step).  Key blocks
     run from the last one down (the producer's order); a turn step is the ping-pong barrier wait
-    before the QK^T of its block (the GEMMs after it, up to the next turn, are that turn's issue)."""
+    before the QK^T of its block (the GEMMs after it, up to the next turn, are that turn's issue); a
+    softmax step is that block's exp2 stream (the mufu_token switch takes and hands on a turn there)."""
     steps: list[Step] = []
     started = False  # xover: the cross step has issued this tile's first QK^T
     for t, n in enumerate(key_tiles):
         if not started:
             steps.append(Step("q_wait", t))
             if n > 0:
-                steps += [Step("kv_wait", t, n - 1), Step("turn", t, n - 1), Step("qk", t, n - 1)]
+                steps += [Step("kv_wait", t, n - 1), Step("turn", t, n - 1), Step("qk", t, n - 1),
+                          Step("softmax", t, n - 1)]
         for i in range(1, n):
             steps += [Step("kv_wait", t, n - 1 - i), Step("turn", t, n - 1 - i), Step("qk", t, n - 1 - i),
-                      Step("pv", t, n - i), Step("kv_release", t, n - i)]
+                      Step("pv", t, n - i), Step("softmax", t, n - 1 - i), Step("kv_release", t, n - i)]
         if xover:
             steps.append(Step("q_release", t))  # every QK^T of the tile is complete
         started = False
@@ -152,8 +154,9 @@ def consumer_steps(key_tiles: list[int], xover: bool, pv_first: bool = False) ->
             if xover and nxt > 0:  # the cross step: one turn, the next tile's first QK^T + this tile's last PV
                 steps += [Step("q_wait", t + 1), Step("kv_wait", t + 1, nxt - 1), Step("turn", t + 1, nxt - 1)]
                 gemms = [Step("qk", t + 1, nxt - 1), Step("pv", t, 0)]
-                steps += gemms[::-1] + [Step("kv_release", t, 0), Step("epilogue", t)] if pv_first else \
-                    gemms + [Step("kv_release", t, 0)]
+                first_softmax = Step("softmax", t + 1, nxt - 1)
+                steps += gemms[::-1] + [Step("kv_release", t, 0), Step("epilogue", t), first_softmax] if pv_first \
+                    else gemms + [first_softmax, Step("kv_release", t, 0)]
                 started = True
             else:
                 steps += [Step("pv", t, 0), Step("kv_release", t, 0)]

@@ -11,7 +11,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, ISSUED_BAR, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, ISSUED_BAR, MUFU_BAR, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import P_LOG2_OFFSET
 
 
@@ -109,6 +109,19 @@ class TileSoftmax:
             gated_scale = scale_log2 + Float32(ones32[0] >> 30)
             for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
                 self.exp_row_step(acc_s, row_sum, factor, bias, gated_scale, r)
+        elif cutlass.const_expr(self.mufu_token):
+            # both rows' maxima, this warpgroup's turn at the exp2 stream, its exp2s and row sums,
+            # then the turn handed on: behind a branch on both sums, which need every exp2 (ptxas
+            # orders independent exp2s freely, so no single P marks the last one)
+            for r in cutlass.range_constexpr(2):
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+            zero = self.mufu_take(wg, ones32, bias[0] + bias[1])
+            for r in cutlass.range_constexpr(2):
+                bias[r] = bias[r] + zero  # the exp2s depend on a load after the wait
+                self._row_exps(acc_s, bias, scale_log2, r, False)
+            for r in cutlass.range_constexpr(2):
+                self._row_sum(acc_s, row_sum, factor, Float32(0.0), r, False)
+            self.mufu_give(wg, row_sum[0] + row_sum[1])
         else:
             for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
                 self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
@@ -143,25 +156,70 @@ class TileSoftmax:
     def exp_row_step(self, acc_s: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
                      scale_log2: Float32, r: cutlass.Constexpr):
         """Row r's P = exp2(s * scale - bias) in place, and its running sum (unless rowsum_mma)."""
+        inline = not self.tree_reduce and self.ilp <= 1 and not self.rowsum_mma
+        s = self._row_exps(acc_s, bias, scale_log2, r, inline)
+        self._row_sum(acc_s, row_sum, factor, s, r, inline)
+
+    # Plain Python: runs at trace time, inlined like the code it stands for.
+    def _row_exps(self, acc_s, bias, scale_log2, r: int, inline_sum: bool):
+        """Row r's P = exp2(s * scale - bias) in place; returns their sum if ``inline_sum`` (added
+        as they are computed), else 0."""
         s = Float32(0.0)
-        for j in cutlass.range_constexpr(self.tile_n // 8):
-            for e in cutlass.range_constexpr(2):
+        for j in range(self.tile_n // 8):
+            for e in range(2):
                 v = e + 2 * r + 4 * j
-                if cutlass.const_expr(self.emu > 0 and (2 * j + e) % self.emu == self.emu - 1):
+                if self.emu > 0 and (2 * j + e) % self.emu == self.emu - 1:
                     acc_s[v] = exp2_on_fma(acc_s[v] * scale_log2 - bias[r])  # FMA pipe, not MUFU
                 else:
                     acc_s[v] = cute.math.exp2(acc_s[v] * scale_log2 - bias[r], fastmath=True)
-                if cutlass.const_expr(not self.tree_reduce and self.ilp <= 1 and not self.rowsum_mma):
+                if inline_sum:
                     s += acc_s[v]
-        if cutlass.const_expr(self.rowsum_mma):
-            pass  # the PV GEMM's companion P x ones sums the row (consumer_mainloop)
-        elif cutlass.const_expr(self.ilp > 1):
-            s = _chains_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
-                               lambda a, b: a + b, self.ilp)
-        elif cutlass.const_expr(self.tree_reduce):
-            s = _tree_reduce([acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
-                             lambda a, b: a + b)
+        return s
+
+    def _row_sum(self, acc_s, row_sum, factor, s, r: int, inline_sum: bool):
+        """row_sum[r] = row_sum[r] * factor[r] + row r's sum of P (``s`` if it was summed inline;
+        with rowsum_mma the PV GEMM's companion P x ones sums the row, consumer_mainloop)."""
+        def vals():
+            return [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)]
+
+        if self.rowsum_mma or inline_sum:
+            pass
+        elif self.ilp > 1:
+            s = _chains_reduce(vals(), lambda a, b: a + b, self.ilp)
+        elif self.tree_reduce:
+            s = _tree_reduce(vals(), lambda a, b: a + b)
+        else:
+            for x in vals():
+                s += x
         row_sum[r] = row_sum[r] * factor[r] + s
+
+    # Plain Python: runs at trace time, inlined like the code it stands for.
+    def zero_words(self, storage, wg):
+        """mufu_token: the consumer warpgroups' words of 0.0 in shared memory, (1, 1, 2), followed by
+        a scratch word each; this thread writes its warpgroup's 0.0 (each thread reads back only its
+        own write: no barrier)."""
+        words = storage.zero.get_tensor(cute.make_layout((1, 1, 2)))
+        words[0, 0, wg] = Float32(0.0)
+        return words
+
+    def mufu_take(self, wg, zero_word, before):
+        """mufu_token: wait for this warpgroup's turn at the exp2 stream; returns its word of 0.0
+        (``zero_word``, zero_words), which the caller adds into the exp2s' bias.  ptxas moves
+        register-only instructions across a bar.sync both ways (and predicates a branch around
+        one), shared-memory accesses it does not: ``before`` (the row maxima's result) is stored
+        to the scratch word ahead of the wait, the 0.0 loaded after it, so the maxima stay above
+        the wait and the exp2s below."""
+        words = cute.make_tensor(cute.recast_ptr(zero_word.iterator, dtype=Float32), cute.make_layout(3))
+        words[2] = before
+        cute.arch.barrier(barrier_id=MUFU_BAR + wg, number_of_threads=2 * 128)
+        return words[0]
+
+    @cute.jit
+    def mufu_give(self, wg: Int32, x: Float32):
+        """mufu_token: hand the exp2 stream to the other warpgroup, behind a branch on ``x`` (the
+        tile's row sums added: >= 0, +inf or NaN, never -1) so that it follows every exp2."""
+        if x != Float32(-1.0):
+            cute.arch.barrier_arrive(barrier_id=MUFU_BAR + 1 - wg, number_of_threads=2 * 128)
 
     @cute.jit
     def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor):
