@@ -81,7 +81,7 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int, 
     import torch
 
     from sglang_fa4.integration import vit_budgets
-    from sglang_fa4.bench.timing import event_time_ms
+    from sglang_fa4.bench.timing import event_time_ms, host_submit_us
 
     recorded.clear()
     with torch.no_grad():  # the graph path's preparation: records this picture's runner inputs
@@ -109,6 +109,15 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int, 
             for k in (list(paths) if r % 2 == 0 else list(paths)[::-1]):
                 times[k].append(event_time_ms(paths[k], 1))
     out = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    # where a single call's time goes, for the two graph paths: the host's time per call (the clock
+    # stopped when the 4th call returns, before the GPU is waited for) and the GPU's time per call
+    # of 4 calls back to back (the host runs ahead of the GPU, so launch gaps between calls vanish)
+    graphs = ("budget_graph", "sglang_exact_graph")
+    with torch.no_grad():
+        out["host_us"] = {k: round(statistics.median(host_submit_us(paths[k], 4)[0] for _ in range(3)), 1)
+                          for k in graphs}
+        out["back_to_back_ms"] = {k: round(statistics.median(event_time_ms(paths[k], 4) for _ in range(3)), 3)
+                                  for k in graphs}
     if profile:
         from vit_graph_profile import compare
 
@@ -401,6 +410,21 @@ def markdown(result: dict) -> str:
                          f"{r['graph_ms']:.2f} | {r['eager_over_graph']:.3f}x{span} | {b['budget_graph']:.2f} | "
                          f"{b['sglang_exact_graph']:.2f} | {ratio} | {b['eager_blocks']:.2f} |")
         lines.append("")
+        if any("host_us" in r["blocks_ms"] for r in m["latency"]):
+            lines += ["Where a call's time goes (graph paths): host us per call (4 calls issued back to back, "
+                      "the clock stopped before the GPU is waited for) and GPU ms per call of 4 back-to-back calls "
+                      "(the host runs ahead, so the GPU time without launch gaps); medians of 3.", "",
+                      "| image | host us budget / exact | back-to-back ms budget / exact | budget / exact |",
+                      "|---|---|---|---|"]
+            for r in m["latency"]:
+                b = r["blocks_ms"]
+                if "host_us" not in b or not r["budget"]:
+                    continue
+                h, g = b["host_us"], b["back_to_back_ms"]
+                lines.append(f"| {r['image']} | {h['budget_graph']:.0f} / {h['sglang_exact_graph']:.0f} | "
+                             f"{g['budget_graph']:.2f} / {g['sglang_exact_graph']:.2f} | "
+                             f"{g['budget_graph'] / g['sglang_exact_graph']:.2f}x |")
+            lines.append("")
         for r in m["latency"]:
             if r["blocks_ms"].get("profile"):
                 from vit_graph_profile import markdown as profile_markdown
