@@ -34,6 +34,7 @@ counted as startup there).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ from sglang_fa4.integration.vit_capture_guard import (  # noqa: F401 - GraphCapt
 from sglang_fa4.integration.vit_budget_eager import as_dtype, eager_run, host_layout
 from sglang_fa4.integration.vit_budget_routing import replay_order, route_fastest, time_budgets
 from sglang_fa4.integration.vit_graph_outputs import owned
-from sglang_fa4.integration.vit_host_metadata import grid_rows, pinned_copy
+from sglang_fa4.integration.vit_host_metadata import grid_rows, upload_ints
 from sglang_fa4.selection import FA4
 from sglang_fa4.startup import jit_monitor, towers
 
@@ -234,26 +235,21 @@ def host_layouts(cu_seqlens, cu_window_seqlens, attention_layout_key):
     def pick(tensor, given):
         if tensor is None:
             return None
-        if (isinstance(given, (tuple, list)) and len(given) == int(tensor.shape[0])
-                and all(isinstance(v, int) for v in given)):
-            return [int(v) for v in given]
+        if isinstance(given, (tuple, list)) and len(given) == int(tensor.shape[0]):
+            values = list(given)
+            if all(map(isinstance, values, itertools.repeat(int))):
+                return values
         return host_layout(tensor)
 
     return pick(cu_seqlens, key[0]), pick(cu_window_seqlens, key[1])
 
 
-def _upload(dst, values: Sequence[int]) -> None:
-    import torch
-
-    pinned_copy(torch.tensor(values, dtype=dst.dtype), out=dst)
-
-
 def _replay_budget(runner, state: BudgetState, budget: int, full, window, x, tables, output_indices):
     tokens = x.shape[0]
     key = state.keys[budget]
-    _upload(state.cu_full[budget], full)
+    upload_ints(state.cu_full[budget], full)
     if window is not None:
-        _upload(state.cu_window[budget], window)
+        upload_ints(state.cu_window[budget], window)
     block_input = runner.block_input[key]
     block_input[:tokens].copy_(x.unsqueeze(1))
     block_input[tokens:].zero_()
