@@ -113,3 +113,17 @@ def test_hook_defers_to_upstream(enable_cg, device):
     out = hooks.qwen2_5_vit_forward(lambda self, x, grid_thw: seen.append((self, x, grid_thw)) or "upstream",
                                     vit, "x", grid_thw="grid")
     assert out == "upstream" and seen == [(vit, "x", "grid")]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_upload_ints_writes_the_values_in_place(dtype):
+    # the budget replay's layout upload: into the graph's own static tensor, any int dtype,
+    # values past int16 kept (a 4K window layout ends above 32767)
+    from sglang_fa4.integration.vit_host_metadata import upload_ints
+
+    dst = torch.full((5,), -7, dtype=dtype)
+    values = [0, 64, 128, 40000, 42196]
+    out = upload_ints(dst, values)
+    assert out.data_ptr() == dst.data_ptr() and dst.tolist() == values and dst.dtype == dtype
+    with pytest.raises((TypeError, OverflowError)):
+        upload_ints(torch.zeros(1, dtype=torch.int32), [2 ** 40])  # not silently wrapped
