@@ -73,6 +73,22 @@ def call_ms(tower, x, grid, graph: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def tower_profile(tower, x, grid) -> dict:
+    """vit_graph_profile.compare of one whole tower call in eager and in graph mode (what
+    ``call_ms`` times): which kernels make up a difference between the two columns."""
+    import torch
+
+    from sglang_towers import set_graph_mode
+    from vit_graph_profile import compare
+
+    def call(graph: bool):
+        set_graph_mode(tower, graph)
+        with torch.no_grad():
+            return tower(x, grid)
+
+    return compare({"tower_eager": lambda: call(False), "tower_graph": lambda: call(True)}, top=16)
+
+
 def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int, profile: bool = False) -> dict:
     """GPU time (CUDA events, medians of interleaved rounds) of the runner's part alone -- the
     blocks and mergers, on the inputs the tower's graph forward prepared: the budget graph replay,
@@ -335,6 +351,8 @@ def check_model(model: str, args, seed: int) -> dict:
                         "graph_all_ms": [round(v, 3) for v in times["graph"]],
                         "blocks_ms": blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, n,
                                                profile=name in args.profile)})
+        if name in args.profile:  # the whole tower call, eager and graph mode, kernel time by name
+            latency[-1]["tower_profile"] = tower_profile(tower, x, grid)
     res["latency"] = latency
     res["batch_invariance"] = batch_invariance(tower, model, state, random.Random(seed + 1), args.invariance_mixes,
                                                grids_given=args.invariance_grids.get(model, ()),
@@ -430,6 +448,10 @@ def markdown(result: dict) -> str:
                 from vit_graph_profile import markdown as profile_markdown
 
                 lines += profile_markdown(m["model"], r["image"], r["blocks_ms"]["profile"])
+            if r.get("tower_profile"):
+                from vit_graph_profile import markdown as profile_markdown
+
+                lines += profile_markdown(m["model"], f"{r['image']} (whole tower)", r["tower_profile"])
         if m.get("batch_invariance"):
             lines += ["Batch invariance: each image's rows of a batched call vs the image alone "
                       "(max |difference|; 0 = bitwise), paths batched / alone.", "",
@@ -459,7 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "SGLANG_FA4_VIT_GRAPH_BUDGETS's default)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--profile", nargs="*", default=[],
-                    help="pictures whose runner paths also run once under torch.profiler (kernel time by name)")
+                    help="pictures whose runner paths and whole tower calls (eager, graph mode) also run once "
+                         "under torch.profiler (kernel time by name)")
     ap.add_argument("--shared-pool", action="store_true",
                     help="capture the budget graphs into one memory pool (SGLANG_FA4_VIT_GRAPH_SHARED_POOL=1)")
     ap.add_argument("--budget-route", choices=("smallest", "fastest"), default="smallest",

@@ -124,7 +124,7 @@ emit({"wrapped": hasattr(vision.apply_rotary_pos_emb_native_eager, "__wrapped__"
     assert not res["wrapped"]
 
 
-@pytest.mark.parametrize("case", ["3d_cos", "odd_d", "dtype_mix", "fp32_q", "tokens", "last_stride"])
+@pytest.mark.parametrize("case", ["3d_cos", "odd_d", "dtype_mix", "fp32_q", "tokens", "last_stride", "head_stride"])
 def test_supported_rejects_and_apply_raises(case):
     q, k = torch.randn(4, 2, 8).half(), torch.randn(4, 2, 8).half()
     cos, sin = torch.randn(4, 8).half(), torch.randn(4, 8).half()
@@ -140,6 +140,8 @@ def test_supported_rejects_and_apply_raises(case):
         cos, sin = cos[:3], sin[:3]
     elif case == "last_stride":
         q = torch.randn(4, 2, 16).half()[..., ::2]
+    elif case == "head_stride":  # heads not packed within a token (the kernel's head stride is d)
+        q = torch.randn(4, 2, 16).half()[..., :8]
     assert not vit_rotary.supported(q, k, cos, sin)
     with pytest.raises(ValueError, match="vit_rotary: needs"):
         vit_rotary.apply_rotary(q, k, cos, sin)

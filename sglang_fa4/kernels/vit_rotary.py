@@ -22,55 +22,22 @@ from __future__ import annotations
 
 from sglang_fa4.kernels.triton_handles import KernelHandles
 
-#: tokens per program
-BLOCK_T = 32
+#: tokens per program (each with all its q and k heads; 1 token x 8 warps measured fastest on the H200:
+#: results/h200/vit_rotary.md)
+BLOCK_T = 1
+NUM_WARPS = 8
 _DTYPES = ("bfloat16", "float16")
 _TABLE_DTYPES = ("bfloat16", "float16", "float32")
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _make_kernel():
-    import triton
-    import triton.language as tl
+    from sglang_fa4.kernels import vit_rotary_triton  # imports Triton
 
-    @triton.jit(do_not_specialize=["n_tokens", "q_heads", "stride_qt", "stride_qh", "stride_kt", "stride_kh",
-                                   "stride_ct", "stride_st"])
-    def vit_rotary(
-        Q, K, COS, SIN, QO, KO,
-        n_tokens, q_heads,
-        stride_qt, stride_qh, stride_kt, stride_kh, stride_ct, stride_st,
-        HALF: tl.constexpr,  # head_dim // 2
-        HALF_PAD: tl.constexpr,  # next power of two
-        BLOCK: tl.constexpr,
-        KV_HEADS: tl.constexpr,
-    ):
-        # program (token block, head): heads [0, q_heads) are q's, the next KV_HEADS are k's
-        head = tl.program_id(1)
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, HALF_PAD)
-        tok = rows.to(tl.int64)
-        mask = (rows < n_tokens)[:, None] & (cols < HALF)[None, :]
-        c_at = COS + tok[:, None] * stride_ct + cols[None, :]
-        s_at = SIN + tok[:, None] * stride_st + cols[None, :]
-        c1 = tl.load(c_at, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(c_at + HALF, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(s_at, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(s_at + HALF, mask=mask, other=0.0).to(tl.float32)
-        if head < q_heads:
-            src = Q + tok[:, None] * stride_qt + head * stride_qh + cols[None, :]
-            dst = QO + tok[:, None] * (q_heads * 2 * HALF) + head * (2 * HALF) + cols[None, :]
-        else:
-            kh = head - q_heads
-            src = K + tok[:, None] * stride_kt + kh * stride_kh + cols[None, :]
-            dst = KO + tok[:, None] * (KV_HEADS * 2 * HALF) + kh * (2 * HALF) + cols[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        # SGLang's order of operations: x * cos + rotate_half(x) * sin, each product rounded to fp32
-        o1 = x1 * c1 + (-x2) * s1
-        o2 = x2 * c2 + x1 * s2
-        tl.store(dst, o1.to(QO.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, o2.to(QO.dtype.element_ty), mask=mask)
-
-    return vit_rotary
+    return vit_rotary_triton.vit_rotary
 
 
 HANDLES = KernelHandles("vit_rotary", _make_kernel)
@@ -110,7 +77,10 @@ def supported(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
     device = q.device
     if k.device != device or cos.device != device or sin.device != device:
         return False
-    return q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
+    # heads packed within a token (stride d: SGLang's views of its qkv projection, or contiguous):
+    # the kernel takes the head stride as a compile-time constant
+    return (q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
+            and q.stride(1) == d and k.stride(1) == d)
 
 
 def usable(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
@@ -128,8 +98,8 @@ def apply_rotary(q, k, cos, sin, checked: bool = False):
 
     if not checked and not supported(q, k, cos, sin):
         raise ValueError(
-            f"vit_rotary: needs q (tokens, heads, d), k (tokens, kv_heads, d) of one bf16/fp16 dtype and "
-            f"cos/sin (tokens, d), d even, unit last strides, one device; got q {tuple(q.shape)} {q.dtype}, "
+            f"vit_rotary: needs q (tokens, heads, d), k (tokens, kv_heads, d) of one bf16/fp16 dtype with "
+            f"heads packed (head stride d) and cos/sin (tokens, d), d even, unit last strides, one device; got q {tuple(q.shape)} {q.dtype}, "
             f"k {tuple(k.shape)} {k.dtype}, cos {tuple(cos.shape)} {cos.dtype}, sin {tuple(sin.shape)} {sin.dtype}")
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
@@ -138,13 +108,13 @@ def apply_rotary(q, k, cos, sin, checked: bool = False):
     if tokens == 0:
         return qo, ko
     half = d // 2
-    args = (q, k, cos, sin, qo, ko, tokens, heads,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-            half, max(16, 1 << (half - 1).bit_length()), BLOCK_T, kv_heads)
+    args = (q, k, cos, sin, qo, ko, tokens, q.stride(0), k.stride(0), cos.stride(0), sin.stride(0),
+            q.stride(1), k.stride(1), heads, _pow2(heads), kv_heads, _pow2(kv_heads), half, max(16, _pow2(half)),
+            BLOCK_T)
     # plain integer maths: triton.cdiv / next_power_of_2 are constexpr functions (tens of us per
     # host call, measured here with Triton 3.8)
-    grid = (-(-tokens // BLOCK_T), heads + kv_heads)
-    HANDLES.launch(grid, args, q.device.index or 0, num_warps=4)
+    grid = (-(-tokens // BLOCK_T),)
+    HANDLES.launch(grid, args, q.device.index or 0, num_warps=NUM_WARPS)
     return qo, ko
 
 
