@@ -53,7 +53,30 @@ def facts(ptx: str) -> dict:
         # maxima's result, the wait on a register barrier id, the load of the word of 0.0) and the
         # hand-over (an arrive on a register barrier id); and the exp2s outside those spans
         "mufu_spans": _mufu_spans(ptx),
+        # pp_max: per ping-pong hand-over after a GEMM wait (bar.arrive 1|2, 256), the row-max and
+        # exp2 instructions between that wait and it, and the exp2s after it (to the next GEMM)
+        "turn_spans": _turn_spans(ptx),
     }
+
+
+def _turn_spans(ptx: str) -> list:
+    lines = ptx.split("\n")
+    spans = []
+    for i, line in enumerate(lines):
+        if not re.search(r"\bbar\.arrive\s+[12],\s*256;", line):
+            continue
+        j = i
+        while j > 0 and "wgmma.wait_group" not in lines[j]:
+            j -= 1
+        k = i
+        while k < len(lines) - 1 and "wgmma.mma_async" not in lines[k] and "wgmma.wait_group" not in lines[k]:
+            k += 1
+        if j == 0:
+            continue  # the first turn, opened before any GEMM
+        before, after = lines[j:i], lines[i:k]
+        spans.append([sum("max.f32" in x for x in before), sum("ex2.approx" in x for x in before),
+                      sum("ex2.approx" in x for x in after)])
+    return spans
 
 
 def _mufu_spans(ptx: str) -> dict:

@@ -165,6 +165,23 @@ def test_fp8_forward_mufu_token_variant_cross_compiles(dsl_pythonpath, tmp_path)
         assert spans["total"] - sum(spans["inside"]) == 2 * 2, spans
 
 
+def test_fp8_forward_pp_max_and_sum_mma_cross_compile(dsl_pythonpath, tmp_path):
+    """'w:pp_max,w:sum_mma' (measured slower, kept to reproduce fp8_attention_ppmax.md /
+    _summma.md) builds without spills: each softmax hands the ping-pong turn on after its row
+    maxima (96 + 4 max.f32 and only the two rescale-factor exp2s before the arrive, the tile's 96
+    P exp2s after it; warpgroup 0's and 1's arrives sit in two branches), and the row sums come
+    from m64n8 WGMMAs beside each PV GEMM (6 k steps, in the loop and for the last tile)."""
+    r = xcompile(dsl_pythonpath, tmp_path / "ppmax_summma", ["128,0,0"], flags="w:pp_max,w:sum_mma", ptxas=True)
+    v = r["128,0,0"]
+    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    assert v["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n192k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"]
+    assert v["wgmma_count"] == 2 * (128 // 32) + 2 * 2 * (192 // 32)
+    spans = v["turn_spans"]
+    assert len(spans) == 4, spans  # first key tile and the loop, a branch per warpgroup
+    for n_max, ex2_before, ex2_after in spans:
+        assert n_max >= 96 and ex2_before == 2 and ex2_after >= 96, spans
+
+
 def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
     """'w:persist,w:xover' (the tile boundaries overlapped, persistent_xover.py) builds for sm_90a
     without register spills: the persistent kernel's GEMMs, each issue block written three times

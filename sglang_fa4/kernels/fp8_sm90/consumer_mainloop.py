@@ -148,7 +148,7 @@ class ConsumerMainLoop:
                 if cutlass.const_expr(self.mufu_gate):
                     if wg == 1:  # issue #0 (warpgroup 0 counts its issues from #1; see signal_issued)
                         self.signal_issued(wg)
-                if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                if cutlass.const_expr(self.pass_after_issue):
                     self.pass_turn(wg, n_iters == 1)
                 warpgroup.wait_group(0)
                 if cutlass.const_expr(self.pingpong_late):
@@ -191,7 +191,7 @@ class ConsumerMainLoop:
                     warpgroup.commit_group()
                     if cutlass.const_expr(self.mufu_gate):
                         self.signal_issued(wg)
-                    if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                    if cutlass.const_expr(self.pass_after_issue):
                         self.pass_turn(wg, i == n_iters - 1)
                     warpgroup.wait_group(1)  # S_i ready (groups complete in order)
                     if cutlass.const_expr(self.pingpong_late):

@@ -122,9 +122,10 @@ class ConsumerMainLoopWide:
         """O / rowsum * v_descale as bf16 registers (a row without any weight gives 0)."""
         out_scale = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
-            s = row_sum[r]  # this thread's share of the row: the quad holds the rest
-            s += cute.arch.shuffle_sync_bfly(s, offset=1)
-            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            s = row_sum[r]
+            if cutlass.const_expr(not self.sum_mma):  # this thread's share of the row: the quad holds the rest
+                s += cute.arch.shuffle_sync_bfly(s, offset=1)
+                s += cute.arch.shuffle_sync_bfly(s, offset=2)
             out_scale[r] = Float32(0.0)
             if s > 0.0:
                 out_scale[r] = v_descale * cute.arch.rcp_approx(s)
@@ -171,11 +172,18 @@ class ConsumerMainLoopWide:
         scale_log2: Float32,
         window_left: Int32,
         window_right: Int32,
+        sums=None,
+        acc_so=None,
+        acc_st=None,
     ):
         """One q tile's key loop, from its first QK^T to its last PV GEMM (O in ``acc_o``, the
         softmax state in row_max / row_sum / factor), K/V^T stages from ``kv_state`` on; returns
         the state after them (the persistent kernel carries it to its next tile).  ``q_stage``:
-        None for a Q operand without a stage mode, else the stage (persistent Q ring)."""
+        None for a Q operand without a stage mode, else the stage (persistent Q ring).  sum_mma:
+        ``sums`` = (tiled_mma_sum, the ones block's B fragments), ``acc_so`` the fp32 row sums
+        (m64n8 layout), ``acc_st`` the tile's sums from the tensor cores, folded into acc_so
+        after each PV GEMM (plain arguments: the tracer threads a tensor updated in a staged loop
+        only as a plain local, not inside a tuple)."""
         d = self.head_dim
         tile_n = self.tile_n
         if n_iters > 0:
@@ -192,7 +200,7 @@ class ConsumerMainLoopWide:
                 tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
                 cute.gemm(tiled_mma_qk, acc_s, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc_s)
             warpgroup.commit_group()
-            if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+            if cutlass.const_expr(self.pass_after_issue):
                 self.pass_turn(wg, self.last_turn(n_iters == 1))
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.pingpong_late):
@@ -205,14 +213,17 @@ class ConsumerMainLoopWide:
             kv_state, prev_state = self.later_key_tiles(
                 tiled_mma_qk, tiled_mma_pv, tSrQ, q_stage, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, ones32, row_max,
                 row_sum, factor, pipe_kv, kv_state, prev_state, wg, row_start, seqlen_k, diag, n_block_max, n_iters,
-                scale_log2, window_left, window_right)
+                scale_log2, window_left, window_right, sums, acc_so, acc_st)
             self.rescale_o(acc_o, factor)
+            self.rescale_sums(acc_so, factor)
             warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
                 cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
+            self.sum_gemm(sums, acc_st, tOrP)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
+            self.fold_sums(acc_so, acc_st)
             pipe_kv.consumer_release(prev_state)
 
         return kv_state
@@ -246,6 +257,9 @@ class ConsumerMainLoopWide:
         scale_log2: Float32,
         window_left: Int32,
         window_right: Int32,
+        sums=None,
+        acc_so=None,
+        acc_st=None,
     ):
         """Key tiles 1 .. n_iters - 1 of a q tile, after its first QK^T and softmax (P in ``tOrP``,
         its K/V^T stage ``prev_state``): each issues S_i = Q K_i^T with O += P_{i-1} V_{i-1} and
@@ -259,6 +273,7 @@ class ConsumerMainLoopWide:
                 # ping-pong: O's rescale before this warpgroup's turn, so that the turn holds
                 # the GEMM issues alone (the previous PV GEMM into O was waited for below)
                 self.rescale_o(acc_o, factor)
+                self.rescale_sums(acc_so, factor)
             pipe_kv.consumer_wait(kv_state)
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
@@ -270,12 +285,14 @@ class ConsumerMainLoopWide:
             # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
             if cutlass.const_expr(not self.pingpong):
                 self.rescale_o(acc_o, factor)
+                self.rescale_sums(acc_so, factor)
                 warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
                 cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
+            self.sum_gemm(sums, acc_st, tOrP)
             warpgroup.commit_group()
-            if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+            if cutlass.const_expr(self.pass_after_issue):
                 self.pass_turn(wg, self.last_turn(i == n_iters - 1))
             warpgroup.wait_group(1)  # S_i ready (groups complete in order)
             if cutlass.const_expr(self.pingpong_late):
@@ -285,6 +302,7 @@ class ConsumerMainLoopWide:
             if cutlass.const_expr(self.pin_wait):
                 self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
             warpgroup.wait_group(0)  # P_{i-1} V_{i-1} done; tOrP free again
+            self.fold_sums(acc_so, acc_st)
             pipe_kv.consumer_release(prev_state)
             self.p_to_operand(acc_s, tOrP)
             prev_state = kv_state.clone()
@@ -296,6 +314,30 @@ class ConsumerMainLoopWide:
         """O = O * factor (per row; a thread holds 2 rows: values (v // 2) % 2)."""
         for v in range(cute.size(acc_o)):
             acc_o[v] = acc_o[v] * factor[(v // 2) % 2]
+
+    def rescale_sums(self, acc_so, factor):
+        """sum_mma: the row-sum accumulator rescaled with O (its values (v // 2) % 2 are rows too)."""
+        if self.sum_mma:
+            self.rescale_o(acc_so, factor)
+
+    def sum_gemm(self, sums, acc_st, tOrP):
+        """sum_mma: the tile's row sums, P x ones (an m64n8 WGMMA a k step) into ``acc_st`` (zero:
+        fold_sums), in the PV GEMM's commit group (its ACCUMULATE field is set once, before the
+        CTA's tiles: persistent_consumer)."""
+        if self.sum_mma:
+            tiled_mma_sum, tSrOnes = sums
+            for kb in range(self.tile_n // 32):
+                cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
+
+    def fold_sums(self, acc_so, acc_st):
+        """sum_mma: acc_so += the tile's sums in fp32, acc_st zeroed for the next tile.  Why per
+        tile: Hopper's FP8 WGMMA accumulator keeps fewer bits than fp32 and drops the rest, so a
+        sum of all-positive P over a whole sequence in it runs low (0.32 rel. error at 16k keys on
+        the H200, growing with the length); over one tile's 192 keys it does not."""
+        if self.sum_mma:
+            for v in range(cute.size(acc_so)):
+                acc_so[v] = acc_so[v] + acc_st[v]
+                acc_st[v] = Float32(0.0)
 
     def q_operand(self, tSrQ, kb: int, q_stage):
         """The QK^T GEMM's A operand for k step ``kb``: of stage ``q_stage`` unless it is None."""

@@ -247,6 +247,30 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.xover_pv_first = self.xover and "xover_pvfirst" in self.debug
         if "xover_pvfirst" in self.debug and not self.xover:
             raise ValueError("xover_pvfirst: an order of the xover cross step (give it together with persist, xover)")
+        # "pp_max" (persistent kernel): the ping-pong turn passed once this warpgroup's row maxima
+        # are known, just before its exp2s, instead of right after its GEMM issue.  Why: Nsight
+        # Compute of the default (fp8_attention_ncu_persist.md) has both warpgroups issuing their
+        # GEMMs back to back, then both in their exp2 phase together (16 cycles a MUFU.EX2 where a
+        # lone warp takes 8); passed here, the other warpgroup's GEMMs, S wait and row maxima run
+        # during this one's exp2s, which then do not meet its own.  One turn per softmax as before.
+        self.pingpong_max = self.pingpong and "pp_max" in self.debug
+        if "pp_max" in self.debug and (not self.persistent or self.xover or not self.pingpong):
+            raise ValueError("pp_max: a turn order of the persistent kernel's ping-pong (not with xover or no_pingpong)")
+        if self.pingpong_max:
+            self.pingpong_late = False
+        # "sum_mma" (persistent kernel, no xover): row sums from the tensor cores as in the two-level
+        # loop (rowsum_mma: P times a block of E4M3 ones, an m64n8 WGMMA issued with each PV GEMM),
+        # accumulated and rescaled beside O, instead of 94 FADDs a key tile (7% of the consumer's
+        # stall samples in fp8_attention_ncu_persist.md).  Its ones block: 2 x 8 x tile_n bytes.
+        self.sum_mma = self.persistent and not self.xover and "sum_mma" in self.debug
+        if "sum_mma" in self.debug and not self.sum_mma:
+            raise ValueError("sum_mma: a switch of the persistent kernel without xover (give it with persist)")
+        # the row sums come from an MMA (no FADDs in the softmax)
+        self.row_sums_on_mma = self.rowsum_mma or self.sum_mma
+        # a word of 0.0 and a scratch word per consumer warpgroup in shared memory (zero_words)
+        self.zero_words_used = self.mufu_token or self.pingpong_max
+        # The turn passed right after the GEMM issue (FA3's scheduler barrier; the default)
+        self.pass_after_issue = self.pingpong and not self.pingpong_late and not self.pingpong_max
 
     # ------------------------------------------------------------------------------------------
     # Host side (traced once per compile)
@@ -335,9 +359,9 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         batch = mCuQ.shape[0] - 1
         num_tiles = mQ_u8.shape[0] // self.tile_m + batch
         if cutlass.const_expr(self.persistent):
-            self.launch_persistent(tiled_mma_qk, tiled_mma_pv, tma_q, mQ_tma, tma_k, mK_tma, tma_vt, mVt_tma, mO,
-                                   mCuQ, mCuK, mDescale, softmax_scale_log2, qhead_per_kvhead, sQ_layout,
-                                   sK_layout, sVt_layout, stream)
+            self.launch_persistent(tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, tma_q, mQ_tma, tma_k, mK_tma, tma_vt,
+                                   mVt_tma, mO, mCuQ, mCuK, mDescale, softmax_scale_log2, qhead_per_kvhead,
+                                   sQ_layout, sK_layout, sVt_layout, sOnes_layout, stream)
         else:
             self.kernel(
                 tiled_mma_qk,

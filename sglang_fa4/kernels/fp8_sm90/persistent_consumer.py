@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import EPILOGUE_BAR, PINGPONG_BAR, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.persistent_entry import Q_STAGES
@@ -35,6 +35,8 @@ class PersistentConsumer:
         self,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
+        tiled_mma_sum: cute.TiledMma,
+        s_ones: cute.Tensor,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sVt: cute.Tensor,
@@ -73,6 +75,15 @@ class PersistentConsumer:
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
+        sums = acc_so = acc_st = None
+        if cutlass.const_expr(self.sum_mma):
+            # row sums as P x ones (m64n8: every column of a row holds its sum), accumulated like O
+            thr_sum = tiled_mma_sum.get_slice(tid)
+            acc_so = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))
+            acc_st = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))
+            sums = (tiled_mma_sum, thr_sum.make_fragment_B(thr_sum.partition_B(s_ones)))
+            # always accumulating (acc_so is zeroed a tile): set here, outside every staged loop
+            tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, True)
         # softmax_tile's word operand: this warpgroup's zero word (mufu_token), else never read
         ones32 = cute.make_tensor(cute.recast_ptr(s_zero.iterator, dtype=Int32), cute.make_layout(1))
         row_max = cute.make_rmem_tensor((2,), Float32)
@@ -122,6 +133,9 @@ class PersistentConsumer:
                     m64_block = 2 * m_block + wg
                     n_block_max = (seqlen_k + tile_n - 1) // tile_n
                     acc_o.fill(0.0)
+                    if cutlass.const_expr(self.sum_mma):
+                        acc_so.fill(0.0)
+                        acc_st.fill(0.0)
                     for r in cutlass.range_constexpr(2):
                         row_max[r] = -Float32.inf
                         row_sum[r] = 0.0
@@ -132,10 +146,13 @@ class PersistentConsumer:
                     kv_state = self.one_level_tile(
                         tiled_mma_qk, tiled_mma_pv, tSrQ, 2 * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
                         tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
-                        seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
+                        seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0), sums, acc_so, acc_st,
                     )
                     pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
                     q_state.advance()
+                    if cutlass.const_expr(self.sum_mma):
+                        for r in cutlass.range_constexpr(2):
+                            row_sum[r] = acc_so[2 * r]  # the whole row's (every column holds it)
                     r_out = self.finish_o(acc_o, row_sum, v_descale)
                     if cutlass.const_expr(self.o_tma):
                         if row_start + WG_ROWS <= seqlen_q:

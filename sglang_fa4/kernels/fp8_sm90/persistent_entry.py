@@ -20,7 +20,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, F8, NUM_THREADS, PRODUCER_REGS, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, F8, NUM_THREADS, ONES_BAR, PRODUCER_REGS, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import SM90_SMEM_BYTES, VT_ALIGN
 from sglang_fa4.kernels.fp8_sm90.schedule import LPT_MAX_SEQS
 
@@ -33,10 +33,10 @@ class PersistentEntry:
     """``kernel_persistent`` and its launch (from ``Fp8AttentionForwardSm90.__call__`` under ``persist``)."""
 
     @cute.jit
-    def launch_persistent(self, tiled_mma_qk, tiled_mma_pv, tma_q, mQ_tma, tma_k, mK_tma, tma_vt, mVt_tma,
-                          mO: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, mDescale: cute.Tensor,
+    def launch_persistent(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, tma_q, mQ_tma, tma_k, mK_tma, tma_vt,
+                          mVt_tma, mO: cute.Tensor, mCuQ: cute.Tensor, mCuK: cute.Tensor, mDescale: cute.Tensor,
                           softmax_scale_log2: Float32, qhead_per_kvhead: Int32, sQ_layout, sK_layout, sVt_layout,
-                          stream):
+                          sOnes_layout, stream):
         """Host side: the O staging buffers and their TMA store atom, shared memory, and the grid --
         min(work slots, SMs), from the shapes only (no device read; self.num_sms is the launch
         device's count, taken when the variant is compiled)."""
@@ -57,11 +57,13 @@ class PersistentEntry:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
-            if cutlass.const_expr(self.mufu_token):  # per consumer warpgroup: 0.0, a scratch word (mufu_take)
+            if cutlass.const_expr(self.zero_words_used):  # per consumer warpgroup: 0.0, a scratch word
                 zero: cute.struct.MemRange[Float32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
+            if cutlass.const_expr(self.sum_mma):  # a block of E4M3 ones per consumer warpgroup
+                sOnes: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sOnes_layout)], 1024]
 
         @cute.struct
         class StoragePersistentO:
@@ -69,11 +71,13 @@ class PersistentEntry:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
-            if cutlass.const_expr(self.mufu_token):  # per consumer warpgroup: 0.0, a scratch word (mufu_take)
+            if cutlass.const_expr(self.zero_words_used):  # per consumer warpgroup: 0.0, a scratch word
                 zero: cute.struct.MemRange[Float32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
+            if cutlass.const_expr(self.sum_mma):  # a block of E4M3 ones per consumer warpgroup
+                sOnes: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sOnes_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sO_layout)], 1024]
 
         if cutlass.const_expr(self.o_tma):
@@ -84,8 +88,9 @@ class PersistentEntry:
         self.shared_storage = StoragePersistent
         num_work = (mO.shape[0] // self.tile_m + (mCuQ.shape[0] - 1)) * mO.shape[1]  # schedule.tile_slots x heads
         self.kernel_persistent(
-            tiled_mma_qk, tiled_mma_pv, tma_q, mQ_tma, tma_k, mK_tma, tma_vt, mVt_tma, tma_o, mO_tma, mO,
-            mCuQ, mCuK, mDescale, softmax_scale_log2, qhead_per_kvhead, sQ_layout, sK_layout, sVt_layout, sO_layout,
+            tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, tma_q, mQ_tma, tma_k, mK_tma, tma_vt, mVt_tma, tma_o, mO_tma,
+            mO, mCuQ, mCuK, mDescale, softmax_scale_log2, qhead_per_kvhead, sQ_layout, sK_layout, sVt_layout,
+            sO_layout, sOnes_layout,
         ).launch(
             grid=[cutlass.min(num_work, Int32(self.num_sms)), 1, 1],
             block=[NUM_THREADS, 1, 1],
@@ -93,6 +98,19 @@ class PersistentEntry:
             stream=stream,
             min_blocks_per_mp=1,
         )
+
+    @cute.jit
+    def fill_ones(self, storage, sOnes_layout: cute.ComposedLayout, tid: Int32, wg: Int32):
+        """sum_mma: this consumer warpgroup's 8 x tile_n block of E4M3 ones (0x38), made visible to
+        the tensor cores (async proxy) before its first WGMMA; returns the block."""
+        ones32 = storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout) // 4), dtype=Int32)
+        per_wg = cute.cosize(sOnes_layout) // 8
+        for k in cutlass.range_constexpr(per_wg // 128):
+            ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
+        sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
+        return sOnes[None, None, wg]
 
     @cute.jit
     def init_schedule(self, mCuQ: cute.Tensor, mCuK: cute.Tensor, s_first: cute.Tensor, s_perm: cute.Tensor,
@@ -162,6 +180,7 @@ class PersistentEntry:
         self,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
+        tiled_mma_sum: cute.TiledMma,
         tma_q: cute.CopyAtom,
         mQ_tma: cute.Tensor,
         tma_k: cute.CopyAtom,
@@ -180,6 +199,7 @@ class PersistentEntry:
         sK_layout: cute.ComposedLayout,
         sVt_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
+        sOnes_layout: cute.ComposedLayout,
     ):
         d = self.head_dim
         tile_n = self.tile_n
@@ -270,12 +290,17 @@ class PersistentEntry:
         else:
             # ------------------------------ consumers ------------------------------
             cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-            s_zero = sQ  # softmax_tile's word operand: read by mufu_token (mufu_gate needs rowsum_mma)
-            if cutlass.const_expr(self.mufu_token):
+            s_zero = sQ  # softmax_tile's word operand: read by mufu_token / pp_max (mufu_gate needs rowsum_mma)
+            if cutlass.const_expr(self.zero_words_used):
                 s_zero = self.zero_words(storage, wg_idx - 1)[None, None, wg_idx - 1]
+            s_ones = sQ  # the sum MMA's B operand (sum_mma), else never read
+            if cutlass.const_expr(self.sum_mma):
+                s_ones = self.fill_ones(storage, sOnes_layout, tidx - 128 * wg_idx, wg_idx - 1)
             self.consume_persistent(
                 tiled_mma_qk,
                 tiled_mma_pv,
+                tiled_mma_sum,
+                s_ones,
                 sQ,
                 sK,
                 sVt,

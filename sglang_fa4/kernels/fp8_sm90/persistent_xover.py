@@ -102,7 +102,7 @@ class PersistentXover:
                         cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb, 2 * q_state.index + wg],
                                   tSrK[None, None, kb, kv_state.index], acc_s)
                     warpgroup.commit_group()
-                    if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                    if cutlass.const_expr(self.pass_after_issue):
                         self.pass_turn(wg, self.last_turn(False))
                     warpgroup.wait_group(0)
                     if cutlass.const_expr(self.pingpong_late):
@@ -156,7 +156,7 @@ class PersistentXover:
                             cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb],
                                       tOrVt[None, None, kb, prev_state.index], acc_o)
                         warpgroup.commit_group()
-                    if cutlass.const_expr(self.pingpong and not self.pingpong_late):
+                    if cutlass.const_expr(self.pass_after_issue):
                         self.pass_turn(wg, self.last_turn(False))
                     warpgroup.wait_group(1)  # xover_pvfirst: this tile's O; else the next tile's S
                     if cutlass.const_expr(self.pingpong_late):

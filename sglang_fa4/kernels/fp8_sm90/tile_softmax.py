@@ -122,6 +122,14 @@ class TileSoftmax:
             for r in cutlass.range_constexpr(2):
                 self._row_sum(acc_s, row_sum, factor, Float32(0.0), r, False)
             self.mufu_give(wg, row_sum[0] + row_sum[1])
+        elif cutlass.const_expr(self.pingpong_max):
+            # both rows' maxima, the GEMM turn handed on (forward.pingpong_max), then the exp2s
+            for r in cutlass.range_constexpr(2):
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+            zero = self.turn_after_max(wg, ones32, factor[0] + factor[1])
+            for r in cutlass.range_constexpr(2):
+                bias[r] = bias[r] + zero  # the exp2s depend on a load after the hand-over
+                self.exp_row_step(acc_s, row_sum, factor, bias, scale_log2, r)
         else:
             for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
                 self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
@@ -156,7 +164,7 @@ class TileSoftmax:
     def exp_row_step(self, acc_s: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
                      scale_log2: Float32, r: cutlass.Constexpr):
         """Row r's P = exp2(s * scale - bias) in place, and its running sum (unless rowsum_mma)."""
-        inline = not self.tree_reduce and self.ilp <= 1 and not self.rowsum_mma
+        inline = not self.tree_reduce and self.ilp <= 1 and not self.row_sums_on_mma
         s = self._row_exps(acc_s, bias, scale_log2, r, inline)
         self._row_sum(acc_s, row_sum, factor, s, r, inline)
 
@@ -182,7 +190,7 @@ class TileSoftmax:
         def vals():
             return [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)]
 
-        if self.rowsum_mma or inline_sum:
+        if self.row_sums_on_mma or inline_sum:
             pass
         elif self.ilp > 1:
             s = _chains_reduce(vals(), lambda a, b: a + b, self.ilp)
@@ -220,6 +228,23 @@ class TileSoftmax:
         tile's row sums added: >= 0, +inf or NaN, never -1) so that it follows every exp2."""
         if x != Float32(-1.0):
             cute.arch.barrier_arrive(barrier_id=MUFU_BAR + 1 - wg, number_of_threads=2 * 128)
+
+    def turn_after_max(self, wg, zero_word, factors):
+        """pp_max: hand the GEMM turn to the other warpgroup between the row maxima and the exp2s;
+        returns this warpgroup's word of 0.0 (zero_words) for the exp2s' bias.  The arrive sits
+        behind a branch on ``factors`` (the two rescale factors, exp2 results: >= 0 or NaN, never
+        -1), so it follows the maxima; the maxima are stored to the scratch word before it and the
+        0.0 loaded after it (ptxas keeps shared-memory accesses on their side of a barrier), so the
+        exp2s stay below it."""
+        words = cute.make_tensor(cute.recast_ptr(zero_word.iterator, dtype=Float32), cute.make_layout(3))
+        words[2] = factors
+        self.turn_if_not_minus_one(wg, factors)
+        return words[0]
+
+    @cute.jit
+    def turn_if_not_minus_one(self, wg: Int32, x: Float32):
+        if x != Float32(-1.0):
+            self.pass_turn(wg, cutlass.Boolean(False))
 
     @cute.jit
     def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor):
