@@ -106,9 +106,6 @@ class KernelEntry:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
-        sOnes = sVt  # unused unless rowsum_mma
-        if cutlass.const_expr(self.rowsum_mma):
-            sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
 
         offset_q = mCuQ[batch]
         seqlen_q = mCuQ[batch + 1] - offset_q
@@ -205,16 +202,9 @@ class KernelEntry:
                 tid = tidx - 128 * wg_idx
                 scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv] * mDescale[1, batch, head_kv]
                 v_descale = mDescale[2, batch, head_kv]
+                sOnes_wg = sVt[None, None, wg]  # unused unless rowsum_mma
                 if cutlass.const_expr(self.rowsum_mma):
-                    # this warpgroup's 8 x tile_n block of E4M3 ones (0x38), then made visible to
-                    # the tensor cores (async proxy) before its first WGMMA
-                    ones32 = storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout) // 4), dtype=Int32)
-                    per_wg = cute.cosize(sOnes_layout) // 8
-                    for k in cutlass.range_constexpr(per_wg // 128):
-                        ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
-                sOnes_wg = sOnes[None, None, wg]
+                    sOnes_wg = self.fill_ones(storage, sOnes_layout, tid, wg)
                 if cutlass.const_expr(self.mufu_token):
                     sOnes_wg = self.zero_words(storage, wg)[None, None, wg]  # consume_one_level's word operand
                 # d > 128: O accumulated by the PV GEMM itself (forward.two_level)
@@ -246,3 +236,16 @@ class KernelEntry:
                     window_left,
                     window_right,
                 )
+
+    @cute.jit
+    def fill_ones(self, storage, sOnes_layout: cute.ComposedLayout, tid: Int32, wg: Int32):
+        """rowsum_mma / sum_mma: this consumer warpgroup's 8 x tile_n block of E4M3 ones (0x38), made
+        visible to the tensor cores (async proxy) before its first WGMMA; returns the block."""
+        ones32 = storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout) // 4), dtype=Int32)
+        per_wg = cute.cosize(sOnes_layout) // 8
+        for k in cutlass.range_constexpr(per_wg // 128):
+            ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
+        sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
+        return sOnes[None, None, wg]

@@ -20,7 +20,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, F8, NUM_THREADS, ONES_BAR, PRODUCER_REGS, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, F8, NUM_THREADS, PRODUCER_REGS, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import SM90_SMEM_BYTES, VT_ALIGN
 from sglang_fa4.kernels.fp8_sm90.schedule import LPT_MAX_SEQS
 
@@ -98,19 +98,6 @@ class PersistentEntry:
             stream=stream,
             min_blocks_per_mp=1,
         )
-
-    @cute.jit
-    def fill_ones(self, storage, sOnes_layout: cute.ComposedLayout, tid: Int32, wg: Int32):
-        """sum_mma: this consumer warpgroup's 8 x tile_n block of E4M3 ones (0x38), made visible to
-        the tensor cores (async proxy) before its first WGMMA; returns the block."""
-        ones32 = storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout) // 4), dtype=Int32)
-        per_wg = cute.cosize(sOnes_layout) // 8
-        for k in cutlass.range_constexpr(per_wg // 128):
-            ones32[wg * per_wg + tid * (per_wg // 128) + k] = Int32(0x38383838)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=ONES_BAR + wg, number_of_threads=128)
-        sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
-        return sOnes[None, None, wg]
 
     @cute.jit
     def init_schedule(self, mCuQ: cute.Tensor, mCuK: cute.Tensor, s_first: cute.Tensor, s_perm: cute.Tensor,
