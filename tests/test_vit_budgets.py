@@ -30,7 +30,7 @@ def test_parse_budgets_and_env(monkeypatch):
         with pytest.raises(EnvValueError, match="SGLANG_FA4_VIT_GRAPH_BUDGETS=.*accepted: a comma list of integers, each >= 4 and a multiple of 4"):
             var.parse(bad)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", raising=False)
-    assert budget_layouts.budgets_from_env() == (1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192)
+    assert budget_layouts.budgets_from_env() == (896, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192)
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", "64,256")
     assert budget_layouts.budgets_from_env() == (64, 256)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
