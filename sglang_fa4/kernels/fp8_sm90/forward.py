@@ -253,15 +253,17 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # GEMMs back to back, then both in their exp2 phase together (16 cycles a MUFU.EX2 where a
         # lone warp takes 8); passed here, the other warpgroup's GEMMs, S wait and row maxima run
         # during this one's exp2s, which then do not meet its own.  One turn per softmax as before.
+        # Measured 4% slower than the default (fp8_attention_ppmax.md).
         self.pingpong_max = self.pingpong and "pp_max" in self.debug
         if "pp_max" in self.debug and (not self.persistent or self.xover or not self.pingpong):
             raise ValueError("pp_max: a turn order of the persistent kernel's ping-pong (not with xover or no_pingpong)")
         if self.pingpong_max:
             self.pingpong_late = False
         # "sum_mma" (persistent kernel, no xover): row sums from the tensor cores as in the two-level
-        # loop (rowsum_mma: P times a block of E4M3 ones, an m64n8 WGMMA issued with each PV GEMM),
-        # accumulated and rescaled beside O, instead of 94 FADDs a key tile (7% of the consumer's
-        # stall samples in fp8_attention_ncu_persist.md).  Its ones block: 2 x 8 x tile_n bytes.
+        # loop (rowsum_mma: P times a block of E4M3 ones, m64n8 WGMMAs issued with each PV GEMM),
+        # folded into fp32 after each tile and rescaled beside O, instead of 94 FADDs a key tile (7%
+        # of the consumer's stall samples in fp8_attention_ncu_persist.md).  Its ones block: 2 x 8 x
+        # tile_n bytes.  Measured 15% slower than the FADDs (fp8_attention_summma.md).
         self.sum_mma = self.persistent and not self.xover and "sum_mma" in self.debug
         if "sum_mma" in self.debug and not self.sum_mma:
             raise ValueError("sum_mma: a switch of the persistent kernel without xover (give it with persist)")

@@ -82,7 +82,7 @@ class PersistentConsumer:
             acc_so = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))
             acc_st = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))
             sums = (tiled_mma_sum, thr_sum.make_fragment_B(thr_sum.partition_B(s_ones)))
-            # always accumulating (acc_so is zeroed a tile): set here, outside every staged loop
+            # always accumulating (acc_st is zeroed after each fold): set here, outside every staged loop
             tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, True)
         # softmax_tile's word operand: this warpgroup's zero word (mufu_token), else never read
         ones32 = cute.make_tensor(cute.recast_ptr(s_zero.iterator, dtype=Int32), cute.make_layout(1))
@@ -146,7 +146,8 @@ class PersistentConsumer:
                     kv_state = self.one_level_tile(
                         tiled_mma_qk, tiled_mma_pv, tSrQ, 2 * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
                         tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
-                        seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0), sums, acc_so, acc_st,
+                        seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
+                        sums, acc_so, acc_st,
                     )
                     pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
                     q_state.advance()
