@@ -4,9 +4,11 @@ SGLang's ViT graph mode applies the rotary with ``apply_rotary_pos_emb_native_ea
 PyTorch (casts, two multiplies, a rotate-half concatenation, an add, a cast back, for q and for k:
 ~20 kernels and ~10 fp32 passes over q and k per layer), because its torch.compile'd version would
 compile inside a CUDA-graph capture. On 1080p/4K images that made graph towers slower than eager
-(issue #18). This kernel reads q, k (bf16/fp16, any token/head strides) and cos, sin once and writes
-new contiguous q, k: the same arithmetic (fp32 products and sum, one rounding to the input dtype),
-so the result is within bf16 rounding of SGLang's compiled rotary and its eager one.
+(issue #18). This kernel reads q, k (bf16/fp16, any token stride, heads packed within a token as in
+SGLang's views of its qkv projection) and cos, sin once and writes new contiguous q, k: the same
+arithmetic (fp32 products and sum, one rounding to the input dtype), so the result is within bf16
+rounding of SGLang's compiled rotary and its eager one. A program takes one token with all its q and k
+heads (cos/sin read once per token; ``vit_rotary_triton``).
 
 Semantics: ``apply_rotary(q, k, cos, sin)`` == ``apply_rotary_pos_emb_native_eager(q, k, cos, sin,
 unsqueeze_dim=1)`` for q (tokens, heads, d), k (tokens, kv_heads, d), cos/sin (tokens, d):
