@@ -147,6 +147,23 @@ def test_supported_rejects_and_apply_raises(case):
         vit_rotary.apply_rotary(q, k, cos, sin)
 
 
+def test_is_warm_keys_on_what_the_kernel_specializes(monkeypatch):
+    """A call is warm only with the head dim, head counts, dtypes, token-stride kinds and input
+    alignment of a call warm() made: anything else would compile (inside a capture, even)."""
+    q, k = torch.randn(4, 2, 8).half(), torch.randn(4, 2, 8).half()  # token stride 16
+    cos, sin = torch.randn(4, 8).half(), torch.randn(4, 8).half()
+    monkeypatch.setattr(vit_rotary, "_warmed", {vit_rotary.launch_key(q, k, cos, sin)})
+    assert vit_rotary.is_warm(q, k, cos, sin)
+    view = torch.randn(4, 6 * 8).half()[:, :16].view(4, 2, 8)  # a qkv view: token stride 48, a multiple of 16 too
+    assert vit_rotary.is_warm(view, k, cos, sin)
+    odd = torch.randn(4, 3 * 8).half()[:, :16].view(4, 2, 8)  # token stride 24: another specialization
+    assert not vit_rotary.is_warm(odd, k, cos, sin)
+    assert not vit_rotary.is_warm(q, k, cos.float(), sin)  # fp32 tables: another kernel
+    assert not vit_rotary.is_warm(q[:, :1], k[:, :1], cos, sin)  # one head
+    shifted = torch.randn(4 * 16 + 4).half()[4:].view(4, 2, 8)  # 8 bytes off a 16-byte boundary
+    assert not vit_rotary.is_warm(shifted, k, cos, sin)
+
+
 # ---- the cached handle, with a stand-in for Triton's JIT function -------------------------------
 
 
@@ -231,7 +248,6 @@ plugins.load_plugins()
 from sglang.srt.layers.rotary_embedding import utils as rope_utils
 from sglang_fa4.kernels import vit_rotary
 
-vit_rotary._warmed.add((8, 2, 2, torch.float16))  # as if warmed: a traced call must still be SGLang's
 calls = []
 real = vit_rotary.apply_rotary
 vit_rotary.apply_rotary = lambda *a, **k: calls.append(1) or real(*a, **k)
@@ -240,6 +256,7 @@ traced = torch.compile(rope_utils.apply_rotary_pos_emb_native_eager, backend="ea
 g = torch.Generator().manual_seed(2)
 q, k = (torch.randn(5, 2, 8, generator=g).half() for _ in range(2))
 cos, sin = (torch.randn(5, 8, generator=g).half() for _ in range(2))
+vit_rotary._warmed.add(vit_rotary.launch_key(q, k, cos, sin))  # as if warmed: a traced call must still be SGLang's
 out = traced(q, k, cos, sin)
 ref = rope_utils.apply_rotary_pos_emb_native_eager.__wrapped__(q, k, cos, sin)
 emit({"equal": bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])), "fused_calls": len(calls)})

@@ -43,13 +43,27 @@ def _make_kernel():
 
 
 HANDLES = KernelHandles("vit_rotary", _make_kernel)
-_warmed: set = set()  # (head_dim, heads, kv_heads, dtype) resolved by warm()
+_warmed: set = set()  # launch_key()s of the calls warm() made
 
 
-def is_warm(q, k) -> bool:
-    """Whether :func:`warm` resolved the kernels for q/k's head dim, head counts and dtype (a hook
-    inside a CUDA-graph capture should launch only those)."""
-    return (q.shape[-1], q.shape[-2], k.shape[-2], q.dtype) in _warmed
+def _int_kind(v: int) -> int:
+    """How Triton specializes an integer argument: 1, a multiple of 16, or neither."""
+    return 1 if v == 1 else (16 if v % 16 == 0 else 0)
+
+
+def launch_key(q, k, cos, sin) -> tuple:
+    """Everything the compiled kernel of a call depends on: head dim, head counts, dtypes, the kind
+    of each token stride (Triton specializes them, which is what lets the rows load as vectors)
+    and the 16-byte alignment of each input."""
+    return (q.shape[-1], q.shape[-2], k.shape[-2], q.dtype, cos.dtype, sin.dtype,
+            _int_kind(q.stride(0)), _int_kind(k.stride(0)), _int_kind(cos.stride(0)), _int_kind(sin.stride(0)),
+            *(not t.data_ptr() % 16 for t in (q, k, cos, sin)))
+
+
+def is_warm(q, k, cos, sin) -> bool:
+    """Whether :func:`warm` resolved the kernel this call launches (a hook inside a CUDA-graph
+    capture must launch only those: anything else goes to SGLang's rotary, never to a compile)."""
+    return launch_key(q, k, cos, sin) in _warmed
 
 
 _dtype_sets: tuple = ()  # (q/k dtypes, cos/sin dtypes) as torch dtypes, built once
@@ -90,7 +104,7 @@ def usable(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
     supported shape, on a CUDA device (or any device under TRITON_INTERPRET, CPU tests)."""
     from sglang_fa4.kernels.triton_handles import interpreting
 
-    return ((q.is_cuda or interpreting()) and is_warm(q, k) and supported(q, k, cos, sin, unsqueeze_dim))
+    return ((q.is_cuda or interpreting()) and supported(q, k, cos, sin, unsqueeze_dim) and is_warm(q, k, cos, sin))
 
 
 def apply_rotary(q, k, cos, sin, checked: bool = False):
@@ -139,7 +153,8 @@ def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", tabl
         q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
         k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
         cos = torch.randn(tokens, head_dim, generator=g).to(device=device, dtype=getattr(torch, table))
-        apply_rotary(q, k, cos, cos.clone())
-        apply_rotary(q.contiguous(), k.contiguous(), cos, cos.clone())  # contiguous q/k: strides divisible alike
-    _warmed.add((head_dim, heads, kv_heads, dt))
+        sin = cos.clone()
+        for qq, kk in ((q, k), (q.contiguous(), k.contiguous())):  # views of one projection, or contiguous
+            apply_rotary(qq, kk, cos, sin)
+            _warmed.add(launch_key(qq, kk, cos, sin))
     return triton_handles.compile_count() - before
