@@ -36,6 +36,11 @@ _listeners: list[Callable[["CompileEvent"], None]] = []
 _events: list["CompileEvent"] = []
 
 
+def int_kind(v: int) -> int:
+    """What of an integer argument Triton specializes on: 1 (== 1), 2 (a multiple of 16), 3 (neither)."""
+    return 1 if v == 1 else (2 if not v & 15 else 3)
+
+
 @dataclass(frozen=True)
 class CompileEvent:
     """One kernel specialization resolved in this process."""
@@ -167,7 +172,7 @@ class KernelHandles:
                 elif kind == 2 or kind == 3:
                     if not -_INT32_MAX - 1 <= a <= _INT32_MAX:
                         return None  # an i64 argument: Triton's own dispatch decides, every time
-                    parts.append(0 if kind == 3 else (1 if a == 1 else (2 if not a & 15 else 3)))
+                    parts.append(0 if kind == 3 else int_kind(a))
                 elif kind == 4:
                     parts.append(None)  # always fp32 in the signature
                 else:

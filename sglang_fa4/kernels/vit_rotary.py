@@ -22,7 +22,7 @@ a few microseconds of host time per layer. Triton and torch are imported lazily.
 
 from __future__ import annotations
 
-from sglang_fa4.kernels.triton_handles import KernelHandles
+from sglang_fa4.kernels.triton_handles import KernelHandles, int_kind
 
 #: tokens per program (each with all its q and k heads; 1 token x 8 warps measured fastest on the H200:
 #: results/h200/vit_rotary.md)
@@ -46,17 +46,12 @@ HANDLES = KernelHandles("vit_rotary", _make_kernel)
 _warmed: set = set()  # launch_key()s of the calls warm() made
 
 
-def _int_kind(v: int) -> int:
-    """How Triton specializes an integer argument: 1, a multiple of 16, or neither."""
-    return 1 if v == 1 else (16 if v % 16 == 0 else 0)
-
-
 def launch_key(q, k, cos, sin) -> tuple:
     """Everything the compiled kernel of a call depends on: head dim, head counts, dtypes, the kind
     of each token stride (Triton specializes them, which is what lets the rows load as vectors)
     and the 16-byte alignment of each input."""
     return (q.shape[-1], q.shape[-2], k.shape[-2], q.dtype, cos.dtype, sin.dtype,
-            _int_kind(q.stride(0)), _int_kind(k.stride(0)), _int_kind(cos.stride(0)), _int_kind(sin.stride(0)),
+            int_kind(q.stride(0)), int_kind(k.stride(0)), int_kind(cos.stride(0)), int_kind(sin.stride(0)),
             *(not t.data_ptr() % 16 for t in (q, k, cos, sin)))
 
 
@@ -130,7 +125,11 @@ def apply_rotary(q, k, cos, sin, checked: bool = False):
     # plain integer maths: triton.cdiv / next_power_of_2 are constexpr functions (tens of us per
     # host call, measured here with Triton 3.8)
     grid = (-(-tokens // BLOCK_T),)
-    HANDLES.launch(grid, args, q.device.index or 0, num_warps=NUM_WARPS)
+    # the launch key fixes the specialization when the inputs are 16-byte aligned (the outputs are
+    # fresh allocations): a memo, so a repeated call skips the handle's own key
+    key = launch_key(q, k, cos, sin)
+    memo = (key, BLOCK_T, NUM_WARPS) if all(key[-4:]) else None
+    HANDLES.launch(grid, args, q.device.index or 0, memo, num_warps=NUM_WARPS)
     return qo, ko
 
 
