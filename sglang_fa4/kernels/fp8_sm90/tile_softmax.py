@@ -210,17 +210,22 @@ class TileSoftmax:
         words[0, 0, wg] = Float32(0.0)
         return words
 
-    def mufu_take(self, wg, zero_word, before):
-        """mufu_token: wait for this warpgroup's turn at the exp2 stream; returns its word of 0.0
-        (``zero_word``, zero_words), which the caller adds into the exp2s' bias.  ptxas moves
-        register-only instructions across a bar.sync both ways (and predicates a branch around
-        one), shared-memory accesses it does not: ``before`` (the row maxima's result) is stored
-        to the scratch word ahead of the wait, the 0.0 loaded after it, so the maxima stay above
-        the wait and the exp2s below."""
+    def between_words(self, zero_word, before, barrier_op):
+        """``barrier_op()`` pinned between what computed ``before`` and what adds the returned 0.0
+        (this warpgroup's word, zero_words).  ptxas moves register-only instructions across a
+        barrier both ways (and predicates a branch around one), shared-memory accesses it does
+        not: ``before`` is stored to the scratch word ahead of the barrier, the 0.0 loaded after it."""
         words = cute.make_tensor(cute.recast_ptr(zero_word.iterator, dtype=Float32), cute.make_layout(3))
         words[2] = before
-        cute.arch.barrier(barrier_id=MUFU_BAR + wg, number_of_threads=2 * 128)
+        barrier_op()
         return words[0]
+
+    def mufu_take(self, wg, zero_word, before):
+        """mufu_token: wait for this warpgroup's turn at the exp2 stream; returns its word of 0.0,
+        which the caller adds into the exp2s' bias, so that the row maxima (``before``) stay above
+        the wait and the exp2s below (between_words)."""
+        return self.between_words(
+            zero_word, before, lambda: cute.arch.barrier(barrier_id=MUFU_BAR + wg, number_of_threads=2 * 128))
 
     @cute.jit
     def mufu_give(self, wg: Int32, x: Float32):
@@ -231,15 +236,11 @@ class TileSoftmax:
 
     def turn_after_max(self, wg, zero_word, factors):
         """pp_max: hand the GEMM turn to the other warpgroup between the row maxima and the exp2s;
-        returns this warpgroup's word of 0.0 (zero_words) for the exp2s' bias.  The arrive sits
-        behind a branch on ``factors`` (the two rescale factors, exp2 results: >= 0 or NaN, never
-        -1), so it follows the maxima; the maxima are stored to the scratch word before it and the
-        0.0 loaded after it (ptxas keeps shared-memory accesses on their side of a barrier), so the
+        returns this warpgroup's word of 0.0 for the exp2s' bias.  The arrive sits behind a branch
+        on ``factors`` (the two rescale factors, exp2 results: >= 0 or NaN, never -1), so it follows
+        the maxima, and between the scratch word's store and the 0.0's load (between_words), so the
         exp2s stay below it."""
-        words = cute.make_tensor(cute.recast_ptr(zero_word.iterator, dtype=Float32), cute.make_layout(3))
-        words[2] = factors
-        self.turn_if_not_minus_one(wg, factors)
-        return words[0]
+        return self.between_words(zero_word, factors, lambda: self.turn_if_not_minus_one(wg, factors))
 
     @cute.jit
     def turn_if_not_minus_one(self, wg: Int32, x: Float32):
