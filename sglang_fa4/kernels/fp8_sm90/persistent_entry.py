@@ -64,24 +64,9 @@ class PersistentEntry:
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
             if cutlass.const_expr(self.sum_mma):  # a block of E4M3 ones per consumer warpgroup
                 sOnes: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sOnes_layout)], 1024]
+            if cutlass.const_expr(self.o_tma):  # the O staging buffers of the TMA-store epilogue
+                sO: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sO_layout)], 1024]
 
-        @cute.struct
-        class StoragePersistentO:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * Q_STAGES]
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
-            sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
-            if cutlass.const_expr(self.zero_words_used):  # per consumer warpgroup: 0.0, a scratch word
-                zero: cute.struct.MemRange[Float32, 4]
-            sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
-            sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
-            if cutlass.const_expr(self.sum_mma):  # a block of E4M3 ones per consumer warpgroup
-                sOnes: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sOnes_layout)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sO_layout)], 1024]
-
-        if cutlass.const_expr(self.o_tma):
-            StoragePersistent = StoragePersistentO  # noqa: F811
         if cutlass.const_expr(StoragePersistent.size_in_bytes() > SM90_SMEM_BYTES):
             raise ValueError(f"persistent kernel: {StoragePersistent.size_in_bytes()} bytes of shared memory "
                              f"over {SM90_SMEM_BYTES} ({self.num_stages} K/V^T stages)")
