@@ -31,6 +31,9 @@ def facts(ptx: str) -> dict:
         "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global", ptx)),
         "setmaxnreg": re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx),
         "named_bar_arrive": len(re.findall(r"\bbar\.arrive\s+[12],\s*256;", ptx)),
+        # the ping-pong ring's barrier ids (wg3: 1, 2, 3) and the CTA's threads
+        "bar_arrive_ids": sorted(set(re.findall(r"\bbar\.arrive\s+(\d+),\s*256;", ptx))),
+        "reqntid": re.findall(r"\.reqntid\s+(\d+)", ptx),
         # arrives / waits on a barrier id held in a register (mufu_gate's ISSUED_BAR + warpgroup)
         "reg_bar_arrive": len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx)),
         "reg_bar_sync_256": len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx)),

@@ -182,6 +182,24 @@ def test_fp8_forward_pp_max_and_sum_mma_cross_compile(dsl_pythonpath, tmp_path):
         assert n_max >= 96 and ex2_before == 2 and ex2_after >= 96, spans
 
 
+def test_fp8_forward_three_consumer_warpgroups_cross_compile(dsl_pythonpath, tmp_path):
+    """'w:wg3,w:o_direct' (measured slower, kept to reproduce fp8_attention_wg3.md / _wg3b.md):
+    512 threads, the consumers raised to 160 registers without spills, 192 x 96 tiles (QK^T
+    m64n96, PV m64n128 over 3 k steps), Q in three 64-row pieces, the ping-pong a ring over named
+    barriers 1, 2, 3; asked for outside the persistent kernel it is an error naming what."""
+    r = xcompile(dsl_pythonpath, tmp_path / "wg3", ["128,0,0"], flags="w:wg3,w:o_direct", ptxas=True)
+    v = r["128,0,0"]
+    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    assert v["reqntid"] == ["512"]
+    assert sorted(tuple(x) for x in v["setmaxnreg"]) == [("dec", "24"), ("inc", "160")]
+    assert v["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n96k32.e4m3.e4m3"]
+    assert v["wgmma_count"] == 2 * (128 // 32 + 96 // 32)
+    assert v["bar_arrive_ids"] == ["1", "2", "3"]
+    assert v["tma_loads"] >= 5 and v["tma_stores"] == 0  # o_direct: O from the registers
+    with pytest.raises(AssertionError, match="three consumer warpgroups"):
+        xcompile(dsl_pythonpath, tmp_path / "wg3_d64", ["64,0,0"], flags="wg3")
+
+
 def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
     """'w:persist,w:xover' (the tile boundaries overlapped, persistent_xover.py) builds for sm_90a
     without register spills: the persistent kernel's GEMMs, each issue block written three times

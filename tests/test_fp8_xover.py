@@ -78,22 +78,24 @@ def test_dependencies(key_tiles, pv_first):
 
 
 def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first: bool = False,
-             mufu_token: bool = False, mufu_opened: int = 1):
-    """Producer + two consumer warpgroups stepping whenever they can; returns the barriers' final
-    (arrivals, waits).  A named barrier of 2 x 128 threads completes once the other warpgroup has
-    arrived, so at most one arrival may be pending (a second one would complete it alone).
+             mufu_token: bool = False, mufu_opened: int = 1, consumers: int = 2):
+    """Producer + ``consumers`` consumer warpgroups (3: "wg3", the turns a ring 0 -> 1 -> 2 -> 0)
+    stepping whenever they can; returns the barriers' final (arrivals, waits).  A named barrier of
+    2 x 128 threads completes once the warpgroup before has arrived, so at most one arrival may be
+    pending (a second one would complete it alone).
     ``mufu_token``: a softmax step also takes this warpgroup's exp2 turn (warpgroup 1 opens
     warpgroup 0's first) and hands it to the other one; warpgroup 0 takes the last at the end."""
     prog = consumer_steps(key_tiles, xover, pv_first)
     loads = producer_loads(key_tiles)
     kv_index = {(s.tile, s.block): k for k, s in enumerate(x for x in loads if x.kind == "kv_load")}
-    pc = [0, 0]
+    n = consumers
+    pc = [0] * n
     lp = 0
     loaded_kv, loaded_q = set(), set()
     released_kv = Counter()
     released_q = Counter()
-    arrivals, waits = [0, 0], [0, 0]  # per barrier (warpgroup w's turn)
-    arrivals[0] = 1  # warpgroup 1 opens warpgroup 0's first turn
+    arrivals, waits = [0] * n, [0] * n  # per barrier (warpgroup w's turn)
+    arrivals[0] = 1  # the last warpgroup opens warpgroup 0's first turn
     final_wait_done = False
     mufu_arrivals, mufu_waits = [mufu_opened if mufu_token else 0, 0], [0, 0]
     mufu_final_done = not mufu_token
@@ -114,24 +116,25 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first
         if lp < len(loads):
             s = loads[lp]
             if s.kind == "q_load":
-                ok = s.tile < q_stages or released_q[s.tile - q_stages] == 2
+                ok = s.tile < q_stages or released_q[s.tile - q_stages] == n
                 if ok:
                     loaded_q.add(s.tile)
             else:
                 k = kv_index[(s.tile, s.block)]
-                ok = k < kv_stages or released_kv[k - kv_stages] == 2
+                ok = k < kv_stages or released_kv[k - kv_stages] == n
                 if ok:
                     loaded_kv.add(k)
             if ok:
                 lp += 1
                 progressed = True
-        for wg in (0, 1):
+        for wg in range(n):
             while pc[wg] < len(prog) and can(wg, prog[pc[wg]]):
                 s = prog[pc[wg]]
                 if s.kind == "turn":
                     waits[wg] += 1
-                    arrivals[1 - wg] += 1  # the turn passed right after the GEMM issue
-                    assert arrivals[1 - wg] - waits[1 - wg] <= 1, "a named barrier over-arrived"
+                    nxt = (wg + 1) % n
+                    arrivals[nxt] += 1  # the turn passed right after the GEMM issue
+                    assert arrivals[nxt] - waits[nxt] <= 1, "a named barrier over-arrived"
                 elif s.kind == "softmax" and mufu_token:
                     mufu_waits[wg] += 1
                     mufu_arrivals[1 - wg] += 1  # handed on after this warpgroup's exp2s
@@ -152,7 +155,7 @@ def simulate(key_tiles, xover: bool, kv_stages: int, q_stages: int = 2, pv_first
             progressed = True
         if not progressed:
             break
-    assert pc == [len(prog), len(prog)] and lp == len(loads), f"deadlock at {pc}, producer {lp}"
+    assert pc == [len(prog)] * n and lp == len(loads), f"deadlock at {pc}, producer {lp}"
     assert final_wait_done and mufu_final_done
     assert mufu_arrivals == mufu_waits
     return arrivals, waits
@@ -167,6 +170,14 @@ def test_no_deadlock_and_barriers_balance(key_tiles, mode, kv_stages, mufu_token
                                mufu_token=mufu_token)
     assert arrivals == waits
 
+
+@pytest.mark.parametrize("kv_stages", [2, 5, 7])
+@pytest.mark.parametrize("key_tiles", LAYOUTS + RANDOM[:10])
+def test_three_consumer_warpgroups_no_deadlock(key_tiles, kv_stages):
+    """wg3: the plain persistent loop with three consumer warpgroups, the turn a ring of three named
+    barriers (consumer_mainloop.pass_turn), every stage released by all three."""
+    arrivals, waits = simulate(key_tiles, False, kv_stages, consumers=3)
+    assert arrivals == waits and len(arrivals) == 3
 
 
 @pytest.mark.parametrize("opened", [0, 2])

@@ -291,10 +291,18 @@ class ConsumerMainLoop:
 
     @cute.jit
     def pass_turn(self, wg: Int32, last: cutlass.Boolean):
-        """Open the other warpgroup's GEMM turn.  Warpgroup 1 skips its last one: it opened
-        warpgroup 0's first turn up front, so each barrier sees as many arrivals as waits."""
+        """Open the next warpgroup's GEMM turn (a ring: 0 -> 1 [-> 2] -> 0).  The last warpgroup
+        skips its last one: it opened warpgroup 0's first turn up front, so each barrier sees as many
+        arrivals as waits (barrier ids are immediates: wg3 branches once more)."""
         if wg == 0:
             cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR + 1, number_of_threads=2 * 128)
         else:
-            if not last:
-                cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+            if cutlass.const_expr(self.consumer_wgs == 3):
+                if wg == 1:
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR + 2, number_of_threads=2 * 128)
+                else:
+                    if not last:
+                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+            else:
+                if not last:
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)

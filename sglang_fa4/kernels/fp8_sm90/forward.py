@@ -56,11 +56,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from sglang_fa4.kernels.fp8_sm90.consumer_mainloop import ConsumerMainLoop
 from sglang_fa4.kernels.fp8_sm90.consumer_mainloop_wide import ConsumerMainLoopWide
 from sglang_fa4.kernels.fp8_sm90.kernel_entry import KernelEntry
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, NUM_THREADS, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, NUM_THREADS, WG_ROWS, consumer_regs, num_threads
 from sglang_fa4.kernels.fp8_sm90.layout import (
     D256_CAUSAL_DEFAULT_SWITCHES,
     SUPPORTED_HEAD_DIMS,
-    TILE_M,
     TILE_N,
     TWO_LEVEL_MAX_HEAD_DIM,
     WIDE_DEFAULT_SWITCHES,
@@ -112,7 +111,6 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.head_dim = head_dim
         self.causal = causal
         self.local = local
-        self.tile_m = TILE_M
         debug = frozenset(debug)
         # d=128 non-causal without a window ("wide tile"): a 128 x 192 tile (FA3's FP8 d=128 tile
         # for column-major V, as V^T is here), O accumulated by the PV GEMM itself (one level: the
@@ -135,7 +133,12 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # Key tile ("nN" switch, e.g. "n192"): a multiple of 32, the PV GEMM's K step.  At d=256
         # (O alone is 128 registers a thread) 64 / 96 / 128 keys build without spills for sm_90a,
         # 160 spills 192 bytes (S + P of 160 keys beside O).
-        self.tile_n = numbered_switch(debug, "n", 192 if wide_tile else TILE_N)
+        # "wg3" (persistent kernel): three consumer warpgroups, 96-key tiles unless told otherwise
+        self.consumer_wgs = 3 if "wg3" in debug else 2
+        self.tile_m = WG_ROWS * self.consumer_wgs
+        self.num_threads = num_threads(self.consumer_wgs)
+        self.consumer_regs = consumer_regs(self.consumer_wgs)
+        self.tile_n = numbered_switch(debug, "n", 96 if self.consumer_wgs == 3 else 192 if wide_tile else TILE_N)
         if self.tile_n % 32 or not 32 <= self.tile_n <= 256:
             raise ValueError(f"key tile {self.tile_n}: a multiple of 32 (the PV GEMM's K step) up to 256")
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.  Shared memory
@@ -234,7 +237,8 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
                                  f"two_level={self.two_level})")
             if stages_flag:
                 raise ValueError("sN: a stage count of the non-persistent kernel (the persistent one sizes its own)")
-            self.num_stages = num_stages or persistent_stages(head_dim, self.tile_n, Q_STAGES, self.o_tma)
+            self.num_stages = num_stages or persistent_stages(head_dim, self.tile_n, Q_STAGES, self.o_tma,
+                                                              self.tile_m)
         # Cross-tile overlap ("xover", with "persist"; persistent_xover.py): a tile's last PV GEMM is
         # issued with the next tile's first QK^T and its epilogue runs after the next tile's first
         # softmax, so the tensor cores do not drain at the CTA's tile boundaries.
@@ -267,6 +271,15 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.sum_mma = self.persistent and not self.xover and "sum_mma" in self.debug
         if "sum_mma" in self.debug and not self.sum_mma:
             raise ValueError("sum_mma: a switch of the persistent kernel without xover (give it with persist)")
+        # "wg3" (persistent kernel): a third consumer warpgroup, 192 x 96 tiles, consumers at 160
+        # registers (kernel_shape.consumer_regs), the ping-pong a ring of three turns.  Why: the
+        # profile (fp8_attention_ncu_persist.md) has a warpgroup's dependent chain per key tile (S
+        # wait, row maxima, exp2s, P, the GEMM issue) longer than the other warpgroup's GEMMs, so
+        # two warpgroups leave the tensor pipe idle half the time; with three, two others cover it.
+        if self.consumer_wgs == 3 and (not self.persistent or self.xover or self.pingpong_max or self.mufu_token
+                                       or self.sum_mma):
+            raise ValueError("wg3: three consumer warpgroups are a variant of the persistent kernel alone "
+                             "(give it with persist; not with xover, pp_max, mufu_token or sum_mma)")
         # the row sums come from an MMA (no FADDs in the softmax)
         self.row_sums_on_mma = self.rowsum_mma or self.sum_mma
         # a word of 0.0 and a scratch word per consumer warpgroup in shared memory (zero_words)
@@ -312,7 +325,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         )
         # Q: two 64-row halves (one per consumer warpgroup) as two "stages" of an A layout (persistent:
         # Q_STAGES buffers of two halves, stage 2 * buffer + half)
-        q_halves = 2 * Q_STAGES if cutlass.const_expr(self.persistent) else 2
+        q_halves = self.consumer_wgs * Q_STAGES if cutlass.const_expr(self.persistent) else 2
         sQ_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, q_halves)
         sK_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), F8, self.num_stages)
         sVt_layout = sm90_utils.make_smem_layout_b(_ROW_MAJOR, (WG_ROWS, d, self.tile_n), F8, self.num_stages)
@@ -329,7 +342,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         tma_vt, mVt_tma = cpasync.make_tiled_tma_atom(
             g2s, mVt, cute.slice_(sVt_layout, (None, None, 0)), (d, self.tile_n)
         )
-        self.tx_q = 2 * WG_ROWS * d
+        self.tx_q = self.consumer_wgs * WG_ROWS * d
         self.tx_kv = 2 * self.tile_n * d
 
         @cute.struct

@@ -42,10 +42,10 @@ class KernelEntry:
         return lo, tile - ((mCuQ[lo] - cu0) // tile_m + lo)
 
     def make_pipelines(self, storage, q_stages: int):
-        """The Q and K/V^T TMA pipelines on ``storage``'s barriers: one producer thread, the 8
-        consumer warps (a plain method: traced inline into the kernel calling it; the persistent
-        kernel shares it with ``q_stages`` = 2)."""
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
+        """The Q and K/V^T TMA pipelines on ``storage``'s barriers: one producer thread, the
+        consumer warps (8, or 12 with wg3; a plain method: traced inline into the kernel calling it;
+        the persistent kernel shares it with ``q_stages`` = 2)."""
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumer_wgs)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(),
             num_stages=q_stages,

@@ -160,16 +160,18 @@ def scoped_switches(switches, head_dim: int, causal: bool, local: bool, wide_til
     return frozenset(out)
 
 
-def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: bool) -> int:
-    """K/V^T stages of the persistent kernel (switch "persist"): as many as fit (at most 4) beside
-    ``q_buffers`` Q buffers (TILE_M x d bytes each), the bf16 O staging buffers (TILE_M x d x 2
-    bytes, the TMA-store epilogue) and 2 KiB of barriers + the longest-first table -- 3 at d=128
-    with 192-key tiles and two Q buffers, 4 without the O buffers ("o_direct")."""
-    spare = SM90_SMEM_BYTES - q_buffers * TILE_M * head_dim - (2 * TILE_M * head_dim if o_staging else 0) - 2048
+def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: bool, tile_m: int = TILE_M) -> int:
+    """K/V^T stages of the persistent kernel (switch "persist"): as many as fit beside ``q_buffers``
+    Q buffers (tile_m x d bytes each), the bf16 O staging buffers (tile_m x d x 2 bytes, the
+    TMA-store epilogue) and 2 KiB of barriers + the longest-first table, at most 4 -- or, for key
+    tiles under 192, as many as hold 768 keys (what 4 stages of 192 keys hold).  3 at d=128 with
+    192-key tiles and two Q buffers, 4 without the O buffers ("o_direct"); 5 / 7 with the 192-row
+    tiles and 96-key tiles of "wg3"."""
+    spare = SM90_SMEM_BYTES - q_buffers * tile_m * head_dim - (2 * tile_m * head_dim if o_staging else 0) - 2048
     fits = spare // (2 * tile_n * head_dim)
     if fits < 2:
         raise ValueError(f"persistent kernel, key tile {tile_n} at head dim {head_dim}: two K/V^T stages do not fit")
-    return min(4, fits)
+    return min(max(4, 768 // tile_n), fits)
 
 
 def numbered_switch(switches, prefix: str, default=None):

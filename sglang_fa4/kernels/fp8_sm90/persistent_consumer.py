@@ -102,8 +102,9 @@ class PersistentConsumer:
             tRS_sO = thr_stsm.partition_D(sO[None, None, wg])
 
         if cutlass.const_expr(self.pingpong):
-            # warpgroup 0 takes the CTA's first turn (the turns then run on across tiles)
-            if wg == 1:
+            # warpgroup 0 takes the CTA's first turn, opened by the last one (the turns then run on
+            # across tiles)
+            if wg == self.consumer_wgs - 1:
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
         self.open_mufu_token(wg)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
@@ -130,7 +131,7 @@ class PersistentConsumer:
                                      softmax_scale_log2, qhead_per_kvhead)
                 if valid != 0:
                     row_start = m_block * self.tile_m + wg * WG_ROWS
-                    m64_block = 2 * m_block + wg
+                    m64_block = self.consumer_wgs * m_block + wg
                     n_block_max = (seqlen_k + tile_n - 1) // tile_n
                     acc_o.fill(0.0)
                     if cutlass.const_expr(self.sum_mma):
@@ -144,7 +145,7 @@ class PersistentConsumer:
                     tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
                     pipe_q.consumer_wait(q_state)
                     kv_state = self.one_level_tile(
-                        tiled_mma_qk, tiled_mma_pv, tSrQ, 2 * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
+                        tiled_mma_qk, tiled_mma_pv, tSrQ, self.consumer_wgs * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
                         tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
                         seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
                         sums, acc_so, acc_st,
@@ -165,7 +166,7 @@ class PersistentConsumer:
                         self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
                 w += stride
         if cutlass.const_expr(self.pingpong):
-            if wg == 0:  # the turn warpgroup 1 passed after its last GEMMs
+            if wg == 0:  # the turn the last warpgroup passed after its last GEMMs
                 cute.arch.barrier(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
         self.close_mufu_token(wg)
         if cutlass.const_expr(self.o_tma):

@@ -20,7 +20,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, F8, NUM_THREADS, PRODUCER_REGS, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, PRODUCER_REGS, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.layout import SM90_SMEM_BYTES, VT_ALIGN
 from sglang_fa4.kernels.fp8_sm90.schedule import LPT_MAX_SEQS
 
@@ -43,7 +43,8 @@ class PersistentEntry:
         d = self.head_dim
         _ROW_MAJOR = cutlass.utils.LayoutEnum.ROW_MAJOR
         # one (64, d) bf16 buffer per consumer warpgroup, laid out as the TMA store reads it
-        sO_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), cutlass.BFloat16, 2)
+        sO_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), cutlass.BFloat16,
+                                                  self.consumer_wgs)
         tma_o, mO_tma = tma_q, mQ_tma  # placeholders (o_direct: no TMA store)
         if cutlass.const_expr(self.o_tma):
             mO_v = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[0, 2, 1]))  # (rows, d, head)
@@ -78,7 +79,7 @@ class PersistentEntry:
             sO_layout, sOnes_layout,
         ).launch(
             grid=[cutlass.min(num_work, Int32(self.num_sms)), 1, 1],
-            block=[NUM_THREADS, 1, 1],
+            block=[self.num_threads, 1, 1],
             smem=StoragePersistent.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
@@ -196,12 +197,12 @@ class PersistentEntry:
         s_perm = storage.sched_perm.get_tensor(cute.make_layout(LPT_MAX_SEQS + 1))
         self.init_schedule(mCuQ, mCuK, s_first, s_perm, tidx)
         pipe_q, pipe_kv = self.make_pipelines(storage, q_stages=Q_STAGES)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, 2 halves x Q_STAGES)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, pieces x Q_STAGES)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
         sO = sQ  # unused unless o_tma
         if cutlass.const_expr(self.o_tma):
-            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # (64, d, 2 warpgroups)
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # (64, d, warpgroups)
 
         if wg_idx == 0:
             # ------------------------------ producer ------------------------------
@@ -236,16 +237,17 @@ class PersistentEntry:
                             tma_vt, 0, cute.make_layout(1), cute.group_modes(sVt, 0, 2), cute.group_modes(gVt, 0, 2)
                         )
                         pipe_q.producer_acquire(q_state)
-                        for half in cutlass.range_constexpr(2):
-                            q_tile = 2 * m_block + half
-                            if cutlass.const_expr(half == 1):
-                                # a half past the sequence's rows: load the first again (kernel_entry)
-                                if m_block * self.tile_m + WG_ROWS >= seqlen_q:
-                                    q_tile = 2 * m_block
+                        n_wg = self.consumer_wgs
+                        for half in cutlass.range_constexpr(n_wg):  # a 64-row piece per consumer warpgroup
+                            q_tile = n_wg * m_block + half
+                            if cutlass.const_expr(half >= 1):
+                                # a piece past the sequence's rows: load the first again (kernel_entry)
+                                if m_block * self.tile_m + half * WG_ROWS >= seqlen_q:
+                                    q_tile = n_wg * m_block
                             cute.copy(
                                 tma_q,
                                 tQgQ[None, q_tile],
-                                tQsQ[None, 2 * q_state.index + half],
+                                tQsQ[None, n_wg * q_state.index + half],
                                 tma_bar_ptr=pipe_q.producer_get_barrier(q_state),
                             )
                         q_state.advance()
@@ -261,7 +263,7 @@ class PersistentEntry:
                     w += stride
         else:
             # ------------------------------ consumers ------------------------------
-            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            cute.arch.warpgroup_reg_alloc(self.consumer_regs)
             s_zero = sQ  # softmax_tile's word operand: read by mufu_token / pp_max (mufu_gate needs rowsum_mma)
             if cutlass.const_expr(self.zero_words_used):
                 s_zero = self.zero_words(storage, wg_idx - 1)[None, None, wg_idx - 1]
