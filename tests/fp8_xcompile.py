@@ -34,6 +34,8 @@ def facts(ptx: str) -> dict:
         # the ping-pong ring's barrier ids (wg3: 1, 2, 3) and the CTA's threads
         "bar_arrive_ids": sorted(set(re.findall(r"\bbar\.arrive\s+(\d+),\s*256;", ptx))),
         "reqntid": re.findall(r"\.reqntid\s+(\d+)", ptx),
+        # warp votes (lazy_max: O's rescale skipped; stale_exp: the stale path and P's rescale)
+        "votes": sorted(re.findall(r"\bvote\.sync\.(all|any)\.pred", ptx)),
         # arrives / waits on a barrier id held in a register (mufu_gate's ISSUED_BAR + warpgroup)
         "reg_bar_arrive": len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx)),
         "reg_bar_sync_256": len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx)),

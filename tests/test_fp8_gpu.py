@@ -175,7 +175,8 @@ def _segments(n, hi, seed):
     return lens
 
 
-@pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct", "w:persist,w:xover"], indirect=True)
+@pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct", "w:persist,w:xover",
+                                        "w:persist,w:stale_exp"], indirect=True)
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv", [
     ([1000, 3000], [1000, 3000], 4, 4),  # partial halves at both sequence ends
     (_segments(60, 300, 0), _segments(60, 300, 0), 4, 4),  # <= 128 sequences: longest-first table
@@ -224,6 +225,51 @@ def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, h
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("persistent", ["w:persist,w:stale_exp", "w:persist,w:lazy_max"], indirect=True)
+@pytest.mark.parametrize("sq,a,b,path", [
+    (90.0, 0.5, 1.5, "stale"),  # every row's max jumps 5-11 log2 units at the last key tile
+    (90.0, 0.2, 0.5, "stale"),  # about 40% of the rows' maxima move there: warps of both kinds
+    (60.0, 0.2, 0.6, "mixed"),  # score bounds near STALE_BOUND_LOG2: some warps on the plain softmax
+    (30.0, 0.3, 1.0, "plain"),  # bounds far above it: the plain softmax (lazy_max) everywhere
+])
+def test_stale_exp_late_maxima(persistent, sq, a, b, path):
+    """'stale_exp' (exp2s on the max from before the tile, tile_softmax.stale_softmax_tile) and
+    'lazy_max' against fp32 where the running max jumps at a q tile's last key tile (key block 0,
+    taken last): q and the first 192 keys share a direction u.  E4M3 values near the top of their
+    range with descales, as quantize_qkv gives them.  Which path a warp takes follows from the data
+    by the kernel's rule (row bound = sum |q| x 448), checked here on the host."""
+    from sglang_fa4.kernels.fp8_sm90.layout import LAZY_MAX_LOG2, STALE_BOUND_LOG2
+
+    launch = persistent
+    n, h, d = 4096, 2, 128
+    g = torch.Generator(device="cuda").manual_seed(7)
+    u = torch.randint(0, 2, (1, 1, d), device="cuda", generator=g).float() * 2 - 1
+    q = (sq * (torch.randn(n, h, d, device="cuda", generator=g) + a * u)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    kf = sq * torch.randn(n, h, d, device="cuda", generator=g)
+    kf[:192] = sq * (torch.randn(192, h, d, device="cuda", generator=g) + b * u)
+    k = kf.clamp(-448, 448).to(torch.float8_e4m3fn)
+    v = (100 * torch.randn(n, h, d, device="cuda", generator=g)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    qd, kd, vd = (torch.full((1, h), x, device="cuda") for x in (1 / sq, 1 / sq, 0.01))
+    cu = cu_from([n])
+    out = torch.full((n, h, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch.fp8_varlen_attention(q, k, v, cu, cu, n, n, q_descale=qd, k_descale=kd, v_descale=vd, out=out)
+    torch.cuda.synchronize()
+    qf, kf, vf = q.float() / sq, k.float() / sq, v.float() * 0.01
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * d ** -0.5
+    ref = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
+    o = out.float()
+    assert torch.isfinite(o).all()
+    assert ((o - ref).norm() / ref.norm()).item() <= BAR
+    # the data takes the intended path (the kernel's rule, in log2 units of the scaled scores)
+    log2e = 1.4426950408889634
+    m_rest = s[:, :, 192:].amax(-1) * log2e
+    gap = (q.float().abs().sum(-1).T * 448 / sq / sq * d ** -0.5 * log2e) - m_rest
+    jump = s[:, :, :192].amax(-1) * log2e - m_rest
+    assert {"stale": gap.max() <= STALE_BOUND_LOG2, "mixed": gap.min() <= STALE_BOUND_LOG2 < gap.max(),
+            "plain": gap.min() > STALE_BOUND_LOG2}[path], (gap.min().item(), gap.max().item())
+    assert (jump > LAZY_MAX_LOG2).float().mean().item() > 0.3
 
 
 NAN_CHILD = r"""

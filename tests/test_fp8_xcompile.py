@@ -200,6 +200,23 @@ def test_fp8_forward_three_consumer_warpgroups_cross_compile(dsl_pythonpath, tmp
         xcompile(dsl_pythonpath, tmp_path / "wg3_d64", ["64,0,0"], flags="wg3")
 
 
+def test_fp8_forward_lazy_max_and_stale_exp_cross_compile(dsl_pythonpath, tmp_path):
+    """'w:lazy_max' and 'w:stale_exp' (measured no faster / 17% slower, kept to reproduce
+    fp8_attention_stale.md): without spills; lazy_max puts O's two rescales (the loop's and the
+    tile's last) behind a warp vote, stale_exp adds the vote.all choosing the stale path and the
+    vote.any of P's rescale; the default has no vote.  Outside the persistent kernel: an error."""
+    r = xcompile(dsl_pythonpath, tmp_path / "lazy", ["128,0,0"], flags="w:lazy_max", ptxas=True)
+    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    assert r["128,0,0"]["votes"] == ["any", "any"]
+    r = xcompile(dsl_pythonpath, tmp_path / "stale", ["128,0,0"], flags="w:stale_exp", ptxas=True)
+    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    assert r["128,0,0"]["votes"] == ["all", "any", "any", "any"]
+    assert r["128,0,0"]["wgmma_count"] == 2 * (128 // 32 + 192 // 32)
+    assert xcompile(dsl_pythonpath, tmp_path / "plain", ["128,0,0"])["128,0,0"]["votes"] == []
+    with pytest.raises(AssertionError, match="persistent kernel"):
+        xcompile(dsl_pythonpath, tmp_path / "lazy_d64", ["64,0,0"], flags="lazy_max")
+
+
 def test_fp8_forward_persistent_xover_cross_compiles(dsl_pythonpath, tmp_path):
     """'w:persist,w:xover' (the tile boundaries overlapped, persistent_xover.py) builds for sm_90a
     without register spills: the persistent kernel's GEMMs, each issue block written three times

@@ -175,6 +175,7 @@ class ConsumerMainLoopWide:
         sums=None,
         acc_so=None,
         acc_st=None,
+        row_bound=None,
     ):
         """One q tile's key loop, from its first QK^T to its last PV GEMM (O in ``acc_o``, the
         softmax state in row_max / row_sum / factor), K/V^T stages from ``kv_state`` on; returns
@@ -213,9 +214,8 @@ class ConsumerMainLoopWide:
             kv_state, prev_state = self.later_key_tiles(
                 tiled_mma_qk, tiled_mma_pv, tSrQ, q_stage, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, ones32, row_max,
                 row_sum, factor, pipe_kv, kv_state, prev_state, wg, row_start, seqlen_k, diag, n_block_max, n_iters,
-                scale_log2, window_left, window_right, sums, acc_so, acc_st)
-            self.rescale_o(acc_o, factor)
-            self.rescale_sums(acc_so, factor)
+                scale_log2, window_left, window_right, sums, acc_so, acc_st, row_bound)
+            self.rescale_o_and_sums(acc_o, acc_so, factor)
             warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
@@ -260,6 +260,7 @@ class ConsumerMainLoopWide:
         sums=None,
         acc_so=None,
         acc_st=None,
+        row_bound=None,
     ):
         """Key tiles 1 .. n_iters - 1 of a q tile, after its first QK^T and softmax (P in ``tOrP``,
         its K/V^T stage ``prev_state``): each issues S_i = Q K_i^T with O += P_{i-1} V_{i-1} and
@@ -272,8 +273,7 @@ class ConsumerMainLoopWide:
             if cutlass.const_expr(self.pingpong):
                 # ping-pong: O's rescale before this warpgroup's turn, so that the turn holds
                 # the GEMM issues alone (the previous PV GEMM into O was waited for below)
-                self.rescale_o(acc_o, factor)
-                self.rescale_sums(acc_so, factor)
+                self.rescale_o_and_sums(acc_o, acc_so, factor)
             pipe_kv.consumer_wait(kv_state)
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
@@ -284,8 +284,7 @@ class ConsumerMainLoopWide:
             warpgroup.commit_group()
             # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
             if cutlass.const_expr(not self.pingpong):
-                self.rescale_o(acc_o, factor)
-                self.rescale_sums(acc_so, factor)
+                self.rescale_o_and_sums(acc_o, acc_so, factor)
                 warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
@@ -298,7 +297,10 @@ class ConsumerMainLoopWide:
             if cutlass.const_expr(self.pingpong_late):
                 self.pass_turn(wg, self.last_turn(i == n_iters - 1))
             self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
+            if cutlass.const_expr(self.stale_exp):
+                self.stale_softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, row_bound, wg, ones32)
+            else:
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
             if cutlass.const_expr(self.pin_wait):
                 self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
             warpgroup.wait_group(0)  # P_{i-1} V_{i-1} done; tOrP free again
@@ -314,6 +316,20 @@ class ConsumerMainLoopWide:
         """O = O * factor (per row; a thread holds 2 rows: values (v // 2) % 2)."""
         for v in range(cute.size(acc_o)):
             acc_o[v] = acc_o[v] * factor[(v // 2) % 2]
+
+    def rescale_o_and_sums(self, acc_o, acc_so, factor):
+        """O (and sum_mma's row sums) times the factors; lazy_max: only if a row of the warp moved."""
+        if self.lazy_max:
+            self.rescale_o_if_moved(acc_o, factor)
+        else:
+            self.rescale_o(acc_o, factor)
+            self.rescale_sums(acc_so, factor)
+
+    @cute.jit
+    def rescale_o_if_moved(self, acc_o: cute.Tensor, factor: cute.Tensor):
+        """lazy_max: O times the factors unless both are exactly 1 in every thread of the warp."""
+        if cute.arch.vote_any_sync(factor[0] * factor[1] != Float32(1.0)):
+            self.rescale_o(acc_o, factor)
 
     def rescale_sums(self, acc_so, factor):
         """sum_mma: the row-sum accumulator rescaled with O (its values (v // 2) % 2 are rows too)."""

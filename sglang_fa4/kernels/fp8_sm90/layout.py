@@ -33,6 +33,15 @@ VT_ALIGN = 16
 #: probabilities stay normal numbers in E4M3 (FA3's Max_offset = 8); the row sum uses the same
 #: scaled P, so the factor cancels.
 P_LOG2_OFFSET = 8.0
+#: "lazy_max": a row's running max is raised only when a key tile's exceeds it by more than this
+#: (log2 units of the scaled scores); P then stays below 2^(8 + 0.75) = 430 < 448 (E4M3's largest)
+#: and most key tiles leave the rescale factors at exactly 1, so O's rescale is skipped (a warp vote).
+LAZY_MAX_LOG2 = 0.75
+#: "stale_exp": a key tile's exp2s take the running max from before the tile, the tile's own max is
+#: computed beside them and P rescaled afterwards if it moved (lazy_max).  Safe while that stale P
+#: cannot overflow fp32, nor its 48-term row sums: the row's score bound (|q| row sum x 448, E4M3's
+#: largest K) lies at most this far above the running max, else the tile takes the plain softmax.
+STALE_BOUND_LOG2 = 100.0
 #: Largest head dim whose O is accumulated in two levels (fp32 O + each tile's fp32 P V); above it
 #: the two accumulators (d registers a thread) do not fit a consumer's 240 beside S, and the PV
 #: GEMM accumulates into O itself (consumer_mainloop_wide).

@@ -89,6 +89,7 @@ class PersistentConsumer:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         factor = cute.make_rmem_tensor((2,), Float32)
+        row_bound = cute.make_rmem_tensor((2,), Float32)  # stale_exp: the rows' score bounds
         store_thread = tid == 0  # issues this warpgroup's TMA stores and waits for them
         stsm = thr_stsm = tRS_sO = None
         if cutlass.const_expr(self.o_tma):
@@ -144,11 +145,13 @@ class PersistentConsumer:
                     mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
                     tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
                     pipe_q.consumer_wait(q_state)
+                    if cutlass.const_expr(self.stale_exp):
+                        self.q_row_bounds(sQ[None, None, self.consumer_wgs * q_state.index + wg], tScS, tid, row_bound)
                     kv_state = self.one_level_tile(
                         tiled_mma_qk, tiled_mma_pv, tSrQ, self.consumer_wgs * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
                         tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
                         seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
-                        sums, acc_so, acc_st,
+                        sums, acc_so, acc_st, row_bound,
                     )
                     pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
                     q_state.advance()

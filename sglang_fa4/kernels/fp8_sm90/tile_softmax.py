@@ -12,7 +12,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, ISSUED_BAR, MUFU_BAR, WG_ROWS
-from sglang_fa4.kernels.fp8_sm90.layout import P_LOG2_OFFSET
+from sglang_fa4.kernels.fp8_sm90.layout import LAZY_MAX_LOG2, P_LOG2_OFFSET, STALE_BOUND_LOG2
 
 
 def _tree_reduce(vals: list, op):
@@ -153,12 +153,82 @@ class TileSoftmax:
                     mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+        if cutlass.const_expr(self.lazy_max):
+            if (mx - row_max[r]) * scale_log2 <= LAZY_MAX_LOG2:
+                mx = row_max[r]  # not raised: the factor stays exactly 1 (P below 2^8.75)
         m_use = mx
         if mx == -Float32.inf:
             m_use = Float32(0.0)
         factor[r] = cute.math.exp2((row_max[r] - m_use) * scale_log2, fastmath=True)
         row_max[r] = mx
         bias[r] = m_use * scale_log2 - P_LOG2_OFFSET
+
+    @cute.jit
+    def stale_softmax_tile(self, acc_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
+                           factor: cute.Tensor, scale_log2: Float32, row_bound: cute.Tensor, wg: Int32,
+                           ones32: cute.Tensor):
+        """stale_exp: P = exp2(s * scale - max_before * scale + 8) right from S, the tile's row
+        maxima computed beside the exp2s (ALU beside MUFU) instead of before them; a row whose max
+        moved past LAZY_MAX_LOG2 then takes its new max and P, its sum and O their factor (P x
+        factor is exact where it matters: the stale P was below 2^108).  The warp takes this path
+        only if none of its rows' score bounds (``row_bound``, raw S units) lies more than
+        STALE_BOUND_LOG2 above the running max (else the stale P could overflow), else the plain
+        softmax_tile; a NaN or a row without a max yet fails the test."""
+        fits = Int32(0)
+        if (row_bound[0] - row_max[0]) * scale_log2 <= STALE_BOUND_LOG2:
+            if (row_bound[1] - row_max[1]) * scale_log2 <= STALE_BOUND_LOG2:
+                fits = Int32(1)
+        if cute.arch.vote_all_sync(fits != 0):
+            for r in cutlass.range_constexpr(2):
+                mx, s = self._stale_row_exps(acc_s, row_max[r], scale_log2, r)
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                f = Float32(1.0)
+                if (mx - row_max[r]) * scale_log2 > LAZY_MAX_LOG2:
+                    f = cute.math.exp2((row_max[r] - mx) * scale_log2, fastmath=True)
+                    row_max[r] = mx
+                factor[r] = f
+                row_sum[r] = (row_sum[r] + s) * f
+            if cute.arch.vote_any_sync(factor[0] * factor[1] != Float32(1.0)):
+                for v in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[v] = acc_s[v] * factor[(v // 2) % 2]
+        else:
+            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
+
+    # Plain Python: runs at trace time, inlined like the code it stands for.
+    def _stale_row_exps(self, acc_s, m_before, scale_log2, r: int):
+        """Row r's exp2s on the max from before the tile (in place) with the row's max over the
+        tile (4 chains, from ``m_before``) and its sum of P; returns (this thread's max, sum)."""
+        bias = m_before * scale_log2 - P_LOG2_OFFSET
+        parts = [m_before] * 4
+        s = Float32(0.0)
+        for k, (j, e) in enumerate((j, e) for j in range(self.tile_n // 8) for e in range(2)):
+            v = e + 2 * r + 4 * j
+            x = acc_s[v]
+            parts[k % 4] = cute.arch.fmax(parts[k % 4], x)
+            acc_s[v] = cute.math.exp2(x * scale_log2 - bias, fastmath=True)
+            s += acc_s[v]
+        return _tree_reduce(parts, cute.arch.fmax), s
+
+    @cute.jit
+    def q_row_bounds(self, sQ_piece: cute.Tensor, tScS: cute.Tensor, tid: Int32, row_bound: cute.Tensor):
+        """stale_exp: this thread's two rows' bound on a score, in raw S units: the row's sum of
+        |q| times 448 (no E4M3 K element is larger); a quad sums a row's columns in quarters."""
+        chunk = 8  # columns converted at a time (all of a quarter at once spills beside O)
+        q8 = cute.make_rmem_tensor((chunk,), F8)
+        qf = cute.make_rmem_tensor((chunk,), Float32)
+        for r in cutlass.range_constexpr(2):
+            row = tScS[2 * r][0]
+            s = Float32(0.0)
+            for c0 in cutlass.range(0, self.head_dim // 4, chunk, unroll=1):  # a loop, so no hoisted addresses
+                for c in cutlass.range_constexpr(chunk):
+                    q8[c] = sQ_piece[row, tid % 4 + 4 * (c0 + c)]
+                qf.store(q8.load().to(Float32))
+                for c in cutlass.range_constexpr(chunk):
+                    s += cute.arch.fmax(qf[c], -qf[c])
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            row_bound[r] = s * Float32(448.0)
 
     @cute.jit
     def exp_row_step(self, acc_s: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
