@@ -320,16 +320,17 @@ class ConsumerMainLoopWide:
     def rescale_o_and_sums(self, acc_o, acc_so, factor):
         """O (and sum_mma's row sums) times the factors; lazy_max: only if a row of the warp moved."""
         if self.lazy_max:
-            self.rescale_o_if_moved(acc_o, factor)
+            self.rescale_if_moved(acc_o, factor)
         else:
             self.rescale_o(acc_o, factor)
             self.rescale_sums(acc_so, factor)
 
     @cute.jit
-    def rescale_o_if_moved(self, acc_o: cute.Tensor, factor: cute.Tensor):
-        """lazy_max: O times the factors unless both are exactly 1 in every thread of the warp."""
+    def rescale_if_moved(self, acc: cute.Tensor, factor: cute.Tensor):
+        """lazy_max: ``acc`` (O, or stale_exp's P: rows (v // 2) % 2 like O's) times the factors
+        unless both are exactly 1 in every thread of the warp."""
         if cute.arch.vote_any_sync(factor[0] * factor[1] != Float32(1.0)):
-            self.rescale_o(acc_o, factor)
+            self.rescale_o(acc, factor)
 
     def rescale_sums(self, acc_so, factor):
         """sum_mma: the row-sum accumulator rescaled with O (its values (v // 2) % 2 are rows too)."""

@@ -145,10 +145,11 @@ class PersistentConsumer:
                     mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
                     tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
                     pipe_q.consumer_wait(q_state)
+                    q_piece = self.consumer_wgs * q_state.index + wg  # this warpgroup's 64 Q rows
                     if cutlass.const_expr(self.stale_exp):
-                        self.q_row_bounds(sQ[None, None, self.consumer_wgs * q_state.index + wg], tScS, tid, row_bound)
+                        self.q_row_bounds(sQ[None, None, q_piece], tScS, tid, row_bound)
                     kv_state = self.one_level_tile(
-                        tiled_mma_qk, tiled_mma_pv, tSrQ, self.consumer_wgs * q_state.index + wg, tSrK, tOrVt, acc_o, acc_s, tOrP,
+                        tiled_mma_qk, tiled_mma_pv, tSrQ, q_piece, tSrK, tOrVt, acc_o, acc_s, tOrP,
                         tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
                         seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
                         sums, acc_so, acc_st, row_bound,

@@ -189,9 +189,7 @@ class TileSoftmax:
                     row_max[r] = mx
                 factor[r] = f
                 row_sum[r] = (row_sum[r] + s) * f
-            if cute.arch.vote_any_sync(factor[0] * factor[1] != Float32(1.0)):
-                for v in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[v] = acc_s[v] * factor[(v // 2) % 2]
+            self.rescale_if_moved(acc_s, factor)  # P of the rows that moved
         else:
             self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
 
