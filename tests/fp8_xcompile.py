@@ -29,6 +29,8 @@ def facts(ptx: str) -> dict:
         "wgmma_count": len(wgmma),
         "cvt_e4m3x2": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
         "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global", ptx)),
+        # waits on a pipeline's barriers (kv_split: V^T's own full / empty barriers add three)
+        "mbar_waits": len(re.findall(r"\bmbarrier\.try_wait\.parity\.shared\.b64", ptx)),
         "setmaxnreg": re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx),
         "named_bar_arrive": len(re.findall(r"\bbar\.arrive\s+[12],\s*256;", ptx)),
         # the ping-pong ring's barrier ids (wg3: 1, 2, 3) and the CTA's threads

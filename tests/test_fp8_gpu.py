@@ -176,7 +176,8 @@ def _segments(n, hi, seed):
 
 
 @pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct", "w:persist,w:xover",
-                                        "w:persist,w:stale_exp"], indirect=True)
+                                        "w:persist,w:stale_exp", "w:persist,w:no_narrow,w:no_kv_split",
+                                        "w:persist,w:no_kv_split"], indirect=True)
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv", [
     ([1000, 3000], [1000, 3000], 4, 4),  # partial halves at both sequence ends
     (_segments(60, 300, 0), _segments(60, 300, 0), 4, 4),  # <= 128 sequences: longest-first table
@@ -225,6 +226,53 @@ def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, h
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("d,runs", [
+    # (the full first tile, narrow, ...): d=128's defaults are narrow + kv_split (layout.WIDE_DEFAULT_SWITCHES)
+    (128, [("w:no_narrow", "w:no_kv_split"), ("w:no_kv_split",), ()]),
+    (128, [("w:no_persist", "w:no_narrow"), ("w:no_persist",)]),
+    (192, [(), ("narrow",)]),
+    (256, [(), ("narrow",)]),
+])
+def test_narrow_first_tile_is_bitwise_the_full_tile(fp8, d, runs):
+    """'narrow' (first_key_tile.py) computes a q tile's first key tile at the least width that holds
+    its keys; the columns it leaves out are past the sequence, whose P the full tile makes exactly
+    0, and the columns it keeps take the same k steps: the output is bitwise the full tile's.  Key
+    counts hit every width (keys mod the key tile: 1, 64, 65, 96, 97 and a full tile), GQA with
+    seqlen_q != seqlen_k, an empty and a 1-token segment; outputs NaN-poisoned.  The persistent
+    kernel also with 'kv_split' (kv_pipes.py: K and V^T behind their own barriers), which changes
+    only when buffers are waited for and freed: bitwise the same again."""
+    from sglang_fa4.kernels.fp8_sm90.layout import narrow_widths
+
+    launch = fp8[0]
+    tile_n = 192 if d == 128 else 128  # the wide tile (persistent or not); d=192 / 256 unmasked: 128
+    assert narrow_widths(tile_n)
+    lens_k = [1, tile_n + 64, tile_n + 65, 2 * tile_n + 96, 97, 3 * tile_n, 0, 1000, 4096]
+    lens_q = [3, 200, 64, 500, 97, 130, 0, 1, 300]
+    cq, ck = cu_from(lens_q), cu_from(lens_k)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = (torch.randn(sum(lens_q), 8, d, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    k = (torch.randn(sum(lens_k), 2, d, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    v = torch.randn(sum(lens_k), 2, d, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    saved, compiled = launch.DEBUG_FLAGS, dict(launch._compiled)
+    outs = []
+    try:
+        for flags in runs:
+            launch.DEBUG_FLAGS = frozenset(flags)
+            launch._compiled.clear()
+            out = torch.full((sum(lens_q), 8, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+            launch.fp8_varlen_attention(q, k, v, cq, ck, max(lens_q), max(lens_k), out=out)
+            outs.append(out)
+        torch.cuda.synchronize()
+    finally:
+        launch.DEBUG_FLAGS = saved
+        launch._compiled.clear()
+        launch._compiled.update(compiled)
+    full = outs[0]
+    assert torch.isfinite(full.float()).all()
+    for flags, out in zip(runs[1:], outs[1:]):
+        assert torch.equal(out, full), flags
 
 
 @pytest.mark.parametrize("persistent", ["w:persist,w:stale_exp", "w:persist,w:lazy_max"], indirect=True)

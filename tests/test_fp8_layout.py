@@ -367,3 +367,42 @@ def test_explicit_stages_must_fit_shared_memory():
         fits = layout.stages_that_fit(256, n)
         assert layout.TILE_M * 256 + fits * 2 * n * 256 + 4096 <= layout.SM90_SMEM_BYTES
         assert layout.TILE_M * 256 + (fits + 1) * 2 * n * 256 + 4096 > layout.SM90_SMEM_BYTES
+
+
+# ---- the quantize kernels' rounding (sm_90 PTX, cross-compiled on the CPU) ---------------------
+
+_QUANT_POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "q8": "*fp8e4nv", "k8": "*fp8e4nv", "vt": "*u8",
+                   "desc": "*fp32", "part": "*fp32", "cuq": "*i32", "cuk": "*i32"}
+
+
+def _sm90_ptx(fn, consts):
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {p.name: "constexpr" if p.name in consts else _QUANT_POINTERS.get(p.name.removesuffix("_ptr"), "i32")
+           for p in fn.params}
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    except TypeError as exc:
+        pytest.skip(f"this Triton's ASTSource differs: {exc}")
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+
+
+def test_quantize_kernels_divide_with_ieee_rounding():
+    """descale = amax / 448 and 1 / descale: the per-sequence and the chunked quantize kernel round
+    both to nearest (div.rn), as the torch reference does; Triton's plain ``/`` is div.full.f32, which
+    put 22 of the 36 descales of a 3-sequence, 4-head layout 1 ulp off the reference on the H200
+    (and q / k bytes with them)."""
+    import re
+
+    from sglang_fa4.kernels.fp8_sm90 import quantize as Q, quantize_chunked as C
+
+    if Q.triton is None:
+        pytest.skip("no triton")
+    per_seq = _sm90_ptx(Q._quantize_kernel, {"D": 80, "DP": 96, "DP_POW2": 128, "ALIGN": 16, "BLOCK_T": 64})
+    chunked = _sm90_ptx(C._quant_pass, {"D": 80, "DP": 96, "DP2": 128, "ALIGN": 16, "CHUNK": C.CHUNK,
+                                        "BLOCK_T": C.BLOCK_T, "BLOCK_B": C.BLOCK_B})
+    for ptx in (per_seq, chunked):
+        divs = set(re.findall(r"\b(?:div|rcp)\.[a-z0-9.]*f32\b", ptx))
+        assert divs == {"div.rn.f32"}, divs

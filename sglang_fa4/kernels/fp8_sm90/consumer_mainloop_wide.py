@@ -91,10 +91,11 @@ class ConsumerMainLoopWide:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
+        first_ops = self.first_tile_operands(tiled_mma_qk, sK, tid)
         self.open_mufu_token(wg)
         self.one_level_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, None, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS,
                             ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag,
-                            n_block_max, n_iters, scale_log2, window_left, window_right)
+                            n_block_max, n_iters, scale_log2, window_left, window_right, first_ops=first_ops)
 
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         r_out = self.finish_o(acc_o, row_sum, v_descale)
@@ -176,6 +177,7 @@ class ConsumerMainLoopWide:
         acc_so=None,
         acc_st=None,
         row_bound=None,
+        first_ops=None,
     ):
         """One q tile's key loop, from its first QK^T to its last PV GEMM (O in ``acc_o``, the
         softmax state in row_max / row_sum / factor), K/V^T stages from ``kv_state`` on; returns
@@ -184,8 +186,8 @@ class ConsumerMainLoopWide:
         ``sums`` = (tiled_mma_sum, the ones block's B fragments), ``acc_so`` the fp32 row sums
         (m64n8 layout), ``acc_st`` the tile's sums from the tensor cores, folded into acc_so
         after each PV GEMM (plain arguments: the tracer threads a tensor updated in a staged loop
-        only as a plain local, not inside a tuple)."""
-        d = self.head_dim
+        only as a plain local, not inside a tuple).  ``first_ops``: first_key_tile's narrow MMAs
+        (``first_tile_operands``; None: the first tile at full width)."""
         tile_n = self.tile_n
         if n_iters > 0:
             if cutlass.const_expr(self.pingpong and not self.persistent):
@@ -193,22 +195,9 @@ class ConsumerMainLoopWide:
                 # the persistent kernel's turns run on across its tiles, opened once a CTA)
                 if wg == 1:
                     cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
-            pipe_kv.consumer_wait(kv_state)
-            if cutlass.const_expr(self.pingpong):
-                cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(d // 32):
-                tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(tiled_mma_qk, acc_s, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc_s)
-            warpgroup.commit_group()
-            if cutlass.const_expr(self.pass_after_issue):
-                self.pass_turn(wg, self.last_turn(n_iters == 1))
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(self.pingpong_late):
-                self.pass_turn(wg, self.last_turn(n_iters == 1))  # S ready: the other warpgroup's QK^T may start
-            self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
-            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-            self.p_to_operand(acc_s, tOrP)
+            self.first_key_tile(tiled_mma_qk, first_ops, tSrQ, q_stage, tSrK, acc_s, tOrP, tScS, ones32, row_max,
+                                row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag, n_block_max,
+                                n_iters, scale_log2, window_left, window_right)
             prev_state = kv_state.clone()
             kv_state.advance()
             kv_state, prev_state = self.later_key_tiles(
@@ -216,6 +205,7 @@ class ConsumerMainLoopWide:
                 row_sum, factor, pipe_kv, kv_state, prev_state, wg, row_start, seqlen_k, diag, n_block_max, n_iters,
                 scale_log2, window_left, window_right, sums, acc_so, acc_st, row_bound)
             self.rescale_o_and_sums(acc_o, acc_so, factor)
+            pipe_kv.wait_v(prev_state)  # kv_split: V^T of the last key tile
             warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
@@ -275,6 +265,7 @@ class ConsumerMainLoopWide:
                 # the GEMM issues alone (the previous PV GEMM into O was waited for below)
                 self.rescale_o_and_sums(acc_o, acc_so, factor)
             pipe_kv.consumer_wait(kv_state)
+            pipe_kv.wait_v(prev_state)  # kv_split: V^T of the PV GEMM below
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
             warpgroup.fence()
@@ -294,6 +285,7 @@ class ConsumerMainLoopWide:
             if cutlass.const_expr(self.pass_after_issue):
                 self.pass_turn(wg, self.last_turn(i == n_iters - 1))
             warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+            pipe_kv.release_k(kv_state)  # kv_split: K_i read
             if cutlass.const_expr(self.pingpong_late):
                 self.pass_turn(wg, self.last_turn(i == n_iters - 1))
             self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)

@@ -56,6 +56,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from sglang_fa4.kernels.fp8_sm90.consumer_mainloop import ConsumerMainLoop
 from sglang_fa4.kernels.fp8_sm90.consumer_mainloop_wide import ConsumerMainLoopWide
+from sglang_fa4.kernels.fp8_sm90.first_key_tile import FirstKeyTile
 from sglang_fa4.kernels.fp8_sm90.kernel_entry import KernelEntry
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import F8, NUM_THREADS, WG_ROWS, consumer_regs, num_threads
 from sglang_fa4.kernels.fp8_sm90.layout import (
@@ -64,8 +65,10 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
     TILE_N,
     TWO_LEVEL_MAX_HEAD_DIM,
     WIDE_DEFAULT_SWITCHES,
+    WIDE_TILE_N,
     explicit_stages,
     head_dim_stages,
+    narrow_widths,
     numbered_switch,
     scoped_switches,
     tile_stages,
@@ -82,8 +85,8 @@ _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _ROW_MAJOR = cutlass.utils.LayoutEnum.ROW_MAJOR  # K-major for both A (M,K) and B (N,K)
 
 
-class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWide, TileSoftmax, PersistentEntry,
-                              PersistentConsumer, PersistentXover, PersistentSwitches):
+class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWide, FirstKeyTile, TileSoftmax,
+                              PersistentEntry, PersistentConsumer, PersistentXover, PersistentSwitches):
     """One compiled variant: head dim, causal, local window (everything else is runtime)."""
 
     def __init__(
@@ -138,7 +141,7 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         self.tile_m = WG_ROWS * self.consumer_wgs
         self.num_threads = num_threads(self.consumer_wgs)
         self.consumer_regs = consumer_regs(self.consumer_wgs)
-        self.tile_n = numbered_switch(debug, "n", 96 if self.consumer_wgs == 3 else 192 if wide_tile else TILE_N)
+        self.tile_n = numbered_switch(debug, "n", 96 if self.consumer_wgs == 3 else WIDE_TILE_N if wide_tile else TILE_N)
         if self.tile_n % 32 or not 32 <= self.tile_n <= 256:
             raise ValueError(f"key tile {self.tile_n}: a multiple of 32 (the PV GEMM's K step) up to 256")
         # K + V^T per stage: 2 * tile_n * d bytes (32 KiB at d=128); Q is 128 * d.  Shared memory
@@ -224,6 +227,14 @@ class Fp8AttentionForwardSm90(KernelEntry, ConsumerMainLoop, ConsumerMainLoopWid
         # period apart, each warpgroup's GEMMs running during the other's exp2s.
         self.mufu_token = not self.two_level and "mufu_token" in self.debug
         self.persistent_switches(head_dim, causal, local, num_stages, stages_flag, num_sms)
+        # "narrow" (one-level loop, not xover): a q tile's first key tile, the one that holds the
+        # sequence's end, computed at the least width of narrow_widths that holds its keys
+        # (first_key_tile.py: 64 of 192 keys at 4096 or 16384 keys).
+        self.narrow = "narrow" in self.debug
+        self.narrow_widths = narrow_widths(self.tile_n)
+        if self.narrow and (self.two_level or self.xover or not self.narrow_widths):
+            raise ValueError(f"narrow: a switch of the one-level loop without xover, for key tiles that 64 or 96 "
+                             f"divide (got key tile {self.tile_n}, two_level={self.two_level}, xover={self.xover})")
         # the row sums come from an MMA (no FADDs in the softmax)
         self.row_sums_on_mma = self.rowsum_mma or self.sum_mma
         # a word of 0.0 and a scratch word per consumer warpgroup in shared memory (zero_words)

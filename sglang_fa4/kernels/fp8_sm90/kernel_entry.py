@@ -13,6 +13,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import CONSUMER_REGS, ONES_BAR, PRODUCER_REGS, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kv_pipes import KvPipes
 from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN
 
 
@@ -44,7 +45,8 @@ class KernelEntry:
     def make_pipelines(self, storage, q_stages: int):
         """The Q and K/V^T TMA pipelines on ``storage``'s barriers: one producer thread, the
         consumer warps (8, or 12 with wg3; a plain method: traced inline into the kernel calling it;
-        the persistent kernel shares it with ``q_stages`` = 2)."""
+        the persistent kernel shares it with ``q_stages`` = 2).  K/V^T as :class:`.kv_pipes.KvPipes`
+        (kv_split: V^T on ``storage.mbar_v``)."""
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumer_wgs)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(),
@@ -53,14 +55,24 @@ class KernelEntry:
             consumer_group=consumer_warps,
             tx_count=self.tx_q,
         )
+        split = self.kv_split
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_kv.data_ptr(),
             num_stages=self.num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=consumer_warps,
-            tx_count=self.tx_kv,
+            tx_count=self.tx_kv // 2 if split else self.tx_kv,
         )
-        return pipe_q, pipe_kv
+        pipe_v = None
+        if split:  # V^T behind its own barriers (kv_pipes.py)
+            pipe_v = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_v.data_ptr(),
+                num_stages=self.num_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=consumer_warps,
+                tx_count=self.tx_kv // 2,
+            )
+        return pipe_q, KvPipes(pipe_kv, pipe_v)
 
     @cute.kernel
     def kernel(
@@ -191,7 +203,7 @@ class KernelEntry:
                             tma_vt,
                             tVgV[None, n_block],
                             tVsV[None, kv_state.index],
-                            tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state),
+                            tma_bar_ptr=pipe_kv.v_barrier(kv_state),
                         )
                         kv_state.advance()
             else:

@@ -49,20 +49,43 @@ TWO_LEVEL_MAX_HEAD_DIM = 128
 #: Shared memory an SM90 CTA may use (227 KiB).
 SM90_SMEM_BYTES = 227 * 1024
 #: Switches the d=128 non-causal ("wide tile") kernel gets unless told otherwise, as if given as
-#: "w:X" (forward.Fp8AttentionForwardSm90; "w:no_persist" drops it): the persistent kernel, faster
-#: than the non-persistent one in three H200 runs (8x4096 1.21-1.25x FA4 bf16 vs 1.17x, 1x16384
-#: 1.32-1.42x; results/h200/fp8_attention_speed5.md, _persist.md, _speed6.md) and 35/35 correct
-#: (fp8_attention_persist.md).
-WIDE_DEFAULT_SWITCHES: frozenset = frozenset({"persist"})
+#: "w:X" (forward.Fp8AttentionForwardSm90; "w:no_X" drops X): the persistent kernel, faster than
+#: the non-persistent one in three H200 runs (8x4096 1.21-1.25x FA4 bf16 vs 1.17x, 1x16384
+#: 1.32-1.42x; results/h200/fp8_attention_speed5.md, _persist.md, _speed6.md), with a q tile's
+#: first key tile at the least width that holds its keys ("narrow", first_key_tile.py) and K / V^T
+#: behind their own barriers ("kv_split", kv_pipes.py): 8x4096 1.30x against the persistent
+#: kernel's 1.26x in the same 21 rounds (fp8_attention_kvsplit.md); 35/35 correct, 1.34x (8x4096)
+#: and 1.44x (1x16384) in the speed table (fp8_attention_default2.md).
+WIDE_DEFAULT_SWITCHES: frozenset = frozenset({"persist", "narrow", "kv_split"})
 #: Switches that ask for a main loop the persistent kernel does not have: given explicitly, they
 #: drop the default "persist" (an explicit "persist" with them is an error, forward.py).
 PERSIST_INCOMPATIBLE: frozenset = frozenset({"two_level", "no_overlap", "mufu_gate"})
+#: The wide kernel's key tile unless an "nN" switch says otherwise (96 with "wg3").
+WIDE_TILE_N = 192
+
+
+def narrow_widths(tile_n: int) -> tuple:
+    """First-tile QK^T widths below a key tile of ``tile_n`` ("narrow", first_key_tile.py): those
+    of 64 and 96 that divide it (an MMA of width W partitions the K stage into tile_n / W column
+    blocks, the first one used)."""
+    return tuple(w for w in (64, 96) if w < tile_n and tile_n % w == 0)
 
 
 def wide_defaults_for(switches: frozenset) -> frozenset:
-    """The defaults the d=128 non-causal kernel adds to ``switches`` (WIDE_DEFAULT_SWITCHES, less
-    "persist" where ``switches`` ask for a loop the persistent kernel lacks)."""
-    return WIDE_DEFAULT_SWITCHES - ({"persist"} if frozenset(switches) & PERSIST_INCOMPATIBLE else frozenset())
+    """The defaults the d=128 non-causal kernel adds to ``switches``: WIDE_DEFAULT_SWITCHES less
+    those that ``switches`` rule out -- "persist" and "kv_split" with a loop the persistent kernel
+    lacks, "kv_split" also with "no_persist" or "xover", "narrow" with a loop other than the
+    one-level one, with "xover", or with a key tile that has no narrow width."""
+    switches = frozenset(switches)
+    drop = set()
+    if switches & PERSIST_INCOMPATIBLE:
+        drop |= {"persist", "kv_split", "narrow"}
+    if switches & {"no_persist", "xover"}:
+        drop.add("kv_split")
+    tile_n = numbered_switch(switches, "n", 96 if "wg3" in switches else WIDE_TILE_N)
+    if "xover" in switches or not narrow_widths(tile_n):
+        drop.add("narrow")
+    return WIDE_DEFAULT_SWITCHES - drop
 
 
 #: Switches the d=256 causal kernel without a window gets unless told otherwise (as "d256c:X"): 96-key

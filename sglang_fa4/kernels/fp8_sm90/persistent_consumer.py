@@ -75,6 +75,7 @@ class PersistentConsumer:
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
+        first_ops = self.first_tile_operands(tiled_mma_qk, sK, tid)  # narrow first tiles
         sums = acc_so = acc_st = None
         if cutlass.const_expr(self.sum_mma):
             # row sums as P x ones (m64n8: every column of a row holds its sum), accumulated like O
@@ -152,7 +153,7 @@ class PersistentConsumer:
                         tiled_mma_qk, tiled_mma_pv, tSrQ, q_piece, tSrK, tOrVt, acc_o, acc_s, tOrP,
                         tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
                         seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
-                        sums, acc_so, acc_st, row_bound,
+                        sums, acc_so, acc_st, row_bound, first_ops,
                     )
                     pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
                     q_state.advance()

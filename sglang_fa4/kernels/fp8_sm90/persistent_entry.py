@@ -56,6 +56,8 @@ class PersistentEntry:
         class StoragePersistent:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * Q_STAGES]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            if cutlass.const_expr(self.kv_split):  # V^T's own full / empty barriers (kv_pipes.py)
+                mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             if cutlass.const_expr(self.zero_words_used):  # per consumer warpgroup: 0.0, a scratch word
@@ -257,8 +259,9 @@ class PersistentEntry:
                             pipe_kv.producer_acquire(kv_state)
                             cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
                                       tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+                            pipe_kv.acquire_v(kv_state)  # kv_split: V^T's buffer too
                             cute.copy(tma_vt, tVgV[None, n_block], tVsV[None, kv_state.index],
-                                      tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+                                      tma_bar_ptr=pipe_kv.v_barrier(kv_state))
                             kv_state.advance()
                     w += stride
         else:

@@ -1,7 +1,7 @@
 """The persistent SM90 FP8 kernel's switches (mixed into :class:`.forward.Fp8AttentionForwardSm90`,
 called from its constructor once the main-loop switches are known): ``persist`` itself and its
 variants -- ``xover`` / ``xover_pvfirst``, ``pp_max``, ``sum_mma``, ``wg3``, ``lazy_max`` /
-``stale_exp`` -- each with the check that names what it cannot be combined with."""
+``stale_exp``, ``kv_split`` -- each with the check that names what it cannot be combined with."""
 
 from __future__ import annotations
 
@@ -87,3 +87,8 @@ class PersistentSwitches:
         if self.lazy_max and (not self.persistent or self.xover or self.sum_mma):
             raise ValueError("lazy_max / stale_exp: switches of the persistent kernel (give them with persist; "
                              "not with xover or sum_mma)")
+        # "kv_split" (persistent kernel, no xover): K and V^T of a stage behind their own barriers,
+        # K freed once S is complete (kv_pipes.py; on by default, fp8_attention_kvsplit.md).
+        self.kv_split = "kv_split" in self.debug
+        if self.kv_split and (not self.persistent or self.xover):
+            raise ValueError("kv_split: a switch of the persistent kernel without xover (give it with persist)")

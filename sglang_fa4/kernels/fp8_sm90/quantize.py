@@ -115,6 +115,14 @@ except ImportError:
 if triton is not None:
 
     @triton.jit
+    def descale_and_inverse(a):
+        """(descale, 1 / descale) of an amax, both IEEE round-to-nearest (``div_rn``): Triton's
+        ``/`` is an approximate division (1 ulp off amax / 448 on the H200), and the torch
+        reference and the chunked kernel must give the same bits."""
+        ds = tl.where(a > 0, tl.math.div_rn(a, 448.0), 1.0)
+        return ds, tl.math.div_rn(1.0, ds)
+
+    @triton.jit
     def _amax_rows(src_ptr, start, seqlen, h0, nheads, s_t, s_h,
                    D: tl.constexpr, DP_POW2: tl.constexpr, BLOCK_T: tl.constexpr):
         dd = tl.arange(0, DP_POW2)
@@ -194,26 +202,26 @@ if triton is not None:
             start = tl.load(cuq_ptr + b)
             seqlen = tl.load(cuq_ptr + b + 1) - start
             a = _amax_rows(q_ptr, start, seqlen, h * group, group, sq_t, sq_h, D, DP_POW2, BLOCK_T)
-            ds = tl.where(a > 0, a / 448.0, 1.0)
+            ds, inv = descale_and_inverse(a)
             tl.store(desc_ptr + b * hkv + h, ds)
             _quant_rows(q_ptr, q8_ptr, start, seqlen, h * group, group, sq_t, sq_h, s8q_t, s8q_h,
-                        1.0 / ds, D, DP, DP_POW2, BLOCK_T)
+                        inv, D, DP, DP_POW2, BLOCK_T)
         elif which == 1:
             start = tl.load(cuk_ptr + b)
             seqlen = tl.load(cuk_ptr + b + 1) - start
             a = _amax_rows(k_ptr, start, seqlen, h, 1, sk_t, sk_h, D, DP_POW2, BLOCK_T)
-            ds = tl.where(a > 0, a / 448.0, 1.0)
+            ds, inv = descale_and_inverse(a)
             tl.store(desc_ptr + batch * hkv + b * hkv + h, ds)
             _quant_rows(k_ptr, k8_ptr, start, seqlen, h, 1, sk_t, sk_h, s8k_t, s8k_h,
-                        1.0 / ds, D, DP, DP_POW2, BLOCK_T)
+                        inv, D, DP, DP_POW2, BLOCK_T)
         else:
             start = tl.load(cuk_ptr + b)
             nxt = tl.load(cuk_ptr + b + 1)
             a = _amax_rows(v_ptr, start, nxt - start, h, 1, sv_t, sv_h, D, DP_POW2, BLOCK_T)
-            ds = tl.where(a > 0, a / 448.0, 1.0)
+            ds, inv = descale_and_inverse(a)
             tl.store(desc_ptr + 2 * batch * hkv + b * hkv + h, ds)
             _quant_vt(v_ptr, vt_ptr, start, nxt, b, batch, cols, h, sv_t, sv_h, svt_h, svt_d,
-                      1.0 / ds, D, DP, DP_POW2, ALIGN, BLOCK_T)
+                      inv, D, DP, DP_POW2, ALIGN, BLOCK_T)
 
 
 def outputs(q, k, batch: int, out: Optional[Fp8QKV]):

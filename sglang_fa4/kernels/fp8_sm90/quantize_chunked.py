@@ -75,6 +75,8 @@ def locate(cu: list, i: int) -> tuple[int, int, int, int]:
 
 
 if triton is not None:
+    from sglang_fa4.kernels.fp8_sm90.quantize import descale_and_inverse
+
     # cu_seqlens too: callers pass views at any int32 offset (the Qwen2.5-VL host layouts are split
     # from one upload), and a pointer's 16-byte alignment is otherwise part of Triton's cache key
     # (a new compile after the warmup, seen on the H200); q/k/v keep it (vectorized loads)
@@ -184,10 +186,9 @@ if triton is not None:
             b, c, first, count = _locate(cuk, batch, i, CHUNK, BLOCK_B)
         if b < batch:
             a = _reduce_amax(part, row, first, count)
-            ds = tl.where(a > 0, a / 448.0, 1.0)
+            ds, inv = descale_and_inverse(a)
             if c == 0:
                 tl.store(desc + (which * batch + b) * hkv + h, ds)
-            inv = 1.0 / ds
             if which == 0:
                 start = tl.load(cuq + b)
                 hi = tl.minimum(tl.load(cuq + b + 1) - start, (c + 1) * CHUNK)

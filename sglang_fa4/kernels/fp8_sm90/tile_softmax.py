@@ -69,20 +69,27 @@ def _chains_reduce(vals: list, op, chains: int):
 class TileSoftmax:
     """Register-level steps of one key tile, called from ``consume``."""
 
+    def s_width(self, ncols: int) -> int:
+        """Columns S holds: ``ncols`` (first_key_tile's narrow forms) or, for 0, the key tile's
+        (plain Python, so the DSL does not trace the choice)."""
+        return ncols if ncols else self.tile_n
+
     @cute.jit
     def mask_tile(self, acc_s: cute.Tensor, tScS: cute.Tensor, row_start: Int32, n_block: Int32, seqlen_k: Int32,
-                  diag: Int32, window_left: Int32, window_right: Int32):
-        """Mask S, only for key tiles that cross a boundary."""
+                  diag: Int32, window_left: Int32, window_right: Int32, ncols: cutlass.Constexpr = 0):
+        """Mask S, only for key tiles that cross a boundary (``ncols``: S holds the tile's first
+        ncols columns, first_key_tile's narrow forms; 0: all of them)."""
         tile_n = self.tile_n
+        width = self.s_width(ncols)
         col0 = n_block * tile_n
         need_mask = Int32(0)
-        if col0 + tile_n > seqlen_k:
+        if col0 + width > seqlen_k:
             need_mask = Int32(1)
         if cutlass.const_expr(self.causal):
-            if col0 + tile_n - 1 > row_start + diag:
+            if col0 + width - 1 > row_start + diag:
                 need_mask = Int32(1)
         if cutlass.const_expr(self.local):
-            if col0 + tile_n - 1 > row_start + diag + window_right:
+            if col0 + width - 1 > row_start + diag + window_right:
                 need_mask = Int32(1)
             if col0 < row_start + WG_ROWS - 1 + diag - window_left:
                 need_mask = Int32(1)
@@ -93,62 +100,64 @@ class TileSoftmax:
 
     @cute.jit
     def softmax_tile(self, acc_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor,
-                     scale_log2: Float32, wg: Int32, ones32: cute.Tensor):
+                     scale_log2: Float32, wg: Int32, ones32: cute.Tensor, ncols: cutlass.Constexpr = 0):
         """Online softmax in place (2 rows per thread; a row lives in one quad): acc_s becomes
         P = exp2(s*scale - max*scale + 8), factor the rescale of everything before this tile.
         ``mufu_gate``: both rows' maxima first, then wait until the other consumer warpgroup has
-        issued its GEMMs (named barrier ISSUED_BAR + other), then the exp2s (forward.mufu_gate)."""
+        issued its GEMMs (named barrier ISSUED_BAR + other), then the exp2s (forward.mufu_gate).
+        ``ncols``: S holds the tile's first ncols columns (0: all; first_key_tile)."""
         bias = cute.make_rmem_tensor((2,), Float32)
         if cutlass.const_expr(self.mufu_gate):
             for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
-                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r, ncols)
             cute.arch.barrier(barrier_id=ISSUED_BAR + 1 - wg, number_of_threads=2 * 128)
             # ptxas moves register-only instructions across a bar.sync; a shared-memory load is not
             # moved above it, so the exp2s take their scale through one: a word of the block of
             # E4M3 ones (0x38383838, written before the main loop), shifted to 0.
             gated_scale = scale_log2 + Float32(ones32[0] >> 30)
             for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
-                self.exp_row_step(acc_s, row_sum, factor, bias, gated_scale, r)
+                self.exp_row_step(acc_s, row_sum, factor, bias, gated_scale, r, ncols)
         elif cutlass.const_expr(self.mufu_token):
             # both rows' maxima, this warpgroup's turn at the exp2 stream, its exp2s and row sums,
             # then the turn handed on: behind a branch on both sums, which need every exp2 (ptxas
             # orders independent exp2s freely, so no single P marks the last one)
             for r in cutlass.range_constexpr(2):
-                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r, ncols)
             zero = self.mufu_take(wg, ones32, bias[0] + bias[1])
             for r in cutlass.range_constexpr(2):
                 bias[r] = bias[r] + zero  # the exp2s depend on a load after the wait
-                self._row_exps(acc_s, bias, scale_log2, r, False)
+                self._row_exps(acc_s, bias, scale_log2, r, False, ncols)
             for r in cutlass.range_constexpr(2):
-                self._row_sum(acc_s, row_sum, factor, Float32(0.0), r, False)
+                self._row_sum(acc_s, row_sum, factor, Float32(0.0), r, False, ncols)
             self.mufu_give(wg, row_sum[0] + row_sum[1])
         elif cutlass.const_expr(self.pingpong_max):
             # both rows' maxima, the GEMM turn handed on (forward.pingpong_max), then the exp2s
             for r in cutlass.range_constexpr(2):
-                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r, ncols)
             zero = self.turn_after_max(wg, ones32, factor[0] + factor[1])
             for r in cutlass.range_constexpr(2):
                 bias[r] = bias[r] + zero  # the exp2s depend on a load after the hand-over
-                self.exp_row_step(acc_s, row_sum, factor, bias, scale_log2, r)
+                self.exp_row_step(acc_s, row_sum, factor, bias, scale_log2, r, ncols)
         else:
             for r in cutlass.range_constexpr(0 if cutlass.const_expr("skip_softmax" in self.debug) else 2):
-                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r)
-                self.exp_row_step(acc_s, row_sum, factor, bias, scale_log2, r)
+                self.row_max_step(acc_s, row_max, factor, bias, scale_log2, r, ncols)
+                self.exp_row_step(acc_s, row_sum, factor, bias, scale_log2, r, ncols)
 
     @cute.jit
     def row_max_step(self, acc_s: cute.Tensor, row_max: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
-                     scale_log2: Float32, r: cutlass.Constexpr):
+                     scale_log2: Float32, r: cutlass.Constexpr, ncols: cutlass.Constexpr = 0):
         """Row r's new maximum (quad shuffles), its rescale factor and the exp2 bias."""
+        blocks = self.s_width(ncols) // 8
         mx = row_max[r]
         if cutlass.const_expr(self.ilp > 1):
             mx = cute.arch.fmax(mx, _chains_reduce(
-                [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)],
+                [acc_s[e + 2 * r + 4 * j] for j in range(blocks) for e in range(2)],
                 cute.arch.fmax, self.ilp))
         elif cutlass.const_expr(self.tree_reduce):
             mx = cute.arch.fmax(mx, _tree_reduce(
-                [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)], cute.arch.fmax))
+                [acc_s[e + 2 * r + 4 * j] for j in range(blocks) for e in range(2)], cute.arch.fmax))
         else:
-            for j in cutlass.range_constexpr(self.tile_n // 8):
+            for j in cutlass.range_constexpr(blocks):
                 for e in cutlass.range_constexpr(2):
                     mx = cute.arch.fmax(mx, acc_s[e + 2 * r + 4 * j])
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
@@ -230,18 +239,18 @@ class TileSoftmax:
 
     @cute.jit
     def exp_row_step(self, acc_s: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, bias: cute.Tensor,
-                     scale_log2: Float32, r: cutlass.Constexpr):
+                     scale_log2: Float32, r: cutlass.Constexpr, ncols: cutlass.Constexpr = 0):
         """Row r's P = exp2(s * scale - bias) in place, and its running sum (unless rowsum_mma)."""
         inline = not self.tree_reduce and self.ilp <= 1 and not self.row_sums_on_mma
-        s = self._row_exps(acc_s, bias, scale_log2, r, inline)
-        self._row_sum(acc_s, row_sum, factor, s, r, inline)
+        s = self._row_exps(acc_s, bias, scale_log2, r, inline, ncols)
+        self._row_sum(acc_s, row_sum, factor, s, r, inline, ncols)
 
     # Plain Python: runs at trace time, inlined like the code it stands for.
-    def _row_exps(self, acc_s, bias, scale_log2, r: int, inline_sum: bool):
-        """Row r's P = exp2(s * scale - bias) in place; returns their sum if ``inline_sum`` (added
-        as they are computed), else 0."""
+    def _row_exps(self, acc_s, bias, scale_log2, r: int, inline_sum: bool, ncols: int = 0):
+        """Row r's P = exp2(s * scale - bias) in place (its first ``ncols`` columns; 0: all);
+        returns their sum if ``inline_sum`` (added as they are computed), else 0."""
         s = Float32(0.0)
-        for j in range(self.tile_n // 8):
+        for j in range(self.s_width(ncols) // 8):
             for e in range(2):
                 v = e + 2 * r + 4 * j
                 if self.emu > 0 and (2 * j + e) % self.emu == self.emu - 1:
@@ -252,11 +261,11 @@ class TileSoftmax:
                     s += acc_s[v]
         return s
 
-    def _row_sum(self, acc_s, row_sum, factor, s, r: int, inline_sum: bool):
+    def _row_sum(self, acc_s, row_sum, factor, s, r: int, inline_sum: bool, ncols: int = 0):
         """row_sum[r] = row_sum[r] * factor[r] + row r's sum of P (``s`` if it was summed inline;
         with rowsum_mma the PV GEMM's companion P x ones sums the row, consumer_mainloop)."""
         def vals():
-            return [acc_s[e + 2 * r + 4 * j] for j in range(self.tile_n // 8) for e in range(2)]
+            return [acc_s[e + 2 * r + 4 * j] for j in range(self.s_width(ncols) // 8) for e in range(2)]
 
         if self.row_sums_on_mma or inline_sum:
             pass
@@ -316,9 +325,10 @@ class TileSoftmax:
             self.pass_turn(wg, cutlass.Boolean(False))
 
     @cute.jit
-    def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor):
+    def p_to_operand(self, acc_s: cute.Tensor, tOrP: cute.Tensor, ncols: cutlass.Constexpr = 0):
         """P (fp32 accumulator order) -> E4M3 A-operand registers, no shuffles (V^T keys are
-        permuted to match, layout.KEY_PERM)."""
+        permuted to match, layout.KEY_PERM).  ``ncols``: S holds the tile's first ncols columns
+        (first_key_tile), P's later k steps are zero."""
         p_f32 = cute.make_rmem_tensor_like(tOrP, Float32)
         for kb in cutlass.range_constexpr(self.tile_n // 32):
             for h in cutlass.range_constexpr(2):
@@ -327,7 +337,10 @@ class TileSoftmax:
                         # A value (i4, r, h, kb) is key 32kb + 16h + 4q + i4 to the MMA; it
                         # takes accumulator column block j = 4kb + 2h + i4//2, element i4%2.
                         src = (i4 % 2) + 2 * r + 4 * (4 * kb + 2 * h + i4 // 2)
-                        p_f32[i4 + 4 * r + 8 * h + 16 * kb] = acc_s[src]
+                        if cutlass.const_expr(32 * kb >= self.s_width(ncols)):
+                            p_f32[i4 + 4 * r + 8 * h + 16 * kb] = Float32(0.0)
+                        else:
+                            p_f32[i4 + 4 * r + 8 * h + 16 * kb] = acc_s[src]
         tOrP.store(p_f32.load().to(F8))
 
     @cute.jit
