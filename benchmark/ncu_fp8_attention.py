@@ -1,5 +1,5 @@
-"""Nsight Compute view of the SM90 FP8 attention forward next to FA4 bf16 (d128 non-causal 8x4096,
-16 heads): where the FP8 kernel's time goes.
+"""Nsight Compute view of the SM90 FP8 attention forward next to FA4 bf16 (d128 non-causal, 16 heads,
+8x4096 unless ``--shape BxN``): where the FP8 kernel's time goes.
 
 Two modes:
 
@@ -30,15 +30,26 @@ if str(ROOT) not in sys.path:
 SHAPE = {"batch": 8, "seqlen": 4096, "heads": 16, "head_dim": 128, "causal": False}
 
 
+def shape_of(spec: str) -> dict:
+    """SHAPE with ``spec`` = "BxN" (sequences x tokens each; "" keeps 8x4096)."""
+    if not spec:
+        return dict(SHAPE)
+    try:
+        b, n = (int(x) for x in spec.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shape: expected BxN (sequences x tokens), got {spec!r}") from None
+    return {**SHAPE, "batch": b, "seqlen": n}
+
+
 # ----------------------------------------------------------------------------------------------
 # workload (GPU)
 # ----------------------------------------------------------------------------------------------
 
 
-def workload(which: str, flags: str, warmup: int) -> None:
+def workload(which: str, flags: str, warmup: int, shape: dict = SHAPE) -> None:
     import torch
 
-    b, n, h, d = SHAPE["batch"], SHAPE["seqlen"], SHAPE["heads"], SHAPE["head_dim"]
+    b, n, h, d = shape["batch"], shape["seqlen"], shape["heads"], shape["head_dim"]
     cu = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(b * n, h, d, device="cuda").bfloat16() for _ in range(3))
     if which == "fp8":
@@ -234,8 +245,9 @@ def pick(det: dict, raw_m: dict) -> dict:
 NUM_SMS = 132  # H200
 
 
-def summarize(raw_dir: Path, out_prefix: Path, command: str, notes: list[str], timing: str = "") -> None:
-    result = {"command": command, "shape": SHAPE, "kernels": {}}
+def summarize(raw_dir: Path, out_prefix: Path, command: str, notes: list[str], timing: str = "",
+              shape: dict = SHAPE) -> None:
+    result = {"command": command, "shape": shape, "kernels": {}}
     for which in ("fp8", "bf16"):
         det_p = raw_dir / f"{which}_details.csv"
         if not det_p.exists():
@@ -247,7 +259,7 @@ def summarize(raw_dir: Path, out_prefix: Path, command: str, notes: list[str], t
                                     "details": det.get("sections")}
     # per 128x128 tile of one CTA (both consumer warpgroups): elapsed, tensor-pipe and XU (MUFU)
     # busy cycles per SM; the grid is (seqlen/128 m-blocks, heads, batch), 128-key tiles, 132 SMs
-    tiles_per_sm = SHAPE["batch"] * SHAPE["heads"] * (SHAPE["seqlen"] // 128) ** 2 / NUM_SMS
+    tiles_per_sm = shape["batch"] * shape["heads"] * (shape["seqlen"] // 128) ** 2 / NUM_SMS
     for k in result["kernels"].values():
         cyc = (k["headline"].get("Elapsed Cycles") or (None,))[0]
         pipes = k["pipes_pct_of_peak_active"]
@@ -345,6 +357,7 @@ def main() -> None:
     w.add_argument("--which", choices=["fp8", "bf16"], required=True)
     w.add_argument("--flags", default="")
     w.add_argument("--warmup", type=int, default=3)
+    w.add_argument("--shape", default="", help="BxN: sequences x tokens each (default 8x4096)")
     t = sub.add_parser("time")
     t.add_argument("--variants", required=True)
     t.add_argument("--out", required=True)
@@ -354,13 +367,14 @@ def main() -> None:
     s.add_argument("--command", default="")
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--timing", default="", help="a 'time' mode JSON from the same call, embedded")
+    s.add_argument("--shape", default="", help="the workload's BxN (default 8x4096)")
     a = ap.parse_args()
     if a.mode == "workload":
-        workload(a.which, a.flags, a.warmup)
+        workload(a.which, a.flags, a.warmup, shape_of(a.shape))
     elif a.mode == "time":
         time_variants(a.variants, a.out)
     else:
-        summarize(Path(a.raw), Path(a.out), a.command, a.note, a.timing)
+        summarize(Path(a.raw), Path(a.out), a.command, a.note, a.timing, shape_of(a.shape))
 
 
 if __name__ == "__main__":
