@@ -68,8 +68,9 @@ FEATURES = (
     ),
     Feature(
         "vit_graph_budgets",
-        "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=1: generic ViT graph runner replays startup graphs over "
-        "token budgets (padded layouts, eager above the largest) and flags any capture after startup",
+        "SGLANG_VIT_ENABLE_CUDA_GRAPH=1 with fa4 (opt out: SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=0): the generic "
+        "ViT graph runner replays startup graphs over token budgets (padded layouts, eager above the largest; "
+        "memory bounded by SGLANG_FA4_VIT_GRAPH_MEMORY_MB) and flags any capture after startup",
         None,
     ),
     Feature(

@@ -34,6 +34,8 @@ def test_parse_budgets_and_env(monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", "64,256")
     assert budget_layouts.budgets_from_env() == (64, 256)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
+    assert vb.enabled() is True  # on by default: what SGLANG_VIT_ENABLE_CUDA_GRAPH=1 gets with fa4
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "0")  # the opt-out
     assert vb.enabled() is False
 
 
@@ -159,20 +161,13 @@ def test_capture_layout_max_seqlen():
     assert max(b - a for a, b in zip(cu, cu[1:])) == 1024
 
 
-def test_estimate_graph_bytes_formula():
-    dims = dict(hidden=1280, heads=16, head_dim=80, intermediate=3420, out_dim=3584, rope_dim=80)
-    one = budget_layouts.estimate_graph_bytes(1024, **dims)
-    per_token = 1280 + 1280 + 160 + 3 * 1280 + 1280 + 2 * 3420 + 2 * 1280
-    assert one == 1024 * 2 * per_token + 256 * 3584 * 2 + 8 * (budget_layouts.segment_capacity(1024) + 1)
-    assert budget_layouts.estimate_graph_bytes(2048, **dims) > 2 * one - 10_000  # linear in the budget
-
-
 def test_plugin_plan_gates_on_env(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
-    assert "vit_graph_budgets" not in plugin.make_plan("0.5.23").hooked
-    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
-    for v in ("0.5.20", "0.5.23"):
+    for v in ("0.5.20", "0.5.23"):  # default: hooked
         assert "vit_graph_budgets" in plugin.make_plan(v).hooked
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "0")
+    for v in ("0.5.20", "0.5.23"):
+        assert "vit_graph_budgets" not in plugin.make_plan(v).hooked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +191,7 @@ from sglang_fa4.integration import vit_budget_layouts as budget_layouts
 
 log = io.StringIO()
 logging.getLogger("sglang_fa4").addHandler(logging.StreamHandler(log))
+logging.getLogger("sglang_fa4").setLevel(logging.INFO)  # the startup line is INFO
 torch.manual_seed(0); random.seed(0)
 STATE = {"capturing": False, "replaying": False, "captures": 0, "attn_calls": 0, "startup": False, "warming": set()}
 from sglang_fa4.startup import jit_monitor
@@ -434,13 +430,58 @@ with faked_graphs():
     result["guard_count"] = vb.budget_state(runner).captures_after_startup
     result["log"] = log.getvalue()
     result["warming"] = sorted(STATE["warming"])
+os.environ["SGLANG_FA4_JIT_MONITOR"] = "raise"  # below: a capture while serving would raise
+
+# The memory bound (vit_budget_memory) through the real runner: the limit at the exact estimated cost
+# of [32, 64], one byte under it, under the smallest budget alone; then (CUDA stand-in) a reserved
+# probe that measures twice each estimate. Every kept ladder serves: replays in range, eager above.
+from sglang_fa4.integration import vit_budget_memory as vbm
+
+def bounded(qwen3, limit, probe=None, serve=()):
+    vit, runner, mr = tower_with_runner(qwen3)
+    dims = vb.infer_capture_dims(vit)
+    costs = vbm.ladder_costs((32, 64, 128), vbm.tower_widths(vit, rope_dim=dims["rope_dim"], dtype_bytes=4, table_bytes=4))
+    log.truncate(0); log.seek(0)
+    with faked_graphs(), torch.no_grad(), ExitStack() as stack:
+        if probe is not None:
+            stack.enter_context(mock.patch.object(vb, "reserved_bytes", probe["read"]))
+            real = vb._capture_one
+            def measured_capture(runner_, state_, budget, *a):
+                real(runner_, state_, budget, *a); probe["reserved"] += probe["factor"] * costs[budget]
+            stack.enter_context(mock.patch.object(vb, "_capture_one", measured_capture))
+        start = STATE["captures"]
+        state = vb.capture_budgets(runner, budgets=(32, 64, 128), memory_limit=limit(costs), **dims)
+        captured = STATE["captures"] - start
+        served = {}
+        for total in serve:
+            full = [0, total] if qwen3 else [0, 0, total]
+            win = None if qwen3 else list(range(0, total + 1, 4))
+            x = torch.randn(total, C); tables = (torch.randn(total, D), torch.randn(total, D))
+            perm = None if qwen3 else torch.randperm(total // 4)
+            replays = state.replays
+            got = call_run(runner, x, full, win, tables, qwen3, perm)
+            served[total] = {"err": float((got - reference(vit, x, full, win, tables, qwen3, perm)).abs().max()),
+                             "budget": state.last_budget if state.replays > replays else None}
+        return {"costs": {str(b): c for b, c in costs.items()}, "budgets": list(state.budgets),
+                "trimmed": list(state.trimmed), "captured": captured, "serving_captures": STATE["captures"] - start - captured,
+                "graphs": len(runner.block_graphs), "served": served, "report": state.report(), "log": log.getvalue()}
+
+bound = {name: {"exact": bounded(qwen3, lambda c: c[32] + c[64], serve=(20, 60, 100))}
+         for name, qwen3 in (("qwen25", False), ("qwen3", True))}
+bound["qwen3"]["byte_over"] = bounded(True, lambda c: c[32] + c[64] - 1, serve=(60,))
+bound["qwen3"]["none"] = bounded(True, lambda c: c[32] - 1, serve=(20,))
+probe = {"reserved": 0, "factor": 2}
+probe["read"] = lambda device: probe["reserved"]
+bound["qwen3"]["measured"] = bounded(True, lambda c: c[32] + c[64] + c[128], probe)
+result["bound"] = bound
 emit(result)
 """
 
 
 def test_budget_graphs_on_real_runner(sglang_version):
+    # the budgets' switch left at its default: on
     out = run_with_sglang(sglang_version, RUNNER, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
-                                                       "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
+                                                       "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": None,
                                                        "SGLANG_FA4_JIT_MONITOR": "warn",
                                                        "SGLANG_FA4_VIT_GRAPH_BUDGETS": "128,32,64"})
     for name in ("qwen25", "qwen3"):
@@ -477,38 +518,102 @@ def test_budget_graphs_on_real_runner(sglang_version):
     # FA4 calls while budgets are captured count as warmup for the JIT monitor; serving ones do not
     assert out["warming"] == [[False, 0], [True, 1]]
     assert "captured after the startup budgets" in out["log"]
+    # the one startup line per runner: what was captured, what it took, the bound (default 3072 MiB)
+    for name in ("qwen25", "qwen3"):
+        est = out[name]["report"]["estimate_bytes_total"]
+        assert est == sum(out[name]["report"]["estimate_bytes"].values()) > 0
+        line = (f"sglang-fa4: 3 ViT budget graph(s) [32, 64, 128] captured at startup; graph memory not "
+                f"measured (CPU), estimate {est} bytes; within the 3072.0 MiB bound (SGLANG_FA4_VIT_GRAPH_MEMORY_MB)")
+        assert line in out["log"], (line, out["log"])
+        assert out[name]["report"]["trimmed"] == [] and out[name]["report"]["memory_limit_mb"] == 3072
+    assert out["log"].count("ViT budget graph(s)") == 2  # one line per runner, none per budget
+
+    # the memory bound: the exact estimated cost of [32, 64] keeps both, one byte less drops 64 too;
+    # trimmed budgets are never captured, and batches above the kept ladder run eagerly (right)
+    for name, case, kept, trimmed in (("qwen25", "exact", [32, 64], [128]), ("qwen3", "exact", [32, 64], [128]),
+                                      ("qwen3", "byte_over", [32], [64, 128])):
+        r = out["bound"][name][case]
+        c = {int(k): v for k, v in r["costs"].items()}
+        assert c[32] < c[64] < c[128]
+        assert r["budgets"] == kept and r["trimmed"] == trimmed, (case, r)
+        assert r["captured"] == r["graphs"] == len(kept) and r["serving_captures"] == 0, (case, r)
+        assert r["report"]["estimate_bytes_total"] == sum(c[k] for k in kept)
+        assert r["served"], case
+        for tokens, served in r["served"].items():
+            want = next((k for k in kept if int(tokens) <= k), None)
+            assert served["budget"] == want and served["err"] < 1e-4, (case, tokens, served)
+        limit = c[32] + c[64] - (case == "byte_over")
+        line = (f"sglang-fa4: {len(kept)} ViT budget graph(s) {kept} captured at startup; graph memory not "
+                f"measured (CPU), estimate {sum(c[k] for k in kept)} bytes; trimmed {trimmed} to fit the "
+                f"{limit} bytes bound (SGLANG_FA4_VIT_GRAPH_MEMORY_MB)")
+        assert line in r["log"] and r["log"].count("ViT budget graph(s)") == 1, (case, r["log"])
+    # under the smallest budget: nothing captured, the runner sealed with no budget (every batch eager,
+    # nothing captured while serving), one warning
+    none = out["bound"]["qwen3"]["none"]
+    assert none["budgets"] == [] and none["trimmed"] == [32, 64, 128] and none["captured"] == 0 == none["graphs"]
+    assert none["serving_captures"] == 0 and all(v["budget"] is None and v["err"] < 1e-4 for v in none["served"].values())
+    assert "no budget fits, every ViT batch runs eagerly" in none["log"]
+    # measured on "CUDA" (a reserved probe reading twice each estimate): the plan [32, 64, 128] fits the
+    # estimate exactly, but after 64 the measured 6x c[32] plus 128's estimate scaled by the 2x shortfall
+    # (8x c[32]) passes the bound: 128 is not captured
+    m = out["bound"]["qwen3"]["measured"]
+    c = {int(k): v for k, v in m["costs"].items()}
+    assert m["budgets"] == [32, 64] and m["trimmed"] == [128] and m["graphs"] == 2, m
+    assert m["report"]["reserved_bytes"] == {"32": 2 * c[32], "64": 2 * c[64]}
+    assert m["report"]["reserved_bytes_total"] == 2 * (c[32] + c[64])
+    assert f"graph memory {2 * (c[32] + c[64])} bytes reserved, estimate {c[32] + c[64]} bytes; trimmed [128]" in m["log"]
 
 
-REGISTERED = r"""
-import warnings; warnings.simplefilter("ignore")
-import sglang.srt.plugins as plugins
+# Registration, then the startup hook as registered and two layouts served through the real runner:
+# by default the budgets are captured at startup and serving captures nothing; with the opt-out the
+# hook is not there and SGLang's own runner captures one graph per layout on the request path.
+REGISTERED = MODEL + r"""
 from sglang.srt.plugins.hook_registry import HookRegistry
-plugins.load_plugins()
 runner = "sglang.srt.multimodal.vit_cuda_graph_runner.ViTCudaGraphRunner"
+load_model = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 hooks = {m: [(ht.value, fn.__qualname__) for ht, fn, src in HookRegistry._hooks.get(f"{runner}.{m}", [])]
          for m in ("run", "create_graph")}
 hooks["forward"] = [(ht.value, fn.__qualname__) for ht, fn, src in
                     HookRegistry._hooks.get("sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward", [])]
-hooks["load_model"] = [fn.__module__ + "." + fn.__qualname__ for ht, fn, src in
-                       HookRegistry._hooks.get("sglang.srt.model_executor.model_runner.ModelRunner.load_model", [])]
+hooks["load_model"] = [fn.__module__ + "." + fn.__qualname__ for ht, fn, src in HookRegistry._hooks.get(load_model, [])]
+with faked_graphs():
+    vit, runner, mr = tower_with_runner(True)
+    for ht, fn, src in HookRegistry._hooks.get(load_model, []):
+        if fn is vb.capture_budgets_after_load_model:
+            fn(None, mr)
+    startup = STATE["captures"]
+    errs = []
+    for full in ([0, 16, 40], [0, 8, 20, 36]):
+        total = full[-1]; x = torch.randn(total, C); tables = (torch.randn(total, D), torch.randn(total, D))
+        got = call_run(runner, x, full, None, tables, True, None)
+        errs.append(float((got - reference(vit, x, full, None, tables, True, None)).abs().max()))
+hooks["startup_captures"] = startup
+hooks["serving_captures"] = STATE["captures"] - startup
+hooks["budgets"] = None if vb.budget_state(runner) is None else list(vb.budget_state(runner).budgets)
+hooks["err"] = max(errs)
 emit(hooks)
 """
 
 
-@pytest.mark.parametrize("enable", ["0", "1"])
-def test_hooks_registered_only_when_enabled(sglang_version, enable):
-    out = run_with_sglang(sglang_version, REGISTERED, env={"SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": enable})
-    if enable == "1":
+@pytest.mark.parametrize("enable", ["0", None])
+def test_default_budgets_and_the_opt_out(sglang_version, enable):
+    out = run_with_sglang(sglang_version, REGISTERED, env={"SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": enable,
+                                                           "SGLANG_VIT_ENABLE_CUDA_GRAPH": "1",
+                                                           "SGLANG_FA4_VIT_GRAPH_BUDGETS": "32,64"})
+    assert out["err"] < 1e-4, out  # either way the served outputs are right
+    if enable is None:  # the default: budget graphs
         assert out["run"] == [["around", "run_around"]] and out["create_graph"] == [["around", "create_graph_around"]]
         assert out["forward"] == [["around", "qwen2_5_vit_forward"]]  # one hook: routing + no-sync forward
         # budgets captured after the FA4 startup warmup hook
         load = out["load_model"]
         assert load.index("sglang_fa4.integration.hooks.warm_fa4_after_load_model") < \
             load.index("sglang_fa4.integration.vit_budgets.capture_budgets_after_load_model")
-    else:
+        assert out["budgets"] == [32, 64] and out["startup_captures"] == 2 and out["serving_captures"] == 0, out
+    else:  # opted out: SGLang's own per-layout runner, capturing on the request path
         assert out["run"] == [] and out["create_graph"] == []
         assert out["forward"] == [["around", "qwen2_5_vit_forward"]]  # the host-metadata feature's
         assert "sglang_fa4.integration.vit_budgets.capture_budgets_after_load_model" not in out["load_model"]
+        assert out["budgets"] is None and out["startup_captures"] == 0 and out["serving_captures"] == 2, out
 
 
 # SGLang's real Qwen2.5-VL tower, tensor-parallel over 2 CPU processes (gloo): its linears are

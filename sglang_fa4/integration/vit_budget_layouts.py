@@ -163,20 +163,3 @@ def capture_layout(budget: int, capacity: int, segment: int) -> list[int]:
     max_seqlen the graph bakes in, is ``min(segment, budget)``), then empty segments."""
     return pad_layout([0], budget, capacity, max_seqlen=min(segment, budget), pad_segment=segment)
 
-
-def estimate_graph_bytes(budget: int, *, hidden: int, heads: int, head_dim: int, intermediate: int,
-                         out_dim: int, rope_dim: int, merge: int = 4, dtype_bytes: int = 2,
-                         capacity: Optional[int] = None) -> int:
-    """Rough device memory one budget graph keeps (static buffers + its private pool's peak
-    activations of one block, reused block to block):
-
-        B * dtype_bytes * (hidden [input] + heads*head_dim [attn workspace] + 2*rope_dim [cos, sin]
-                           + 3*heads*head_dim [qkv] + heads*head_dim [attn out] + 2*intermediate
-                           [MLP up/gate] + 2*hidden [residual, norm])
-        + (B / merge) * out_dim * dtype_bytes [merger output] + 2 * 4 * (capacity + 1) [cu tensors]
-
-    Not measured on a GPU; :func:`capture_budgets` reports the measured allocator delta on CUDA."""
-    capacity = segment_capacity(budget) if capacity is None else capacity
-    per_token = (hidden + heads * head_dim + 2 * rope_dim + 3 * heads * head_dim + heads * head_dim
-                 + 2 * intermediate + 2 * hidden)
-    return budget * dtype_bytes * per_token + (budget // merge) * out_dim * dtype_bytes + 8 * (capacity + 1)

@@ -1,5 +1,5 @@
-"""Startup ViT CUDA graphs over token budgets (opt-in: ``SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=1``
-beside ``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``, fa4 backend).
+"""Startup ViT CUDA graphs over token budgets: what ``SGLANG_VIT_ENABLE_CUDA_GRAPH=1`` gets with the fa4
+ViT backend (``SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE``, on by default; 0 opts out to SGLang's runner).
 
 SGLang's generic ``ViTCudaGraphRunner`` (0.5.20 and 0.5.23) captures one graph per exact image
 layout on the request path and keeps it forever. Here the runner instead gets one graph per token
@@ -26,6 +26,11 @@ budget (``SGLANG_FA4_VIT_GRAPH_BUDGETS``), all captured by :func:`capture_budget
   (``integration.hooks.qwen2_5_vit_forward``) and takes the tower's eager forward (no device sync, no
   graph-path input preparation).
 
+The ladder is bounded in memory (``SGLANG_FA4_VIT_GRAPH_MEMORY_MB``): trimmed from the top before
+capture by an estimate, captured smallest first and measured on CUDA
+(:mod:`sglang_fa4.integration.vit_budget_memory`); one log line says what was captured, what it took
+and what was trimmed.
+
 A guard counts graph captures after :func:`capture_budgets` sealed the runner and, like the FA4
 compile monitor of :mod:`sglang_fa4.startup.jit_monitor`, warns or raises per
 ``SGLANG_FA4_JIT_MONITOR``; FA4 compiles after startup are that monitor's job (budget capture is
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from sglang_fa4.environ import envs
+from sglang_fa4.integration import vit_budget_memory
 from sglang_fa4.integration.vit_budget_layouts import (
     LayoutDoesNotFit,
     budgets_from_env,
@@ -85,7 +91,12 @@ class BudgetState:
     capacity_full: dict[int, int] = field(default_factory=dict)
     cu_full: dict[int, Any] = field(default_factory=dict)
     cu_window: dict[int, Any] = field(default_factory=dict)
-    graph_bytes: dict[int, Optional[int]] = field(default_factory=dict)
+    graph_bytes: dict[int, Optional[int]] = field(default_factory=dict)  # allocated growth (CUDA)
+    reserved_bytes: dict[int, Optional[int]] = field(default_factory=dict)  # reserved growth (CUDA)
+    estimate_bytes: dict[int, int] = field(default_factory=dict)  # vit_budget_memory's, every asked budget
+    asked: tuple[int, ...] = ()  # the ladder asked for (SGLANG_FA4_VIT_GRAPH_BUDGETS)
+    trimmed: tuple[int, ...] = ()  # asked, not captured: over SGLANG_FA4_VIT_GRAPH_MEMORY_MB
+    memory_limit: int = 0  # bytes
     replay_ms: dict[int, float] = field(default_factory=dict)  # measured at startup (route "fastest")
     sealed: bool = False
     replays: int = 0
@@ -95,6 +106,7 @@ class BudgetState:
 
     def report(self) -> dict[str, Any]:
         measured = [b for b in self.graph_bytes.values() if b is not None]
+        reserved = [b for b in self.reserved_bytes.values() if b is not None]
         return {
             "budgets": list(self.budgets),
             "graphs": len(self.keys),
@@ -104,6 +116,13 @@ class BudgetState:
                                         if self.window_tokens is not None else None),
             "graph_bytes": {str(b): v for b, v in self.graph_bytes.items()},
             "graph_bytes_total": sum(measured) if measured else None,
+            "reserved_bytes": {str(b): v for b, v in self.reserved_bytes.items()},
+            "reserved_bytes_total": sum(reserved) if reserved else None,
+            "estimate_bytes": {str(b): self.estimate_bytes[b] for b in self.budgets if b in self.estimate_bytes},
+            "estimate_bytes_total": sum(self.estimate_bytes.get(b, 0) for b in self.budgets),
+            "memory_limit_mb": self.memory_limit // vit_budget_memory.MIB,
+            "asked": list(self.asked),
+            "trimmed": list(self.trimmed),
             "replay_ms": {str(b): round(v, 4) for b, v in self.replay_ms.items()},
             "replays": self.replays,
             "eager_runs": self.eager_runs,
@@ -144,8 +163,20 @@ def shared_graph_pool(on: bool):
         torch.cuda.graph = original
 
 
+def reserved_bytes(device) -> Optional[int]:
+    """The caching allocator's reserved bytes on ``device`` (CUDA), None elsewhere (nothing to
+    measure: the ladder is then bounded by the estimate alone)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.memory_reserved(device))
+
+
 def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[str] = None,
-                    budgets: Optional[Sequence[int]] = None, table_dtype=None) -> BudgetState:
+                    budgets: Optional[Sequence[int]] = None, table_dtype=None,
+                    memory_limit: Optional[int] = None) -> BudgetState:
     """Capture one graph per budget on ``runner`` (a generic ``ViTCudaGraphRunner`` whose backend
     is fa4) and seal it: from then on ``run`` replays these graphs (or runs eagerly) and any new
     capture is flagged. ``hidden``: width of ``x`` (the tower's embed dim); ``rope_dim``: columns
@@ -153,12 +184,17 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     tower with windowed blocks) or "rotary" (Qwen3-VL cos/sin); ``table_dtype``: the dtype of the
     rotary tables the tower hands ``run`` (default: the runner's dtype), in which the graphs read
     them: SGLang's bf16 workspace rounded Qwen3-VL's fp32 cos/sin in a replay but not in an eager
-    run above the budgets, so an image's rows differed alone vs batched (issue #14)."""
+    run above the budgets, so an image's rows differed alone vs batched (issue #14).
+
+    ``memory_limit``: bytes the graphs may take (default SGLANG_FA4_VIT_GRAPH_MEMORY_MB): the ladder
+    is trimmed to fit, largest budgets first (:mod:`sglang_fa4.integration.vit_budget_memory`), and
+    the budgets are captured smallest first, each measured on CUDA. With no budget fitting, the
+    runner is sealed with none: every batch runs eagerly, none is captured while serving."""
     import torch
 
     if runner._attn_backend != FA4:
         raise ValueError(f"ViT graph budgets need the fa4 backend, the runner has {runner._attn_backend!r}")
-    budgets = tuple(sorted(budgets)) if budgets is not None else budgets_from_env()
+    asked = tuple(sorted(budgets)) if budgets is not None else budgets_from_env()
     window = towers.window_tokens(runner.vit) if runner._fullatt_block_indexes else None
     if rope_kind is None:
         rope_kind = "position_embeddings" if runner._fullatt_block_indexes else "rotary"
@@ -166,50 +202,91 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
         raise ValueError(f"rope_kind {rope_kind!r}")
     device, dtype = runner.device, runner.dtype
     table_dtype = table_dtype or dtype
-    state = BudgetState(budgets, window, rope_kind, table_dtype=table_dtype)
-    setattr(runner, STATE_ATTR, state)
     cuda = torch.device(device).type == "cuda"
-    if table_dtype != dtype:
-        # SGLang's _get_sin_cos_ws reuses a workspace large enough; its graphs take views of it
-        runner.sin_cos_ws = tuple(torch.zeros(max(budgets), rope_dim, dtype=table_dtype, device=device)
+    shared = cuda and envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()
+    widths = vit_budget_memory.tower_widths(
+        runner.vit, rope_dim=rope_dim, dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+        table_bytes=torch.empty((), dtype=table_dtype).element_size())
+    limit = vit_budget_memory.limit_bytes() if memory_limit is None else memory_limit
+    estimates = vit_budget_memory.ladder_costs(asked, widths, shared_pool=shared)
+    planned, trimmed = vit_budget_memory.fit_ladder(estimates, limit)
+    account = vit_budget_memory.MemoryAccount(limit, estimates)
+    state = BudgetState(planned, window, rope_kind, table_dtype=table_dtype)
+    state.asked, state.memory_limit, state.estimate_bytes = asked, limit, estimates
+    setattr(runner, STATE_ATTR, state)
+    if planned:
+        # one rotary workspace for every budget, at the largest's size (SGLang's _get_sin_cos_ws takes
+        # views of one large enough; budgets captured smallest first would otherwise retire a
+        # workspace at each step)
+        runner.sin_cos_ws = tuple(torch.zeros(max(planned), rope_dim, dtype=table_dtype, device=device)
                                   for _ in range(2))
-    with jit_monitor.expected_compiles(), shared_graph_pool(cuda and envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()):
-        # largest first: the runner's shared rotary workspace is allocated once, at full size
-        for budget in sorted(budgets, reverse=True):
-            cap, cap_full = segment_capacity(budget, window), full_capacity(budget, max(budgets))
-            cu_full = torch.tensor(capture_layout(budget, cap_full, budget), dtype=torch.int32, device=device)
-            cu_window = None
-            if window is not None:
-                cu_window = torch.tensor(capture_layout(budget, cap, window), dtype=torch.int32, device=device)
-            x_3d = torch.zeros(budget, 1, hidden, dtype=dtype, device=device)
-            table = torch.zeros(budget, rope_dim, dtype=table_dtype, device=device)
-            kwargs: dict[str, Any] = {"position_embeddings": None}
-            if rope_kind == "position_embeddings":
-                kwargs["position_embeddings"] = (table, table.clone())
-            else:
-                kwargs["rotary_pos_emb_cos"], kwargs["rotary_pos_emb_sin"] = table, table.clone()
-            before = torch.cuda.memory_allocated(device) if cuda else None
-            key = runner.create_graph(x_3d=x_3d, cu_seqlens=cu_full, cu_window_seqlens=cu_window,
-                                      attention_layout_key=(BUDGET_TAG, budget), **kwargs)
-            if cuda:
-                torch.cuda.synchronize(device)
-            state.graph_bytes[budget] = (torch.cuda.memory_allocated(device) - before) if cuda else None
-            state.keys[budget] = key
-            state.capacity[budget] = cap
-            state.capacity_full[budget] = cap_full
-            state.cu_full[budget] = runner.cu_full_len[key]  # the captured tensors themselves
-            if window is not None:
-                state.cu_window[budget] = runner.cu_window_len[key]
-            logger.info("sglang-fa4: ViT graph for a %d-token budget captured (%s)", budget,
-                        "n/a on CPU" if not cuda else f"{state.graph_bytes[budget] / 2**20:.1f} MiB")
-    if cuda and route_fastest():
-        state.replay_ms = time_budgets({b: runner.block_graphs[state.keys[b]] for b in budgets})
+    with jit_monitor.expected_compiles(), shared_graph_pool(shared):
+        for budget in planned:  # smallest first: the bound trims from the top
+            if not account.allows(budget):
+                break
+            before = reserved_bytes(device)
+            allocated = torch.cuda.memory_allocated(device) if cuda else None
+            _capture_one(runner, state, budget, hidden, rope_dim, max(planned))
+            after = reserved_bytes(device)
+            account.record(budget, None if before is None else after - before)
+            state.reserved_bytes[budget] = account.measured[budget]
+            state.graph_bytes[budget] = (torch.cuda.memory_allocated(device) - allocated) if cuda else None
+    state.budgets = tuple(account.captured)
+    state.trimmed = tuple(b for b in asked if b not in state.budgets)
+    if cuda and route_fastest() and state.budgets:
+        state.replay_ms = time_budgets({b: runner.block_graphs[state.keys[b]] for b in state.budgets})
     state.sealed = True
-    rep = state.report()
-    logger.info("sglang-fa4: %d ViT budget graph(s) %s captured at startup; graph memory %s",
-                rep["graphs"], list(budgets),
-                "not measured (CPU)" if rep["graph_bytes_total"] is None else f"{rep['graph_bytes_total'] / 2**20:.1f} MiB")
+    _log_capture(state)
     return state
+
+
+def _capture_one(runner, state: BudgetState, budget: int, hidden: int, rope_dim: int, largest: int) -> None:
+    """Capture ``budget``'s graph through the runner's own ``create_graph`` (its eager warmup, then
+    the capture) and keep its fixed-length cu_seqlens tensors."""
+    import torch
+
+    device, dtype, window = runner.device, runner.dtype, state.window_tokens
+    cap, cap_full = segment_capacity(budget, window), full_capacity(budget, largest)
+    cu_full = torch.tensor(capture_layout(budget, cap_full, budget), dtype=torch.int32, device=device)
+    cu_window = None
+    if window is not None:
+        cu_window = torch.tensor(capture_layout(budget, cap, window), dtype=torch.int32, device=device)
+    x_3d = torch.zeros(budget, 1, hidden, dtype=dtype, device=device)
+    table = torch.zeros(budget, rope_dim, dtype=state.table_dtype, device=device)
+    kwargs: dict[str, Any] = {"position_embeddings": None}
+    if state.rope_kind == "position_embeddings":
+        kwargs["position_embeddings"] = (table, table.clone())
+    else:
+        kwargs["rotary_pos_emb_cos"], kwargs["rotary_pos_emb_sin"] = table, table.clone()
+    key = runner.create_graph(x_3d=x_3d, cu_seqlens=cu_full, cu_window_seqlens=cu_window,
+                              attention_layout_key=(BUDGET_TAG, budget), **kwargs)
+    state.keys[budget] = key
+    state.capacity[budget] = cap
+    state.capacity_full[budget] = cap_full
+    state.cu_full[budget] = runner.cu_full_len[key]  # the captured tensors themselves
+    if window is not None:
+        state.cu_window[budget] = runner.cu_window_len[key]
+
+
+def _log_capture(state: BudgetState) -> None:
+    """The one line of what the startup captured, what it took and what the bound trimmed."""
+    rep = state.report()
+    mib = vit_budget_memory.mib
+    measured = []
+    if rep["graph_bytes_total"] is not None:
+        measured.append(f"{mib(rep['graph_bytes_total'])} allocated")
+    if rep["reserved_bytes_total"] is not None:
+        measured.append(f"{mib(rep['reserved_bytes_total'])} reserved")
+    bound = f"the {mib(state.memory_limit)} bound (SGLANG_FA4_VIT_GRAPH_MEMORY_MB)"
+    message = (f"sglang-fa4: {rep['graphs']} ViT budget graph(s) {list(state.budgets)} captured at startup; "
+               f"graph memory {', '.join(measured) or 'not measured (CPU)'}, estimate "
+               f"{mib(rep['estimate_bytes_total'])}; "
+               + (f"trimmed {list(state.trimmed)} to fit {bound}" if state.trimmed else f"within {bound}"))
+    if not state.budgets:
+        logger.warning("%s: no budget fits, every ViT batch runs eagerly (raise the bound, or "
+                       "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=0 for SGLang's per-layout graphs)", message)
+    else:
+        logger.info(message)
 
 
 def _budget_layouts(state: BudgetState, budget: int, host_full: Sequence[int],
@@ -308,7 +385,7 @@ def exceeds_budgets(state: BudgetState, grid_thw) -> bool:
     budget, or more images than the full-attention layout's slots)."""
     rows = grid_rows(grid_thw)
     tokens = sum(t * h * w for t, h, w in rows)
-    return tokens > max(state.budgets) or len(rows) > envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
+    return tokens > max(state.budgets, default=0) or len(rows) > envs.SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS.get()
 
 
 def create_graph_around(original, self, *args, **kwargs):
