@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from sglang_fa4 import features, llm_selection, plugin, selection
 from sglang_fa4.environ import envs
+from sglang_fa4.integration import vit_budget_memory
 from sglang_fa4.sglang_version import installed_sglang_version
 
 PLUGIN_NAME = "sglang_fa4"
@@ -100,6 +101,7 @@ def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
         "gpu": gpu,
         "vit_backend": backend,
         "llm_fp8_kv": llm_selection.describe_rule(tuple(gpu["capability"]) if gpu["capability"] else None),
+        "vit_graphs": vit_budget_memory.doctor_report(),  # budget ladder per reference tower, memory bound
         "env": envs.snapshot(),
     }
 
@@ -143,6 +145,7 @@ def format_text(report: dict[str, Any]) -> str:
     lines.append(f"ViT backend:  {vb['backend'] or '(SGLang default)'} - {vb['reason']}")
     kv = report["llm_fp8_kv"]
     lines.append(f"LLM, fp8 KV:  {'fa4 upgrade' if kv['upgrade'] else 'no upgrade'} - {kv['reason']}")
+    lines.extend(vit_budget_memory.doctor_lines(report["vit_graphs"]))
     lines.append("environment:")
     for name, entry in report["env"].items():
         value = entry.get("error") or repr(entry["value"])

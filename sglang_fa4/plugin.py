@@ -39,8 +39,8 @@ def _feature_needed(feature: features.Feature) -> bool:
         return bool(envs.SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT.get())
     if feature.name == "fa4_startup_warmup":
         return bool(envs.SGLANG_FA4_WARMUP.get())
-    if feature.name == "vit_graph_budgets":
-        return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
+    if feature.name == "vit_graph_budgets":  # on by default, replacing SGLang's ViT graphs when they are on
+        return bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get()) and bool(envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get())
     if feature.name == "vit_graph_internvl_startup":
         return bool(envs.SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP.get())
     if feature.name == "llm_fp8_kv_upgrade":

@@ -192,6 +192,7 @@ def test_qwen2_5_forward_hooked_once_for_budgets_and_host_metadata(fake_sglang, 
     the budget routing and the no-sync forward share one hook."""
     use_version(monkeypatch, "0.5.23")
     monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")  # the budgets replace SGLang's ViT graphs
     monkeypatch.setenv("SGLANG_FA4_VIT_HOST_METADATA", host_metadata)
     plugin.register()
     forward = [(fn, ht) for t, fn, ht in fake_sglang.registered if t == hooks.QWEN2_5_VIT_FORWARD]

@@ -145,7 +145,8 @@ def _product_format(path: str, start: str) -> str:
 def test_log_reader_on_the_products_own_formats():
     warm = _product_format("startup/warmup.py", "sglang-fa4 warmup: %d FA4 variant(s)") % (2, 8.81, 2, 0, 1, 0, False)
     variant = _product_format("startup/warmup.py", "sglang-fa4 warmup [%d/%d] %s: %.3f s") % (1, 2, "d80 full", 4.2, "compiled")
-    budgets = _product_format("integration/vit_budgets.py", "sglang-fa4: %d ViT budget graph(s)") % (8, [1024, 2048], "244.0 MiB")
+    budgets = _product_format("integration/vit_budget_capture.py", "sglang-fa4: %d ViT budget graph(s)") % (
+        8, [1024, 2048], "244.0 MiB allocated, 1494.0 MiB reserved", "2103.1 MiB", "within the 3072.0 MiB bound")
     capture = _product_format("integration/vit_budgets.py", "sglang-fa4: ViT CUDA graph captured after")
     fa4_after = _product_format("startup/jit_monitor.py", "sglang-fa4: FA4 ")
     hooks = 'serve-check: hooks in sglang::scheduler_TP0 pid 42: {"applied": {"sglang_fa4": ["a.b"]}, "sglang_fa4_plan": null}'

@@ -163,9 +163,14 @@ def test_capture_layout_max_seqlen():
 
 def test_plugin_plan_gates_on_env(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", raising=False)
-    for v in ("0.5.20", "0.5.23"):  # default: hooked
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+    for v in ("0.5.20", "0.5.23"):  # default, with SGLang's ViT graphs on: hooked
         assert "vit_graph_budgets" in plugin.make_plan(v).hooked
-    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "0")
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "0")  # the opt-out
+    for v in ("0.5.20", "0.5.23"):
+        assert "vit_graph_budgets" not in plugin.make_plan(v).hooked
+    monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE")
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "0")  # no ViT graphs: nothing to replace
     for v in ("0.5.20", "0.5.23"):
         assert "vit_graph_budgets" not in plugin.make_plan(v).hooked
 
@@ -436,6 +441,7 @@ os.environ["SGLANG_FA4_JIT_MONITOR"] = "raise"  # below: a capture while serving
 # of [32, 64], one byte under it, under the smallest budget alone; then (CUDA stand-in) a reserved
 # probe that measures twice each estimate. Every kept ladder serves: replays in range, eager above.
 from sglang_fa4.integration import vit_budget_memory as vbm
+from sglang_fa4.integration import vit_budget_capture as vbc
 
 def bounded(qwen3, limit, probe=None, serve=()):
     vit, runner, mr = tower_with_runner(qwen3)
@@ -444,11 +450,11 @@ def bounded(qwen3, limit, probe=None, serve=()):
     log.truncate(0); log.seek(0)
     with faked_graphs(), torch.no_grad(), ExitStack() as stack:
         if probe is not None:
-            stack.enter_context(mock.patch.object(vb, "reserved_bytes", probe["read"]))
-            real = vb._capture_one
+            stack.enter_context(mock.patch.object(vbc, "reserved_bytes", probe["read"]))
+            real = vbc._capture_one
             def measured_capture(runner_, state_, budget, *a):
                 real(runner_, state_, budget, *a); probe["reserved"] += probe["factor"] * costs[budget]
-            stack.enter_context(mock.patch.object(vb, "_capture_one", measured_capture))
+            stack.enter_context(mock.patch.object(vbc, "_capture_one", measured_capture))
         start = STATE["captures"]
         state = vb.capture_budgets(runner, budgets=(32, 64, 128), memory_limit=limit(costs), **dims)
         captured = STATE["captures"] - start

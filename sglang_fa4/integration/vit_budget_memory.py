@@ -196,9 +196,10 @@ def doctor_report(budgets: Optional[Sequence[int]] = None, limit: Optional[int] 
         limit = limit_bytes() if limit is None else limit
         shared_pool = bool(envs.SGLANG_FA4_VIT_GRAPH_SHARED_POOL.get()) if shared_pool is None else shared_pool
         enabled = bool(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE.get())
+        vit_cuda_graph = bool(envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get())
     except EnvValueError as exc:
         return {"error": str(exc)}
-    out = {"enabled": enabled, "memory_limit_mb": limit // MIB, "budgets": list(budgets),
+    out = {"enabled": enabled, "vit_cuda_graph": vit_cuda_graph, "memory_limit_mb": limit // MIB, "budgets": list(budgets),
            "shared_pool": shared_pool, "towers": {}}
     for name, w in towers.items():
         costs = ladder_costs(budgets, w, shared_pool=shared_pool)
@@ -216,6 +217,8 @@ def doctor_lines(report: Optional[dict] = None) -> list[str]:
     state = ("startup budget graphs (with SGLANG_VIT_ENABLE_CUDA_GRAPH=1 and the fa4 ViT backend; "
              "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=0 opts out)" if rep["enabled"]
              else "SGLang's per-layout graphs (SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE=0)")
+    if not rep["vit_cuda_graph"]:
+        state += "; SGLANG_VIT_ENABLE_CUDA_GRAPH is off: no ViT graphs now"
     lines = [f"ViT graphs:   {state}",
              f"  memory bound {rep['memory_limit_mb']} MiB (SGLANG_FA4_VIT_GRAPH_MEMORY_MB); budgets "
              f"{rep['budgets']}" + (" in one shared pool" if rep["shared_pool"] else "")]
