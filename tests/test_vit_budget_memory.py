@@ -182,3 +182,15 @@ def test_mib_formatting():
     assert vbm.mib(vbm.MIB - 1) == f"{vbm.MIB - 1} bytes"
     assert vbm.mib(vbm.MIB) == "1.0 MiB"
     assert vbm.mib(3 * vbm.MIB // 2) == "1.5 MiB"
+
+
+def test_doctor_shows_the_vit_graph_section(monkeypatch):
+    from sglang_fa4 import doctor
+
+    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_MEMORY_MB", "700")
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+    report = doctor.collect("9.0")
+    assert report["vit_graphs"] == vbm.doctor_report() and report["vit_graphs"]["memory_limit_mb"] == 700
+    text = doctor.format_text(report)
+    for line in vbm.doctor_lines(report["vit_graphs"]):
+        assert line in text.splitlines()
