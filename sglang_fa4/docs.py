@@ -24,8 +24,10 @@ def env_table() -> str:
     for var in envs:
         if var.type == "choice":
             kind = "choice: " + ", ".join(c or '""' for c in var.choices)
-        elif var.type in ("int", "int_list") and (var.minimum is not None or var.multiple_of is not None):
+        elif var.type in ("int", "int_list") and (var.minimum, var.multiple_of, var.maximum) != (None, None, None):
             kind = f"{var.type}: {var.accepted()}"
+        elif var.type == "bool" and not var.checked:
+            kind = f"bool, read as {var.owner} reads it"
         else:
             kind = var.type
         rows.append(f"| `{var.name}` | {kind} | {_default_text(var)} | {var.owner} | {var.meaning} |")
