@@ -253,7 +253,7 @@ def test_malformed_variable_is_one_error_line_and_its_default(fake_sglang, monke
     with caplog.at_level(logging.INFO, logger="sglang_fa4"):
         plan = plugin.register()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert errors == [f"sglang-fa4: {name}={value!r}" + errors[0].split(repr(value), 1)[1]]
+    assert len(errors) == 1 and errors[0].startswith(f"sglang-fa4: {name}={value!r}")
     assert "accepted" in errors[0] and accepted in errors[0]
     assert errors[0].endswith(f"; {name} runs at its default ({default})")
     assert fake_sglang.registered == clean and plan.failed == {}
