@@ -178,6 +178,10 @@ class EnvVar:
     def is_set(self) -> bool:
         return self.name in os.environ
 
+    def raw(self) -> str | None:
+        """The value as set (None: unset), unparsed: for messages that quote it."""
+        return os.environ.get(self.name)
+
     def get(self) -> Any:
         raw = os.environ.get(self.name)
         if raw is None or _FALLBACKS.get(self.name) == raw:
