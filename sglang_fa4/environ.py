@@ -296,11 +296,11 @@ class EnvRegistry:
 
     def problems(self, owners: tuple[str, ...] = OUR_OWNERS) -> list[EnvProblem]:
         """Every variable of ``owners`` whose current value does not parse (a value already
-        falling back to its default included)."""
+        falling back to its default included); another owner's variable is never one."""
         out = []
         for var in self:
             raw = os.environ.get(var.name)
-            if var.owner not in owners or raw is None:
+            if not var.checked or var.owner not in owners or raw is None:
                 continue
             try:
                 var.parse(raw)

@@ -48,8 +48,14 @@ from sglang_fa4.integration import registration
 def _broken(registry, hook_type):
     raise ImportError("no such SGLang class")
 
+from sglang.srt.environ import envs as sglang_envs
+OWNER_READS = []
+for raw in OWNER_VALUES:  # SGLang's own variable: our read beside SGLang's
+    os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"] = raw
+    OWNER_READS.append([raw, envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get(), sglang_envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get()])
+
 REAL = dict(registration.REGISTRARS)
-OUT = {}
+OUT = {"owner_reads": OWNER_READS}
 for name, (env, broken) in CASES.items():
     plugins._plugins_loaded = False
     HookRegistry.reset()
@@ -79,6 +85,8 @@ for name, (env, broken) in CASES.items():
 emit(OUT)
 """
 
+OWNER_VALUES = ["1", "0", "true", "False", "yes", "y", "Y", "no", "n", "on", "off", "", " 1", "2", "maybe"]
+
 QUIET = {"SGLANG_FA4_KERNEL_CACHE": "0", "SGLANG_PLUGINS": None}
 
 
@@ -87,7 +95,7 @@ def loads(request):
     version = request.param
     request.applymarker(pytest.mark.sglang)
     require_version(version)
-    code = f"CASES = {CASES!r}\nSTUBS = {str(STUBS)!r}\n" + LOAD
+    code = f"CASES = {CASES!r}\nSTUBS = {str(STUBS)!r}\nOWNER_VALUES = {OWNER_VALUES!r}\n" + LOAD
     return run_with_sglang(version, code, env=QUIET)
 
 
@@ -95,6 +103,12 @@ def test_a_clean_environment_applies_every_hook(loads):
     clean = loads["clean"]
     assert clean["refused"] is None and clean["errors"] == [] and clean["sglang_failed"] == []
     assert clean["targets"] and clean["applied"] == clean["targets"]
+
+
+def test_sglang_variable_is_read_exactly_as_sglang_reads_it(loads):
+    reads = loads["owner_reads"]
+    assert [raw for raw, _, _ in reads] == OWNER_VALUES
+    assert [[raw, ours] for raw, ours, _ in reads] == [[raw, sglang] for raw, _, sglang in reads]
 
 
 def test_owner_values_are_read_as_their_owner_reads_them(loads):
