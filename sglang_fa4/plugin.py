@@ -122,17 +122,17 @@ class _Recorder:
         self._targets.append(target)
 
 
-def unresolvable_targets(targets: list[str]) -> list[str]:
-    """The targets SGLang's HookRegistry.apply_hooks could not resolve (module.attr, as it does);
-    strict mode checks them, since apply_hooks logs such a failure and goes on."""
-    missing = []
+def unresolvable_targets(targets: list[str]) -> dict[str, str]:
+    """The targets SGLang's HookRegistry.apply_hooks could not resolve (module.attr, as it does),
+    each with why; strict mode checks them, since apply_hooks logs such a failure and goes on."""
+    missing = {}
     for target in dict.fromkeys(targets):
         obj_path, _, attr = target.rpartition(".")
         try:
             if not hasattr(pkgutil.resolve_name(obj_path), attr):
-                missing.append(f"{target} (no attribute {attr})")
+                missing[target] = f"SGLang cannot resolve it: {obj_path} has no {attr}"
         except Exception as exc:  # an import error of SGLang's own module is the answer here
-            missing.append(f"{target} ({type(exc).__name__}: {exc})")
+            missing[target] = f"SGLang cannot resolve it: {type(exc).__name__}: {exc}"
     return missing
 
 
@@ -197,8 +197,8 @@ def _register(strict: bool) -> Plan:
             plan.failed[name] = f"{type(exc).__name__}: {exc}"
             logger.debug("sglang-fa4: %s registration traceback", name, exc_info=True)
     if strict:
-        for target in unresolvable_targets(plan.targets):
-            plan.failed[f"hook target {target}"] = "SGLang cannot resolve it"
+        for target, why in unresolvable_targets(plan.targets).items():
+            plan.failed[f"hook target {target}"] = why
     for name, why in plan.failed.items():
         then = "SGLANG_FA4_PLUGIN_STRICT=1: the server does not start" if strict else "the other features stay active"
         logger.error("sglang-fa4: %s failed (%s); %s", name, why, then)

@@ -314,10 +314,11 @@ def test_registration_that_cannot_start_is_one_error_line(fake_sglang, monkeypat
 
 
 def test_strict_checks_that_sglang_can_resolve_every_target(monkeypatch):
-    assert plugin.unresolvable_targets(["os.path.join", "json.dumps"]) == []
-    assert plugin.unresolvable_targets(["os.path.no_such_function"]) == ["os.path.no_such_function (no attribute no_such_function)"]
-    [missing] = plugin.unresolvable_targets(["no_such_module_xyz.f"])
-    assert missing.startswith("no_such_module_xyz.f (ModuleNotFoundError: ")
+    assert plugin.unresolvable_targets(["os.path.join", "json.dumps"]) == {}
+    assert plugin.unresolvable_targets(["os.path.join", "os.path.no_such_function"]) == {
+        "os.path.no_such_function": "SGLang cannot resolve it: os.path has no no_such_function"}
+    [(target, why)] = plugin.unresolvable_targets(["no_such_module_xyz.f"]).items()
+    assert target == "no_such_module_xyz.f" and why.startswith("SGLang cannot resolve it: ModuleNotFoundError: ")
 
 
 def test_every_feature_has_a_registrar():

@@ -19,13 +19,17 @@ from sglang_harness import SUPPORTED_VERSIONS, require_version, run_with_sglang
 
 STUBS = Path(__file__).resolve().parents[1] / "benchmark" / "sglang_on_gpu"
 
+MISSING_TARGET = "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.no_such_forward"
+# case -> (environment, feature whose registrar raises, the Qwen2.5-VL forward hook's target instead)
 CASES = {
-    "strict_malformed": ({"SGLANG_FA4_PLUGIN_STRICT": "1", "SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS": "0"}, None),
-    "strict_feature": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, "vit_host_metadata"),
+    "strict_malformed": ({"SGLANG_FA4_PLUGIN_STRICT": "1", "SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS": "0"}, None, None),
+    "strict_feature": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, "vit_host_metadata", None),
+    "strict_target": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, None, MISSING_TARGET),
     "owner_values_and_malformed": (
-        {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "y", "TRITON_INTERPRET": "", "SGLANG_FA4_WARMUP": "maybe"}, None),
-    "feature": ({}, "vit_host_metadata"),
-    "clean": ({}, None),
+        {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "y", "TRITON_INTERPRET": "", "SGLANG_FA4_WARMUP": "maybe"}, None, None),
+    "feature": ({}, "vit_host_metadata", None),
+    "clean": ({}, None, None),
+    "strict_clean": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, None, None),
 }
 
 LOAD = """
@@ -43,7 +47,7 @@ import sglang.srt.plugins as plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_fa4 import plugin
 from sglang_fa4.environ import envs
-from sglang_fa4.integration import registration
+from sglang_fa4.integration import hooks, registration
 
 def _broken(registry, hook_type):
     raise ImportError("no such SGLang class")
@@ -55,8 +59,10 @@ for raw in OWNER_VALUES:  # SGLang's own variable: our read beside SGLang's
     OWNER_READS.append([raw, envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get(), sglang_envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get()])
 
 REAL = dict(registration.REGISTRARS)
+QWEN2_5_FORWARD = hooks.QWEN2_5_VIT_FORWARD
 OUT = {"owner_reads": OWNER_READS}
-for name, (env, broken) in CASES.items():
+for name, (env, broken, retarget) in CASES.items():
+    hooks.QWEN2_5_VIT_FORWARD = retarget or QWEN2_5_FORWARD
     plugins._plugins_loaded = False
     HookRegistry.reset()
     plugin._registered_plan = None
@@ -137,11 +143,26 @@ def test_a_failing_feature_leaves_the_other_hooks_applied(loads):
     assert out["applied"] == out["targets"] and out["sglang_failed"] == []
 
 
+def test_strict_with_nothing_wrong_starts_with_every_hook(loads):
+    """Strict also resolves every hook target before SGLang applies them: all resolve."""
+    out, clean = loads["strict_clean"], loads["clean"]
+    assert out["refused"] is None and out["errors"] == [] and out["applied"] == clean["targets"]
+
+
 def test_strict_stops_the_start_on_a_malformed_variable(loads):
     out = loads["strict_malformed"]
     assert out["refused"] == ("sglang-fa4: SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS='0': 0 is out of range; accepted: "
                               "an integer >= 1 and <= 4096; SGLANG_FA4_PLUGIN_STRICT=1: the server does not start")
     assert out["sglang_failed"] == [] and out["targets"] == []
+
+
+def test_strict_stops_the_start_on_a_hook_target_sglang_cannot_resolve(loads):
+    """SGLang's apply_hooks would log that failure and serve without the hook: strict stops first."""
+    out = loads["strict_target"]
+    assert out["refused"] == (f"sglang-fa4: hook target {MISSING_TARGET} failed (SGLang cannot resolve it: "
+                              "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer has no no_such_forward) -- "
+                              "SGLANG_FA4_PLUGIN_STRICT=1: the server does not start")
+    assert out["sglang_failed"] == [] and out["applied"] == []
 
 
 def test_strict_stops_the_start_on_a_failing_feature(loads):
