@@ -98,7 +98,7 @@ def test_kernels_markdown_has_the_fa3_column(tmp_path):
 
 
 def _route_module():
-    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "check_fp8_kv_route.py")
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "release" / "check_fp8_kv_route.py")
     mod = importlib.util.module_from_spec(spec)
     pytest.importorskip("torch")
     spec.loader.exec_module(mod)
@@ -107,7 +107,7 @@ def _route_module():
 
 def test_route_report_sets_fa3_beside_fa4():
     mod = _route_module()
-    r = {"command": "python3 benchmark/check_fp8_kv_route.py --out X", "notes": [],
+    r = {"command": "python3 benchmark/release/check_fp8_kv_route.py --out X", "notes": [],
          "env": {"gpu": "H200", "torch": "2.11", "fa4": "4.0.0b36", "fa3": "flash-attention 0251105a2fb1"},
          "correctness": [{"impl": "fa3-fp8", "d": 256, "page_size": 16, "case": "decode", "cached": [5], "new": [1],
                           "rel_err": 6e-3, "finite": True, "pass": True}],

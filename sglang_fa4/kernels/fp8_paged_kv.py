@@ -37,10 +37,10 @@ from sglang_fa4.kernels.fp8_paged_gather import (  # noqa: F401 (the route's nam
 
 FP8 = torch.float8_e4m3fn
 #: Pack the GQA group into the M tile on decode-shaped calls (see the module doc); False: one CTA
-#: per (sequence, q head), for side-by-side timing (benchmark/check_fp8_kv_route.py).
+#: per (sequence, q head), for side-by-side timing (benchmark/release/check_fp8_kv_route.py).
 PACK_GQA_DECODE = True
 #: Gather with the fused Triton kernel (fp8_paged_gather); False: the torch index ops + separate
-#: V^T pack it replaced, for side-by-side timing (benchmark/check_fp8_kv_route.py).
+#: V^T pack it replaced, for side-by-side timing (benchmark/release/check_fp8_kv_route.py).
 FUSED_GATHER = True
 
 

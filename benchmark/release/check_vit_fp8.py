@@ -19,7 +19,7 @@ Sections (``--sections``):
   forced to FP8 (table {d: 65}) and with the measured table; tower speed at 448/720p/1080p/4K,
   eager and graph, bf16 vs fp8 (measured table); compiles after startup (FA4, FP8 forward, quantize).
 
-usage (GPU machine): python3 benchmark/check_vit_fp8.py --out DIR [--sections crossover towers]
+usage (GPU machine): python3 benchmark/release/check_vit_fp8.py --out DIR [--sections crossover towers]
 Writes DIR/vit_fp8.json and .md (``--tag T``: vit_fp8-T.*).
 """
 
@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark"), str(ROOT / "benchmark" / "sglang_on_gpu")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 MARGIN = 1.02  # FP8 must beat bf16 by this much (above run-to-run noise) to be routed
 HEADS = 16
@@ -146,7 +146,7 @@ def scale_like_trained(tower, gain: float = 2.5, outlier: float = 3.0, modules=N
     projection are scaled by ``gain`` (logit std ~3), and the q/k rows of head-dim channels
     0, 1, d/2, d/2+1 of every head by ``outlier`` more (outlier channels set each head's amax,
     the hard case for per-head FP8 scales). ``modules``: the VisionAttention modules (default: the
-    tower's fa4 ones; benchmark/vit_fp8_accuracy.py passes its CPU towers' sdpa ones)."""
+    tower's fa4 ones; benchmark/release/vit_fp8_accuracy.py passes its CPU towers' sdpa ones)."""
     import torch
 
     if modules is None:
@@ -177,7 +177,7 @@ class LayerErrors:
     """Wraps vit_attn_dtype.fp8_attention: while ``on``, each FP8 call also runs FA4 bf16 on the
     same q/k/v and records the rel. error of the FP8 output. With ``noise`` > 0 the call returns
     FA4 bf16 plus Gaussian noise of that rel. size instead (no FP8): how far the random tower moves
-    for a bf16-sized perturbation of the same layers (benchmark/vit_fp8_accuracy.py)."""
+    for a bf16-sized perturbation of the same layers (benchmark/release/vit_fp8_accuracy.py)."""
 
     def __init__(self):
         import torch
@@ -445,7 +445,7 @@ def main(argv=None) -> int:
     if args.render:
         src = Path(args.render)
         result = json.loads(src.read_text())
-        result["rendered_by"] = f"benchmark/check_vit_fp8.py --render {args.render}"
+        result["rendered_by"] = f"benchmark/release/check_vit_fp8.py --render {args.render}"
         src.with_suffix(".md").write_text(markdown(result))
         return 0
     if not args.out:

@@ -15,7 +15,7 @@ Time: one call captured in a CUDA graph per implementation, replays timed with C
 interleaved, medians; the HBM floor (q, k read and written once, cos/sin read once). Host: the
 fused call's wall time per call in a launch-bound loop (448 tokens).
 
-usage (GPU machine, SGLang importable): python3 benchmark/check_vit_rotary.py --out DIR
+usage (GPU machine, SGLang importable): python3 benchmark/release/check_vit_rotary.py --out DIR
 Writes DIR/vit_rotary.json and .md.
 """
 
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 MODELS = {"qwen2_5_vl": (16, 80, ("bfloat16",)), "qwen3_vl": (16, 72, ("bfloat16", "float32"))}

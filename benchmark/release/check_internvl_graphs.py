@@ -23,7 +23,7 @@ runner's graph count and the plugin's capture guard) and FA4 compiles (dispatch.
 JIT monitor) must all be 0.
 
 usage (GPU machine, SGLang importable; see benchmark/sglang_on_gpu/README.md):
-  python3 benchmark/check_internvl_graphs.py --out DIR [--requests 120] [--seed 0]
+  python3 benchmark/release/check_internvl_graphs.py --out DIR [--requests 120] [--seed 0]
 Writes DIR/internvl_graphs.json and .md (the latest supported SGLang; others: internvl_graphs-<version>.*);
 exit code 1 when the verdict is not ok.
 """
@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 ENV = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP": "1",

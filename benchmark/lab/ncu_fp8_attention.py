@@ -6,7 +6,7 @@ Two modes:
 * ``workload --which fp8|bf16 [--flags a,b]``: the launch to profile.  Builds fresh random inputs,
   runs the kernel a few times (compile, warmup), then once more between
   ``torch.cuda.profiler.start()/stop()``, so ``ncu --profile-from-start off -c 1`` sees exactly one
-  warm launch.  Run on the GPU machine under ncu (benchmark/ncu_fp8_attention.sh).
+  warm launch.  Run on the GPU machine under ncu (benchmark/lab/ncu_fp8_attention.sh).
 * ``summarize --raw DIR --out PREFIX``: reads the ``--csv`` pages ncu printed (details, raw, source
   per kernel) and writes PREFIX.json + PREFIX.md: tensor-pipe utilisation, issue-slot use, the top
   stall reasons, shared-memory traffic, and the SASS opcodes warps stall on.
@@ -23,7 +23,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

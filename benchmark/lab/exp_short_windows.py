@@ -9,7 +9,7 @@ Every output is checked against an fp32 reference on fresh random data, output p
 
   triton_short_wN  sglang_fa4.kernels.short_window_kernel (one program per segment and head, N warps)
 
-usage: python3 benchmark/exp_short_windows.py --out results.json [--backends ...] [--layouts ...]
+usage: python3 benchmark/lab/exp_short_windows.py --out results.json [--backends ...] [--layouts ...]
 """
 
 from __future__ import annotations

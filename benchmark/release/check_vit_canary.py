@@ -25,7 +25,7 @@ Optionally (``--exact-forwards``) a first pass through SGLang's own exact-layout
 budgets are captured; a small pool of layouts so that each graph replays for other images).
 
 usage (GPU machine, SGLang importable; see benchmark/sglang_on_gpu/README.md):
-  python3 benchmark/check_vit_canary.py --out DIR [--forwards 500] [--time-limit-s 0]
+  python3 benchmark/release/check_vit_canary.py --out DIR [--forwards 500] [--time-limit-s 0]
 Writes DIR/vit_canary[-<version>].json and .md.
 """
 
@@ -41,8 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark"), str(ROOT / "benchmark" / "sglang_on_gpu")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 #: one unit in the last place of bf16 (8 significant bits) relative to a value: an element agrees
 #: "to bf16 rounding" when |out - ref| <= BF16_ULP * (|ref| + rms(ref)) (the rms term: values near 0)
@@ -394,7 +394,7 @@ def main(argv=None) -> int:
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_JIT_MONITOR": "raise"}
     info = prepare_sglang("fa4", env, batch_invariant=args.batch_invariant)
-    result = {"batch_invariant": args.batch_invariant, "command": "python3 " + " ".join(["benchmark/check_vit_canary.py"] + list(argv or sys.argv[1:])),
+    result = {"batch_invariant": args.batch_invariant, "command": "python3 " + " ".join(["benchmark/release/check_vit_canary.py"] + list(argv or sys.argv[1:])),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": info, "env": env,
               "models": []}
     args.out.mkdir(parents=True, exist_ok=True)

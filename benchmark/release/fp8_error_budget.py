@@ -18,7 +18,7 @@ the same bf16 inputs, one step at a time, for:
 Inputs: q, k ~ N(0, sigma) (logit std ~ sigma^2), v ~ N(0, 1), 1024 tokens, 16 heads, d=80; with and
 without outlier channels (4 of every head's q/k channels x3, as the GPU check's towers).
 
-usage: python3 benchmark/fp8_error_budget.py --out DIR   (writes DIR/fp8_error_budget.json and .md)
+usage: python3 benchmark/release/fp8_error_budget.py --out DIR   (writes DIR/fp8_error_budget.json and .md)
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     rows = run()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python3", *(sys.argv if argv is None else ["benchmark/fp8_error_budget.py", *argv])])
+    command = " ".join(["python3", *(sys.argv if argv is None else ["benchmark/release/fp8_error_budget.py", *argv])])
     (out / "fp8_error_budget.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
     (out / "fp8_error_budget.md").write_text(markdown(rows, command))
     print(markdown(rows, command))

@@ -10,7 +10,7 @@ The flag is read when a kernel compiles, so the two settings run in two worker p
 GPU, one at a time); each round asks both for the same shape, alternating which goes first, and
 the report is the median per-round ratio off/on with the rounds each wins.
 
-    python benchmark/bench_flash_attention_tmem_red_max.py [--rounds 10] [--out results.json]
+    python benchmark/lab/bench_flash_attention_tmem_red_max.py [--rounds 10] [--out results.json]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sglang_fa4.bench.layouts import kernel_layout  # noqa: E402
 from sglang_fa4.bench.stats import median, paired, round_order  # noqa: E402

@@ -25,7 +25,7 @@ eagerly against fp32 (as above), then all captured as CUDA graphs and timed in `
 interleaved rounds (``sglang_fa4.bench.timing.interleaved_ms``; eager CUDA events where capture
 fails); ratios are medians of the per-round ratios.
 
-    python3 benchmark/check_fp8_kv_backend.py --out DIR [--speed] [--speed-first] [--cpu-smoke]
+    python3 benchmark/release/check_fp8_kv_backend.py --out DIR [--speed] [--speed-first] [--cpu-smoke]
         (writes <--stem, default fp8_kv_backend>-<sglang version><--suffix>.json / .md)
 
 ``--cpu-smoke``: on a machine without a GPU, the same code with the FP8 kernel replaced by the torch
@@ -45,7 +45,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 for p in (str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")):
     if p not in sys.path:
         sys.path.insert(0, p)

@@ -16,7 +16,7 @@ output is compared with its copy (0 may differ). Also: what the copy that makes 
 costs per image size (CUDA events, median), against the tower's graph forward.
 
 usage (GPU machine, SGLang importable; see benchmark/sglang_on_gpu/README.md):
-  python3 benchmark/check_vit_graph_outputs.py --out DIR [--forwards 200]
+  python3 benchmark/release/check_vit_graph_outputs.py --out DIR [--forwards 200]
 Writes DIR/vit_graph_outputs[-<version>].json and .md.
 """
 
@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark"), str(ROOT / "benchmark" / "sglang_on_gpu")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 
 

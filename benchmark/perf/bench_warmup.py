@@ -19,7 +19,7 @@ disk; the warm trace also runs the fused rotary on every batch's token counts an
 specializations resolved after the warmup (must be 0).
 
 Usage (repo root; needs torch, flash-attn-4 and this package, nothing else):
-    python3 benchmark/bench_warmup.py --out $OUT/warmup.json [--sizes 60] [--seed 0]
+    python3 benchmark/perf/bench_warmup.py --out $OUT/warmup.json [--sizes 60] [--seed 0]
 Prints a short summary; the JSON holds per-variant times, compile counts and the trace.
 """
 
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -294,7 +294,7 @@ def meta() -> dict:
         "flash-attn-4": ver("flash-attn-4"),
         "nvidia-cutlass-dsl": ver("nvidia-cutlass-dsl"),
         "python": platform.python_version(),
-        "command": "python3 benchmark/bench_warmup.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": "python3 benchmark/perf/bench_warmup.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     }
 
 

@@ -1,7 +1,7 @@
 """GPU benchmark of what FA4 adds to a server start when its kernels come from the shared-library
 store (issue #18 item 6: sglang_fa4/kernels/fa4_shared_libs.py) instead of ``import flash_attn.cute``.
 
-The SGLang-like start of benchmark/bench_start.py (torch + CUDA context + triton, which SGLang's
+The SGLang-like start of benchmark/perf/bench_start.py (torch + CUDA context + triton, which SGLang's
 scheduler imports before load_model; then the 16.6 GB weight load stand-in and the plugin's
 warmup hook for Qwen2.5-VL's stand-in tower: FA4's d80 full and > 256-segment variants, the
 short-window Triton kernel, the fused rotary), one process per run:
@@ -24,7 +24,7 @@ side stream, with the fp32 reference error beside; and every lazy run times the 
 stored kernel's launch.
 
 Usage (repo root, FA4 on PYTHONPATH):
-    python3 benchmark/bench_start_lazy.py --out $OUT/start-lazy.json [--rounds 3]
+    python3 benchmark/perf/bench_start_lazy.py --out $OUT/start-lazy.json [--rounds 3]
 Writes start-lazy.json and start-lazy.md; prints the table last. ~2.5 minutes on the H200.
 """
 
@@ -45,8 +45,8 @@ from pathlib import Path
 
 T_PROCESS = time.perf_counter()
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "benchmark"):
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT, ROOT / "benchmark" / "perf"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -244,7 +244,7 @@ def run(variant: str, cache_dir: Path, args, round_: int = 0) -> dict:
     env.update(SGLANG_FA4_KERNEL_CACHE="1", SGLANG_FA4_KERNEL_CACHE_DIR=str(cache_dir), SGLANG_FA4_JIT_MONITOR="warn",
                TRITON_CACHE_DIR=str(cache_dir / "triton"), SGLANG_FA4_PRELOAD="1",
                SGLANG_FA4_SHARED_LIBS="0" if variant == "fa4_disk" else "1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmark"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmark" / "perf"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_path = Path(f.name)
     cmd = [sys.executable, *(["-X", "importtime"] if variant == "breakdown" else []), str(Path(__file__).resolve()),
@@ -384,7 +384,7 @@ def main() -> int:
     from sglang_fa4.bench.meta import base_meta
 
     meta = base_meta("start-lazy")
-    meta["command"] = "python3 benchmark/bench_start_lazy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    meta["command"] = "python3 benchmark/perf/bench_start_lazy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta.update(load_gb=args.load_gb, tensors=args.tensors, rounds=args.rounds, cache_dir=str(cache_dir))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "runs": runs}, default=str, separators=(",", ":")))  # kept if the summary fails

@@ -15,7 +15,7 @@ language models cut to a few layers, local tokenizer). Weights: SGLang's dummy l
 a usable scale by the check's own plugin (benchmark/serve_check/check_plugin.py says why).
 
 usage (GPU machine; see benchmark/sglang_on_gpu/README.md for the bundles):
-  python3 benchmark/check_server.py --out DIR --sgl-bundle .sgl --repo REPO [--video-bundle .video] \
+  python3 benchmark/release/check_server.py --out DIR --sgl-bundle .sgl --repo REPO [--video-bundle .video] \
       --runs 0.5.23:qwen2_5_vl:on 0.5.23:qwen2_5_vl:off ...
 Writes DIR/server.json, DIR/server.md and one log per run.
 """
@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SERVE = HERE / "serve_check"
+SERVE = HERE.parent / "serve_check"
 sys.path[:0] = [str(SERVE)]
 
 import checkpoints  # noqa: E402
@@ -521,7 +521,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sgl-bundle", default=".sgl")
     ap.add_argument("--video-bundle", help="the .video bundle (decord; make_video_bundle.sh); without it, "
                     "/tmp/video if an earlier call unpacked it there; else the video is skipped (reason recorded)")
-    ap.add_argument("--repo", type=Path, default=HERE.parent, help="where sglang_fa4 is (server cwd)")
+    ap.add_argument("--repo", type=Path, default=HERE.parents[1], help="where sglang_fa4 is (server cwd)")
     ap.add_argument("--pythonpath", action="append", default=[], help="VERSION=PATH instead of install.sh")
     ap.add_argument("--work", type=Path, default=Path("/tmp/serve_check"))
     ap.add_argument("--text-layers", type=int, default=4)

@@ -17,7 +17,7 @@ after ModelRunner.load_model: the FA4 variant warmup, then one graph per token b
   * startup cost: warmup and capture seconds, graph memory (allocator delta, per budget).
 
 usage (GPU machine, SGLang importable; see benchmark/sglang_on_gpu/README.md):
-  python3 benchmark/check_vit_graphs.py --out DIR [--models qwen2_5_vl qwen3_vl] [--mixes 20]
+  python3 benchmark/release/check_vit_graphs.py --out DIR [--models qwen2_5_vl qwen3_vl] [--mixes 20]
 Writes DIR/vit_graphs.json and .md (the latest supported SGLang; others: vit_graphs-<version>.*).
 """
 
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 PICTURES = ("448", "720p", "1080p", "4k")

@@ -11,7 +11,7 @@ a CUDA graph, with the budget's static buffers refilled per mix. Checked per mix
   - FA4 configurations resolved after the budgets were captured (must be 0).
 This is not the tower-level validation (SGLang's runner cannot run on the device machine).
 
-usage: python3 benchmark/check_vit_budgets.py --out results.json [--mixes 24]
+usage: python3 benchmark/release/check_vit_budgets.py --out results.json [--mixes 24]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                             for kind in ("full", "windowed")},
     }
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "command": "python3 benchmark/check_vit_budgets.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+            "command": "python3 benchmark/release/check_vit_budgets.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
             "budgets": list(budgets)}
     Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))

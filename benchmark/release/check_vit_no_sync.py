@@ -16,7 +16,7 @@ from cu_seqlens on the host, a sync of its own, so it cannot pass step 4; ``--ba
 still runs). Writes JSON to ``--out`` after every step; exit 0 when hooked made no sync,
 upstream did, and the outputs agree.
 
-  python benchmark/check_vit_no_sync.py --out vit_no_sync.json --sglang-version 0.5.23
+  python benchmark/release/check_vit_no_sync.py --out vit_no_sync.json --sglang-version 0.5.23
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 for _path in (ROOT, ROOT / "benchmark" / "sglang_on_gpu"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))

@@ -23,7 +23,7 @@ kernels resolved (must be 0 compiled) and run 20 attention calls of random layou
 ``dispatch.fa4_varlen_attention`` (must resolve nothing).
 
 Usage (repo root; torch, flash-attn-4 and this package):
-    python3 benchmark/bench_start.py --out $OUT/start.json [--cache-dir DIR] [--variants ...]
+    python3 benchmark/perf/bench_start.py --out $OUT/start.json [--cache-dir DIR] [--variants ...]
 Writes the JSON and a markdown table beside it.
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 T_PROCESS = time.perf_counter()  # as early as this process can take it: before torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -159,7 +159,7 @@ def run_variant(variant: str, cache_dir: Path, args) -> dict:
         env.pop(name, None)
     env.update(SGLANG_FA4_KERNEL_CACHE="1", SGLANG_FA4_KERNEL_CACHE_DIR=str(cache_dir), SGLANG_FA4_JIT_MONITOR="warn",
                TRITON_CACHE_DIR=str(cache_dir / "triton"), SGLANG_FA4_PRELOAD="0" if variant == "no_preload" else "1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmark"), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmark" / "perf"), *filter(None, [env.get("PYTHONPATH")])])
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_path = Path(f.name)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--result", str(result_path),
@@ -250,7 +250,7 @@ def main() -> int:
     from sglang_fa4.bench.meta import base_meta
 
     meta = base_meta("start")
-    meta["command"] = "python3 benchmark/bench_start.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    meta["command"] = "python3 benchmark/perf/bench_start.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta.update(load_gb=args.load_gb, tensors=args.tensors, cache_dir=str(cache_dir))
     res = {"meta": meta, "runs": runs, "summary": summarize(runs)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

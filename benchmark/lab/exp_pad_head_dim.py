@@ -5,7 +5,7 @@ q.k and give zero output columns, so the padded result is the same attention (ch
 the d72 call).  Why: in kernels.md FA4's d=72 kernel takes 7-10% longer than its d=80 one on large
 layouts (8x4096: 1356.7 vs 1230.3 us).
 
-    python3 benchmark/exp_pad_head_dim.py --out $OUT/pad_head_dim.json
+    python3 benchmark/lab/exp_pad_head_dim.py --out $OUT/pad_head_dim.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: Qwen3-VL pictures as one segment of tokens (patch 16): 720p, 1080p, 4K; and a 4-picture batch
 LAYOUTS = {"720p": [3520], "1080p": [8160], "4k": [32640], "4x1080p": [8160] * 4}

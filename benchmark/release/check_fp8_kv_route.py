@@ -29,7 +29,7 @@ E4M3, k/v scales as descales, causal), checked against the same fp32 reference (
 and timed side by side: the bar for turning the FA3 -> FA4 upgrade (SGLANG_FA4_FP8_KV_UPGRADE) on
 by default is fa4-fp8 at least as fast as FA3-FP8 on these shapes.
 
-    python3 benchmark/check_fp8_kv_route.py --out DIR      (writes fp8_kv_route.json / .md)
+    python3 benchmark/release/check_fp8_kv_route.py --out DIR      (writes fp8_kv_route.json / .md)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
@@ -390,7 +390,7 @@ def main():
                      "fa4": metadata.version("flash-attn-4") if _has("flash-attn-4") else None,
                      "fa3": build_source() if fa3_available() else None}
     RESULT["notes"].append("This script calls the plugin's hook with the tensors SGLang's FlashAttentionBackend passes "
-                           "(no SGLang on the machine); benchmark/check_fp8_kv_backend.py runs SGLang's real backend "
+                           "(no SGLang on the machine); benchmark/release/check_fp8_kv_backend.py runs SGLang's real backend "
                            "and pool (results/h200/fp8_kv_backend-*.md).")
     if not fa3_available():
         RESULT["notes"].append("FA3-FP8: .fa3/libfa3fwd.so absent (bash benchmark/fa3_build/build.sh), not measured.")

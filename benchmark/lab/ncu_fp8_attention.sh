@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Nsight Compute on the GPU machine: the FP8 attention kernel and FA4 bf16 at d128 non-causal
-# 8x4096 (16 heads), one warm launch each (benchmark/ncu_fp8_attention.py workload), written as
+# 8x4096 (16 heads), one warm launch each (benchmark/lab/ncu_fp8_attention.py workload), written as
 # --csv pages (details, raw, source with SASS) under $OUT/ncu.  Extra FP8 flags: $1 (comma list);
 # NCU_WHICH=fp8 profiles the FP8 kernel alone (default: fp8 bf16); NCU_SHAPE=BxN another shape.
 # Summarize afterwards, on any machine:
-#   python benchmark/ncu_fp8_attention.py summarize --raw DIR --out benchmark/results/h200/fp8_attention_ncu
+#   python benchmark/lab/ncu_fp8_attention.py summarize --raw DIR --out benchmark/results/h200/fp8_attention_ncu
 set -uo pipefail
 flags=${1:-}
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 dst=${OUT:?}/ncu; mkdir -p "$dst"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
 "$NCU" --version > "$dst/ncu_version.txt" 2>&1
@@ -34,7 +34,7 @@ for which in ${NCU_WHICH:-fp8 bf16}; do
   t0=$(date +%s)
   "$NCU" --clock-control none --profile-from-start off --kernel-name regex:'cutlass|Fp8|Flash|flash|fp8' -c 1 \
     $sections ${extra:+--metrics $extra} -f -o "$dst/$which" \
-    python3 "$here/benchmark/ncu_fp8_attention.py" workload --which $which --flags "$flags" --shape "${NCU_SHAPE:-}" > "$dst/${which}_ncu.log" 2>&1
+    python3 "$here/benchmark/lab/ncu_fp8_attention.py" workload --which $which --flags "$flags" --shape "${NCU_SHAPE:-}" > "$dst/${which}_ncu.log" 2>&1
   echo "ncu $which rc=$? $(( $(date +%s) - t0 ))s"; tail -3 "$dst/${which}_ncu.log"
   "$NCU" --import "$dst/$which.ncu-rep" --csv --page details > "$dst/${which}_details.csv" 2>&1
   "$NCU" --import "$dst/$which.ncu-rep" --csv --page raw > "$dst/${which}_raw.csv" 2>&1

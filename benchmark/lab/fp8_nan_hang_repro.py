@@ -3,7 +3,7 @@ three calls, the given tiles (n96: the d=256 causal default, layout.D256_CAUSAL_
 n128: 128-key tiles) and input case.  Run each case in its own process under a deadline:
 
     for c in "n128 satcast" "n96 big" "n96 satcast" "n96 vnan" "n96 knan" "n96 qnan"; do
-        timeout 25 python3 benchmark/fp8_nan_hang_repro.py $c; echo "$c rc=$?"; done
+        timeout 25 python3 benchmark/lab/fp8_nan_hang_repro.py $c; echo "$c rc=$?"; done
 
 The CI-side guard is tests/test_fp8_gpu.py::test_nan_inputs_finish (GPU) and the PTX check of the
 branch in tests/test_fp8_xcompile.py."""

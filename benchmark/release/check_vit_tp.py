@@ -15,7 +15,7 @@ inputs the graph path prepared (``vit_budgets.eager_run``). Across ranks: the ou
 final all-reduce) must be identical. After startup: 0 graphs captured and 0 FA4 compiles.
 
 usage (a machine with >= 2 GPUs, SGLang importable; benchmark/sglang_on_gpu/README.md):
-  python3 benchmark/check_vit_tp.py --out DIR [--tp 2] [--mixes 20]
+  python3 benchmark/release/check_vit_tp.py --out DIR [--tp 2] [--mixes 20]
 Writes DIR/vit_tp-<sglang version>.json and .md.
 """
 
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 MODEL = "qwen2_5_vl"

@@ -24,7 +24,7 @@ Per model, on one 448x448 picture:
   and to the first such layer alone.
 
 usage (this machine, SGLang's CPU install of tests/setup_env.sh):
-    PYTHONPATH=.cache/sglang/0.5.23 .venv/bin/python benchmark/vit_fp8_accuracy.py --out benchmark/results/cpu
+    PYTHONPATH=.cache/sglang/0.5.23 .venv/bin/python benchmark/release/vit_fp8_accuracy.py --out benchmark/results/cpu
 Writes DIR/vit_fp8_accuracy.json and .md.
 """
 
@@ -40,8 +40,8 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark"), str(ROOT / "benchmark" / "sglang_on_gpu")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # SGLang's torch.compile'd rotary: eager on a CPU
 
 import torch  # noqa: E402
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
     import sglang
 
     command = " ".join(["PYTHONPATH=.cache/sglang/" + sglang.__version__, ".venv/bin/python",
-                        "benchmark/vit_fp8_accuracy.py", *(sys.argv[1:] if argv is None else argv)])
+                        "benchmark/release/vit_fp8_accuracy.py", *(sys.argv[1:] if argv is None else argv)])
     result = {"command": command, "sglang": sglang.__version__, "torch": torch.__version__,
               "setup": (f"SGLang {sglang.__version__}'s towers on the CPU (sdpa backend replaced per layer by the "
                         "emulation), random bf16 weights scaled like check_vit_fp8.scale_like_trained, fp32 "

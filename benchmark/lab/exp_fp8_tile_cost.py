@@ -7,7 +7,7 @@ least-squares fit of the measured times on the busiest CTA's (tiles, key blocks)
 schedule's Python twin.  Each variant is fitted on its own; 16 heads, CUDA-graph replay medians,
 rounds outermost with the shapes and variants rotated inside each.
 
-    python3 benchmark/exp_fp8_tile_cost.py --out $OUT/fp8_tile_cost.json   # the default; key blocks counted
+    python3 benchmark/lab/exp_fp8_tile_cost.py --out $OUT/fp8_tile_cost.json   # the default; key blocks counted
     as it runs them (narrow first tiles), so other variants' fits are rougher
 """
 
@@ -19,7 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: (sequences, q tokens each, keys each)
 SHAPES = [(8, 4096, 4096), (8, 4096, 4032), (8, 4096, 4224), (8, 4096, 2048), (8, 4096, 8192), (8, 4096, 16384),
