@@ -219,7 +219,7 @@ def test_committed_fa3_results():
     assert {c["impl"] for c in route["correctness"]} == {"fa4-fp8 route", "fa3-fp8"}
     assert all(c["pass"] and c["finite"] for c in route["correctness"])
     assert all(s["fa3_fp8_ms"] and s["fa4_fp8_routed_ms"] for s in route["speed"])
-    kern = json.loads((ROOT / "benchmark/results/h200/kernels_fa3.json").read_text())
+    kern = report.read_json(ROOT / "benchmark/results/h200/kernels_fa3.json.gz")
     assert report.validate(kern, "kernels") == [] and kern["meta"]["partial"] is False
     rows = [r for r in kern["rows"] if r["mode"] == "graph"]
     assert {r["backend"] for r in rows} == {"fa4", "fa3"} and {r["head_dim"] for r in rows} == {64, 72, 80, 128}

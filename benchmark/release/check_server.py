@@ -23,6 +23,7 @@ Writes DIR/server.json, DIR/server.md and one log per run.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shlex
@@ -644,7 +645,8 @@ def merge(a) -> int:
     file's run of the same name replaces an earlier one), logs re-read, checks recomputed."""
     merged = None
     for path in a.merge:
-        part = json.loads(path.read_text())
+        raw = path.read_bytes()  # server.json, or the committed server.json.gz
+        part = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
         if merged is None:
             merged = {**part, "runs": [], "notes": [], "parts": []}
         merged["parts"].append({"file": str(path), "command": part["command"], "date": part["meta"]["date"]})

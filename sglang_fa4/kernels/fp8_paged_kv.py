@@ -7,7 +7,7 @@ first gathers the pages the batch uses into that layout with one Triton launch
 from one read of each used page; sized exactly from one read-back of the lengths per forward, or by
 the page table's host bound inside a CUDA-graph capture), then calls the kernel.  The gather moves
 twice the bytes the attention reads: fine against prefill's compute, a large share of decode's
-time (see the README); only reading pages through the page table in the kernel removes it.
+time (docs/fp8-kv-cache.md); only reading pages through the page table in the kernel removes it.
 
 Decode packs the GQA group (``decode_gqa_pack``): with one new token per sequence, the g q heads
 that share a kv head see the same keys (a decode query sees the whole cache, causal or not), so
