@@ -19,7 +19,6 @@ from sglang_fa4.bench import report
 from sglang_fa4.environ import envs
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmark" / "results"
 
 
 def _default_text(var) -> str:
