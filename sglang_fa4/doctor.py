@@ -174,7 +174,7 @@ def run(args) -> int:
     """The report (exit 0), with the plugin's own ERROR lines for malformed variables first and the
     values the server would run with (exit 1); a bad --capability is refused (exit 2). With --json
     every outcome is one JSON object, errors under "errors"."""
-    errors = plugin.environment_errors()  # the lines the plugin logs, in its words
+    errors = list(plugin.environment_errors().values())  # the lines the plugin logs, in its words
     try:
         report = collect(args.capability)
     except ValueError as exc:

@@ -94,21 +94,36 @@ def make_plan(sglang_version: Optional[str]) -> Plan:
     return plan
 
 
-def environment_errors() -> list[str]:
-    """One line per malformed variable of ours -- the variable, the value, what it accepts, and
-    what happens (the plugin logs exactly these, doctor prints them); from now on, in this
-    process, each such variable reads as its default (none of them stops the plugin unless strict)."""
+def environment_errors() -> dict[str, str]:
+    """Variable -> one line for each malformed variable of ours: the variable, the value, what it
+    accepts, and what happens (the plugin logs exactly these, doctor prints them). From now on, in
+    this process, each such variable reads as its default (none stops the plugin unless strict)."""
     problems = envs.problems(owners=("sglang-fa4",))  # the test suite's own variables are not the server's
     envs.fall_back_to_defaults(problems)
     strict = envs.SGLANG_FA4_PLUGIN_STRICT.get()  # itself at its default if malformed
-    lines = []
+    lines = {}
     for problem in problems:
         var = getattr(envs, problem.name)
         default = var.format(var.default) or '""'
         then = ("SGLANG_FA4_PLUGIN_STRICT=1: the server does not start" if strict
                 else f"{problem.name} runs at its default ({default})")
-        lines.append(f"sglang-fa4: {problem.message}; {then}")
+        lines[problem.name] = f"sglang-fa4: {problem.message}; {then}"
     return lines
+
+
+def _log_environment_errors(errors: dict[str, str]) -> None:
+    """ERROR lines for ``errors``, once per server: the process that logs them names the variables
+    in SGLANG_FA4_ENV_ERRORS_REPORTED, which SGLang's scheduler and other child processes inherit
+    (they load plugins again) and so do not repeat."""
+    reported_var = envs.SGLANG_FA4_ENV_ERRORS_REPORTED
+    reported = {name for name in reported_var.get().split(",") if name}
+    for name, line in errors.items():
+        if name in reported:
+            logger.debug("%s (logged by the parent process)", line)
+        else:
+            logger.error("%s", line)
+    if errors:
+        reported_var.set(",".join(sorted(reported | set(errors))))
 
 
 class _Recorder:
@@ -146,11 +161,12 @@ def register() -> Plan:
     if _registered_plan is not None:
         return _registered_plan
     errors = environment_errors()
-    for line in errors:
-        logger.error("%s", line)
     strict = envs.SGLANG_FA4_PLUGIN_STRICT.get()
     if errors and strict:
-        raise PluginStartRefused("\n".join(errors))
+        for line in errors.values():
+            logger.error("%s", line)
+        raise PluginStartRefused("\n".join(errors.values()))
+    _log_environment_errors(errors)
     try:
         plan = _register(strict)
     except PluginStartRefused:

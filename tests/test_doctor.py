@@ -58,7 +58,7 @@ def test_doctor_bad_env_value_is_the_plugins_line_and_the_report(doctor_env, cap
     doctor_env.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe")
     assert cli.main(["doctor", "--json", "--capability", "10.3"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["errors"] == [MAYBE_LINE] == plugin.environment_errors()
+    assert report["errors"] == [MAYBE_LINE] == list(plugin.environment_errors().values())
     entry = report["env"]["SGLANG_FA4_TMEM_LOAD_RED_MAX"]
     assert entry["value"] is True and entry["error"].startswith("SGLANG_FA4_TMEM_LOAD_RED_MAX='maybe' is not a boolean")
     assert report["vit_backend"]["backend"] == "fa4"  # every other answer is still there

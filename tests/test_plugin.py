@@ -43,6 +43,8 @@ def fake_sglang(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")  # register() would set FA4's cache variables
+    monkeypatch.setenv("SGLANG_FA4_ENV_ERRORS_REPORTED", "")  # register() may set it: restored after
+    monkeypatch.delenv("SGLANG_FA4_ENV_ERRORS_REPORTED")
     envs.clear_fallbacks()
     yield FakeRegistry
     envs.clear_fallbacks()  # register() read malformed values as defaults: this process only
@@ -258,6 +260,26 @@ def test_malformed_variable_is_one_error_line_and_its_default(fake_sglang, monke
     assert errors[0].endswith(f"; {name} runs at its default ({default})")
     assert fake_sglang.registered == clean and plan.failed == {}
     assert getattr(envs, name).get() == getattr(envs, name).default
+
+
+def test_a_child_process_does_not_log_the_error_again(fake_sglang, monkeypatch, caplog):
+    """SGLang's scheduler processes inherit the environment and register again: the variable falls
+    back there too, but only the first process logs the line."""
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_WARMUP", "maybe")
+    monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "loud")
+    with caplog.at_level(logging.ERROR, logger="sglang_fa4"):
+        parent = plugin.register()
+        assert len(caplog.records) == 2
+        monkeypatch.setattr(plugin, "_registered_plan", None)  # a child: a fresh plugin, the same environment
+        envs.clear_fallbacks()
+        monkeypatch.setenv("SGLANG_FA4_VIT_HOST_METADATA", "sometimes")  # a problem only the child has
+        child = plugin.register()
+    assert [r.getMessage().split("=", 1)[0] for r in caplog.records] == [
+        "sglang-fa4: SGLANG_FA4_WARMUP", "sglang-fa4: SGLANG_FA4_JIT_MONITOR", "sglang-fa4: SGLANG_FA4_VIT_HOST_METADATA"]
+    assert envs.SGLANG_FA4_WARMUP.get() is True and "fa4_startup_warmup" in child.hooked == parent.hooked
+    assert envs.SGLANG_FA4_ENV_ERRORS_REPORTED.get() == \
+        "SGLANG_FA4_JIT_MONITOR,SGLANG_FA4_VIT_HOST_METADATA,SGLANG_FA4_WARMUP"
 
 
 def test_strict_refuses_a_malformed_variable(fake_sglang, monkeypatch, caplog):

@@ -71,7 +71,7 @@ for name, (env, broken, retarget) in CASES.items():
     if broken:
         registration.REGISTRARS[broken] = (_broken,)
     for key in ("SGLANG_FA4_PLUGIN_STRICT", "SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "SGLANG_VIT_ENABLE_CUDA_GRAPH",
-                "TRITON_INTERPRET", "SGLANG_FA4_WARMUP"):
+                "TRITON_INTERPRET", "SGLANG_FA4_WARMUP", "SGLANG_FA4_ENV_ERRORS_REPORTED"):
         os.environ.pop(key, None)
     os.environ.update(env)
     del RECORDS[:]
