@@ -28,6 +28,8 @@ TYPES = ("bool", "int", "int_list", "str", "path", "choice")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _INT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only: int() would take "1_000" and other scripts' digits
+
+
 def _shown(raw: str) -> str:
     """A value as error messages quote it: repr, cut to 60 characters (a log line stays one line)."""
     return repr(raw) if len(raw) <= 60 else repr(raw[:60]) + f"... ({len(raw)} characters)"
@@ -49,8 +51,8 @@ def _sglang_bool(raw: str, default: bool) -> bool:
 
 
 def _triton_bool(raw: str, default: bool) -> bool:
-    # triton.knobs env_bool -> libtriton getenv_bool (Triton 3.7 / 3.8): lower-cased, not stripped;
-    # a set variable is false unless it is one of these
+    # triton.knobs env_bool -> libtriton getenv_bool (Triton 3.8.0; a test compares with the
+    # installed Triton value by value): lower-cased, not stripped; set, it is false unless one of these
     return raw.lower() in ("1", "y", "on", "yes", "true")
 
 

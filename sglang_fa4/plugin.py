@@ -174,7 +174,9 @@ def register() -> Plan:
     except Exception as exc:  # before any hook: SGLang runs without the plugin, said in one line
         message = f"sglang-fa4: not registered ({type(exc).__name__}: {exc}); SGLang runs without sglang-fa4"
         if strict:
-            raise PluginStartRefused(message + " -- SGLANG_FA4_PLUGIN_STRICT=1: the server does not start") from exc
+            message += " -- SGLANG_FA4_PLUGIN_STRICT=1: the server does not start"
+            logger.error("%s", message)
+            raise PluginStartRefused(message) from exc
         logger.error("%s", message)
         logger.debug("sglang-fa4: registration traceback", exc_info=True)
         plan = Plan(None, False, message=message)
@@ -186,7 +188,9 @@ def _register(strict: bool) -> Plan:
     plan = make_plan(installed_sglang_version())
     if not plan.supported:
         if strict:
-            raise UnsupportedSGLangVersion(f"sglang-fa4: {plan.message} -- SGLANG_FA4_PLUGIN_STRICT=1: the server does not start")
+            message = f"sglang-fa4: {plan.message} -- SGLANG_FA4_PLUGIN_STRICT=1: the server does not start"
+            logger.error("%s", message)
+            raise UnsupportedSGLangVersion(message)
         logger.warning("sglang-fa4: %s", plan.message)
         return plan
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
