@@ -1,9 +1,9 @@
 """What sglang-fa4 changes in SGLang, and from which SGLang version upstream already has it.
 
 The plugin hooks a feature on a supported version only where upstream lacks it: decided by the
-installed SGLang's code where upstream_code.py can read it, with ``upstream_since`` as the
-cross-check (and the answer where no detector applies). The README's support matrix is read from
-this table (a test keeps the README equal to it).
+installed SGLang's code where integration/upstream_code.py can read it, with ``upstream_since`` as
+the cross-check (and the answer where no detector applies). The README's support matrix is read
+from this table (a test keeps the README equal to it).
 """
 
 from __future__ import annotations

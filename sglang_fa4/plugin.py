@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang_fa4 import features, upstream_code
+from sglang_fa4 import features
+from sglang_fa4.integration import upstream_code
 from sglang_fa4.environ import EnvValueError, envs
 from sglang_fa4.sglang_version import installed_sglang_version
 

@@ -1,7 +1,7 @@
 """Every SGLang release of the supported window (0.5.20 .. 0.5.23) gets exactly the hooks it lacks.
 
 Which features upstream already has is read from the installed SGLang's code
-(sglang_fa4/upstream_code.py), the version table only cross-checks it. Through SGLang's real loader
+(sglang_fa4/integration/upstream_code.py), the version table only cross-checks it. Through SGLang's real loader
 (``load_plugins()``) of each release, one fresh interpreter per release: the plan, every registered
 hook target applied (SGLang's ``apply_hooks`` swallows a failure, so a target it could not patch is
 missing from ``HookRegistry._patched``), the ViT backend an sm_103 GPU gets, and doctor's report.
@@ -15,7 +15,8 @@ import logging
 
 import pytest
 
-from sglang_fa4 import features, plugin, upstream_code
+from sglang_fa4 import features, plugin
+from sglang_fa4.integration import upstream_code
 from sglang_harness import ROOT, REGISTRATION_VERSIONS, SUPPORTED_VERSIONS, require_version, run_with_sglang, target_dir
 
 # Upstream since 0.5.21 (read in the wheels: vision.py's fa4 list branch and sm_103 default, the
