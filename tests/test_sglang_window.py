@@ -245,3 +245,19 @@ def test_code_not_found_falls_back_to_the_version_table(tmp_path, installed):
 def test_the_window_is_every_release_from_0_5_20_to_0_5_23():
     assert features.SUPPORTED_SGLANG_VERSIONS == REGISTRATION_VERSIONS
     assert not plugin.make_plan("0.5.24").supported and not plugin.make_plan("0.5.19").supported
+
+
+@pytest.mark.parametrize("version", REGISTRATION_VERSIONS)
+def test_patch_series_only_where_upstream_lacks_the_sm103_row_max(version):
+    """patches/sglang/ holds a series for 0.5.20 only: 0.5.21 on ship the sm_103 row max from the
+    TMEM load (tcgen05.ld.red, LdRed32x32bOp) in their vendored FA4 themselves, so `patch` and
+    `build-wheel` have nothing to do there (they refuse with "no patch series")."""
+    from sglang_fa4.patching.series import PatchError, load_series, supported_versions
+
+    kernel = require_version(version) / "sglang/kernels/ops/attention/flash_attn/cute/flash_fwd_sm100.py"
+    upstream_has_it = "LdRed32x32bOp" in kernel.read_text()
+    assert upstream_has_it == (version != "0.5.20")
+    assert (version in supported_versions()) == (not upstream_has_it)
+    if upstream_has_it:
+        with pytest.raises(PatchError, match=f"no patch series for sglang {version}"):
+            load_series(version)
