@@ -85,11 +85,11 @@ def test_the_gate(version, ok):
     for family in dsl_versions.KERNELS:
         if ok:
             dsl_versions.require(family, version)
-            assert dsl_versions.report(version)[family] == "builds"
+            assert dsl_versions.report(version)[family] == "builds (needs nvidia-cutlass-dsl>=4.6.2)"
         else:
             with pytest.raises(dsl_versions.DslVersionError, match=rf"needs nvidia-cutlass-dsl>=4\.6\.2 .*installed {version} "):
                 dsl_versions.require(family, version)
-            assert dsl_versions.report(version)[family] == f"needs nvidia-cutlass-dsl>=4.6.2, not {version}"
+            assert dsl_versions.report(version)[family] == f"cannot build: needs nvidia-cutlass-dsl>=4.6.2, not {version}"
 
 
 def test_the_gate_stops_a_compile_before_the_dsl(monkeypatch):
@@ -108,3 +108,17 @@ def test_the_gate_stops_a_compile_before_the_dsl(monkeypatch):
     monkeypatch.setattr(dsl_versions, "installed_version", lambda: None)
     assert dsl_versions.require("fp8_sm90") is None
     assert dsl_versions.report()["fa4"] == "nvidia-cutlass-dsl not installed"
+
+
+def test_doctor_says_what_the_installed_dsl_builds(monkeypatch):
+    from sglang_fa4 import doctor
+
+    real = doctor._dist_version
+    for version, state in (("4.5.0", "cannot build: needs nvidia-cutlass-dsl>=4.6.2, not 4.5.0"),
+                           ("4.6.2", "builds (needs nvidia-cutlass-dsl>=4.6.2)"),
+                           (None, "nvidia-cutlass-dsl not installed")):
+        monkeypatch.setattr(doctor, "_dist_version", lambda name, v=version: v if name == "nvidia-cutlass-dsl" else real(name))
+        report = doctor.collect("9.0")
+        assert report["fa4"]["cutlass_dsl_builds"] == {"fp8_sm90": state, "fa4": state}
+        text = doctor.format_text(report)
+        assert f"  fp8_sm90     {state}\n" in text and f"  fa4          {state}\n" in text

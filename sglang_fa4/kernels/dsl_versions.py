@@ -58,12 +58,13 @@ def require(family: str, version: Optional[str] = None) -> None:
 
 
 def report(version: Optional[str] = None) -> dict[str, str]:
-    """family -> 'builds' or why not, for doctor."""
+    """family -> whether the installed (or given) DSL builds it, and what it needs (doctor)."""
     version = version if version is not None else installed_version()
     out = {}
     for family, (_, spec) in KERNELS.items():
         if version is None:
             out[family] = "nvidia-cutlass-dsl not installed"
         else:
-            out[family] = "builds" if family in builds(version) else f"needs nvidia-cutlass-dsl{spec}, not {version}"
+            out[family] = (f"builds (needs nvidia-cutlass-dsl{spec})" if family in builds(version)
+                           else f"cannot build: needs nvidia-cutlass-dsl{spec}, not {version}")
     return out
