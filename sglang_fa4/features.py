@@ -2,8 +2,8 @@
 
 The plugin hooks a feature on a supported version only where upstream lacks it: decided by the
 installed SGLang's code where integration/upstream_code.py can read it, with ``upstream_since`` as
-the cross-check (and the answer where no detector applies). The README's support matrix is read
-from this table (a test keeps the README equal to it).
+the cross-check (and the answer where no detector applies). doctor and the support matrix in
+docs/environment.md are read from this table (a test keeps the doc equal to it).
 """
 
 from __future__ import annotations
