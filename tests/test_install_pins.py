@@ -155,3 +155,20 @@ def test_no_torch_in_the_base_install():
     plugin runs inside an SGLang that brings its own (tests/test_doctor.py: doctor imports none)."""
     assert "torch" not in requirements(PYPROJECT["project"]["dependencies"])
 
+
+
+def test_setup_env_installs_the_window_with_each_releases_pins():
+    """tests/setup_env.sh's SGLANG_VERSIONS is the window, and what it installs beside each release
+    (--no-deps) is exactly what that release's METADATA pins."""
+    import re
+
+    script = (ROOT / "tests" / "setup_env.sh").read_text()
+    versions = tuple(re.search(r"^SGLANG_VERSIONS=\(([^)]*)\)", script, re.M).group(1).split())
+    assert versions == REGISTRATION_VERSIONS
+    pkgs = dict(re.findall(r'^\s*\[([\d.]+)\]="([^"]*)"', script, re.M))
+    assert tuple(pkgs) == versions
+    for version in versions:
+        theirs = requirements(metadata_requires(sglang_wheel(version)))
+        for line in pkgs[version].split():
+            req = Requirement(line)
+            assert str(theirs[canonicalize_name(req.name)]) == str(req.specifier), (version, line)
