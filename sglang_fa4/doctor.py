@@ -138,8 +138,11 @@ def _fa4_report() -> dict[str, Any]:
     else:
         launch = (f"direct launch where flash-attn-4 {version}'s kernel call matches {FA4_VERSION}'s layout, "
                   "FA4's public API for configurations where it does not (checked per configuration, one warning)")
+    from sglang_fa4.kernels import dsl_versions
+
     return {"flash-attn-4": version, "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl"),
-            "written_against": FA4_VERSION, "launch_path": launch}
+            "written_against": FA4_VERSION, "launch_path": launch,
+            "cutlass_dsl_builds": dsl_versions.report(_dist_version("nvidia-cutlass-dsl"))}
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -154,6 +157,7 @@ def format_text(report: dict[str, Any]) -> str:
     lines.append(f"FA4:          flash-attn-4 {fa4['flash-attn-4'] or 'not installed'}, "
                  f"nvidia-cutlass-dsl {fa4['nvidia-cutlass-dsl'] or 'not installed'}")
     lines.append(f"  launch path: {fa4['launch_path']}")
+    lines += [f"  {family:<12} {state}" for family, state in fa4["cutlass_dsl_builds"].items()]
     gpu = report["gpu"]
     cap = ".".join(map(str, gpu["capability"])) if gpu["capability"] else "-"
     lines.append(f"GPU:          {gpu['name'] or '-'}  capability {cap}  ({gpu['source']})")

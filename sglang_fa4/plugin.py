@@ -23,6 +23,7 @@ from typing import Optional
 
 from sglang_fa4 import features
 from sglang_fa4.environ import envs
+from sglang_fa4.integration import upstream_code
 from sglang_fa4.sglang_version import installed_sglang_version
 
 logger = logging.getLogger("sglang_fa4")
@@ -87,7 +88,7 @@ def make_plan(sglang_version: Optional[str]) -> Plan:
         )
     plan = Plan(sglang_version, True)
     for feature in features.FEATURES:
-        if feature.upstream_has(sglang_version):
+        if upstream_code.upstream_has(feature, sglang_version):  # the installed SGLang's code decides
             plan.upstream.append(feature.name)
         elif _feature_needed(feature):
             plan.hooked.append(feature.name)

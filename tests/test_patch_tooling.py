@@ -401,6 +401,10 @@ def test_build_wheel_and_install(wheel, tmp_path):
     files = _verify_record(whl)
     meta = files[f"sglang-{fork_version}.dist-info/METADATA"].decode()
     assert f"\nVersion: {fork_version}\n" in meta
+    # SGLang's requirements unchanged: every install line that fits the release fits its fork
+    # (tests/test_install_pins.py checks them against the release)
+    from test_install_pins import metadata_requires
+    assert metadata_requires(whl) == metadata_requires(wheel) != []
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet",

@@ -89,7 +89,7 @@ def test_llm_fp8_kv_upgrade_is_opt_in_and_the_route_opt_out(monkeypatch, version
     assert "llm_fa4_fp8_kv_sm90" not in plugin.make_plan(version).hooked
 
 
-@pytest.mark.parametrize("version", ["0.5.19", "0.5.21", "0.6.0", None])
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.24", "0.6.0", None])
 def test_plan_unknown_versions(version):
     plan = plugin.make_plan(version)
     assert not plan.supported and plan.hooked == []
@@ -203,20 +203,20 @@ def test_qwen2_5_forward_hooked_once_for_budgets_and_host_metadata(fake_sglang, 
 
 
 def test_register_unknown_version_warns_once_and_changes_nothing(fake_sglang, monkeypatch, caplog):
-    use_version(monkeypatch, "0.5.21")
+    use_version(monkeypatch, "0.5.24")
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
         plan = plugin.register()
         plugin.register()
     assert not plan.supported and fake_sglang.registered == []
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "0.5.21" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "0.5.24" in warnings[0].getMessage()
 
 
 def test_register_unknown_version_strict(fake_sglang, monkeypatch):
     """Strict refuses with a SystemExit: SGLang's load_plugins() catches Exception, not this."""
-    use_version(monkeypatch, "0.5.21")
+    use_version(monkeypatch, "0.5.24")
     monkeypatch.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
-    with pytest.raises(plugin.UnsupportedSGLangVersion, match="0.5.21") as refused:
+    with pytest.raises(plugin.UnsupportedSGLangVersion, match="0.5.24") as refused:
         plugin.register()
     assert isinstance(refused.value, SystemExit) and not isinstance(refused.value, Exception)
     assert "the server does not start" in str(refused.value.code)
