@@ -259,5 +259,6 @@ def test_patch_series_only_where_upstream_lacks_the_sm103_row_max(version):
     assert upstream_has_it == (version != "0.5.20")
     assert (version in supported_versions()) == (not upstream_has_it)
     if upstream_has_it:
-        with pytest.raises(PatchError, match=f"no patch series for sglang {version}"):
+        with pytest.raises(PatchError, match=f"no patch series for sglang {version}: its vendored FA4 already has "
+                                             "the sm_103 row max"):
             load_series(version)
