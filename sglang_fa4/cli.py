@@ -1,10 +1,15 @@
 """The ``sglang-fa4`` command. Each subcommand lives in its own module exposing
-``add_parser(subparsers)``; heavy imports (torch, flash_attn, cutlass) happen inside the handlers."""
+``add_parser(subparsers)``; heavy imports (torch, flash_attn, cutlass) happen inside the handlers.
+
+Every failure is a message, never a traceback: the handlers turn the failures they expect into
+their own messages; anything else that escapes one is printed here as one line (exit 1).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # module (under sglang_fa4) -> registers one or more subcommands
@@ -28,7 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+    try:
+        return int(args.handler(args) or 0)
+    except BrokenPipeError:  # `sglang-fa4 doctor | head`: the reader left, nothing is wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 1
+    except (OSError, ValueError, RuntimeError, ImportError) as exc:
+        print(f"sglang-fa4 {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

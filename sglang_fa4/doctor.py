@@ -35,9 +35,25 @@ def plugin_status() -> dict[str, Any]:
     return {"enabled": True, "reason": "installed entry point; SGLANG_PLUGINS " + ("names it" if allowed_set else "is empty (all load)")}
 
 
+# --capability: CUDA's majors run to 12 (sm_121) so far; a few spare for GPUs after this release
+CAPABILITY_MAJORS = range(1, 16)
+CAPABILITY_MINORS = range(0, 10)
+
+
+def parse_capability_arg(text: str) -> tuple[int, int]:
+    """--capability: MAJOR.MINOR of a GPU that can exist (100.0 is refused, not answered)."""
+    major, minor = selection.parse_capability(text)
+    if major not in CAPABILITY_MAJORS or minor not in CAPABILITY_MINORS:
+        raise ValueError(
+            f"compute capability {text.strip()} is out of range: MAJOR {CAPABILITY_MAJORS.start}-"
+            f"{CAPABILITY_MAJORS.stop - 1}, MINOR {CAPABILITY_MINORS.start}-{CAPABILITY_MINORS.stop - 1} (e.g. 10.3)"
+        )
+    return major, minor
+
+
 def gpu_status(capability_arg: Optional[str]) -> dict[str, Any]:
     if capability_arg is not None:
-        return {"name": None, "capability": list(selection.parse_capability(capability_arg)), "source": "--capability"}
+        return {"name": None, "capability": list(parse_capability_arg(capability_arg)), "source": "--capability"}
     return cuda_driver_gpu()
 
 
@@ -84,8 +100,10 @@ def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
     plan = plugin.make_plan(version)
     gpu = gpu_status(capability_arg)
     if gpu["capability"] is not None:
-        choice = selection.select_mm_attention_backend(None, None, tuple(gpu["capability"]), "cuda")
+        choice = selection.select_mm_attention_backend(None, None, tuple(gpu["capability"]), "cuda", warn=False)
         backend = {"backend": choice.backend, "reason": choice.reason, "source": choice.source}
+        if choice.warning:
+            backend["warning"] = choice.warning
     else:
         backend = {"backend": None, "reason": "no CUDA GPU: SGLang's own platform default applies", "source": "upstream"}
     return {
@@ -122,12 +140,15 @@ def _fa4_report() -> dict[str, Any]:
     else:
         launch = (f"direct launch where flash-attn-4 {version}'s kernel call matches {FA4_VERSION}'s layout, "
                   "FA4's public API for configurations where it does not (checked per configuration, one warning)")
+    from sglang_fa4.kernels import dsl_versions
+
     return {"flash-attn-4": version, "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl"),
-            "written_against": FA4_VERSION, "launch_path": launch}
+            "written_against": FA4_VERSION, "launch_path": launch,
+            "cutlass_dsl_builds": dsl_versions.report(_dist_version("nvidia-cutlass-dsl"))}
 
 
 def format_text(report: dict[str, Any]) -> str:
-    lines = [
+    lines = list(report.get("errors", ())) + [
         f"SGLang:       {report['sglang']['version']}"
         + (f"  ({report['sglang']['note']})" if report["sglang"]["version"] != "not installed" and report["sglang"]["note"] else ""),
         f"plugin:       {'enabled' if report['plugin']['enabled'] else 'disabled'} - {report['plugin']['reason']}",
@@ -138,11 +159,14 @@ def format_text(report: dict[str, Any]) -> str:
     lines.append(f"FA4:          flash-attn-4 {fa4['flash-attn-4'] or 'not installed'}, "
                  f"nvidia-cutlass-dsl {fa4['nvidia-cutlass-dsl'] or 'not installed'}")
     lines.append(f"  launch path: {fa4['launch_path']}")
+    lines += [f"  {family:<12} {state}" for family, state in fa4["cutlass_dsl_builds"].items()]
     gpu = report["gpu"]
     cap = ".".join(map(str, gpu["capability"])) if gpu["capability"] else "-"
     lines.append(f"GPU:          {gpu['name'] or '-'}  capability {cap}  ({gpu['source']})")
     vb = report["vit_backend"]
     lines.append(f"ViT backend:  {vb['backend'] or '(SGLang default)'} - {vb['reason']}")
+    if vb.get("warning"):
+        lines.append(f"  warning: {vb['warning']}")
     kv = report["llm_fp8_kv"]
     lines.append(f"LLM, fp8 KV:  {'fa4 upgrade' if kv['upgrade'] else 'no upgrade'} - {kv['reason']}")
     lines.extend(vit_budget_memory.doctor_lines(report["vit_graphs"]))
@@ -154,18 +178,19 @@ def format_text(report: dict[str, Any]) -> str:
 
 
 def run(args) -> int:
-    errors = envs.validate()
-    if errors:
-        for message in errors:
-            print(f"sglang-fa4 doctor: error: {message}")
-        return 2
+    """The report (exit 0), with the plugin's own ERROR lines for malformed variables first and the
+    values the server would run with (exit 1); a bad --capability is refused (exit 2). With --json
+    every outcome is one JSON object, errors under "errors"."""
+    errors = list(plugin.environment_errors().values())  # the lines the plugin logs, in its words
     try:
         report = collect(args.capability)
     except ValueError as exc:
-        print(f"sglang-fa4 doctor: error: {exc}")
+        message = f"sglang-fa4 doctor: error: {exc}"
+        print(json.dumps({"errors": [message]}, indent=2) if args.json else message)
         return 2
+    report = {"errors": errors, **report}
     print(json.dumps(report, indent=2) if args.json else format_text(report))
-    return 0
+    return 1 if errors else 0
 
 
 def add_parser(subparsers) -> None:

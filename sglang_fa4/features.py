@@ -1,7 +1,9 @@
 """What sglang-fa4 changes in SGLang, and from which SGLang version upstream already has it.
 
-The plugin hooks a feature on a supported version only where upstream lacks it; doctor and the
-README's support matrix are read from this table (a test keeps the README equal to it).
+The plugin hooks a feature on a supported version only where upstream lacks it: decided by the
+installed SGLang's code where integration/upstream_code.py can read it, with ``upstream_since`` as
+the cross-check (and the answer where no detector applies). doctor and the support matrix in
+docs/environment.md are read from this table (a test keeps the doc equal to it).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Optional
 
 from packaging.version import Version
 
-# SGLang versions the plugin knows hook for hook; anything else gets a warning and no hooks.
-SUPPORTED_SGLANG_VERSIONS = ("0.5.20", "0.5.23")
+# The supported window: SGLang versions the plugin knows hook for hook (every release from 0.5.20 to
+# 0.5.23); anything else gets a warning and no hooks.
+SUPPORTED_SGLANG_VERSIONS = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ default. On CUDA the default comes from environ.yaml's per-compute-capability ta
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -18,6 +19,14 @@ FA4 = "fa4"
 # SGLang's is_blackwell: CUDA majors 10, 11 and 12 (with CUDA >= 12.8).
 BLACKWELL_MAJORS = (10, 11, 12)
 
+#: compute-capability majors a ViT backend runs on, for those that do not run on every CUDA GPU:
+#: fa4 as sglang-fa4 runs it (Hopper SM90, Blackwell SM100-SM110); fa3 is sgl-kernel's
+#: FlashAttention-3 build (sm_80-sm_89, sm_90a; SGLang refuses it on Blackwell)
+BACKEND_MAJORS = {FA4: (9, 10, 11), "fa3": (8, 9)}
+
+logger = logging.getLogger("sglang_fa4")
+_warned: set = set()
+
 
 class BackendSelectionError(ValueError):
     """The requested backend cannot run on this GPU."""
@@ -28,6 +37,17 @@ class BackendChoice:
     backend: Optional[str]  # None: not ours to decide (non-CUDA platform) -> SGLang's default
     reason: str
     source: str  # "server_arg" | "model" | "env_override" | "table" | "upstream"
+    warning: Optional[str] = None  # the override names a backend this GPU cannot run
+
+
+def cannot_run(backend: str, capability: tuple[int, int]) -> Optional[str]:
+    """Why ``backend`` does not run on a GPU of ``capability``, or None when it does (as far as
+    :data:`BACKEND_MAJORS` knows)."""
+    majors = BACKEND_MAJORS.get(backend)
+    if majors is None or capability[0] in majors:
+        return None
+    shown = ", ".join(f"{m}.x" for m in majors)
+    return f"{backend} does not run on compute capability {capability[0]}.{capability[1]} (it runs on {shown})"
 
 
 def parse_capability(text: str) -> tuple[int, int]:
@@ -55,7 +75,10 @@ def select_mm_attention_backend(
     capability: Optional[tuple[int, int]],
     platform: str = "cuda",
     registry: EnvRegistry = envs,
+    warn: bool = True,
 ) -> BackendChoice:
+    """The backend and why. An env override this GPU cannot run is kept (SGLang reports the
+    failure itself) but carries a warning, logged once per process unless ``warn`` is False."""
     if server_arg is not None:
         choice = BackendChoice(server_arg, f"--mm-attention-backend={server_arg}", "server_arg")
     elif passed_backend is not None:
@@ -68,9 +91,15 @@ def select_mm_attention_backend(
         cc = f"{capability[0]}.{capability[1]}"
         override = registry.SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT.get()
         if override:
+            problem = cannot_run(override, capability)
+            warning = (f"SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT={override}: {problem}; unset it or pick "
+                       "another backend" if problem else None)
             choice = BackendChoice(
-                override, f"SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT={override} (sm {cc})", "env_override"
+                override, f"SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT={override} (sm {cc})", "env_override", warning
             )
+            if warning and warn and warning not in _warned:
+                _warned.add(warning)
+                logger.warning("sglang-fa4: %s", warning)
         else:
             backend, entry = default_for_capability(capability, registry.mm_attention_backend_defaults)
             choice = BackendChoice(backend, f"default for compute capability {cc} ({entry})", "table")

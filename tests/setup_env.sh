@@ -10,12 +10,16 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-SGLANG_VERSIONS=(0.5.20 0.5.23)
+# Every release of the supported window (tests/sglang_harness.py's REGISTRATION_VERSIONS): the full
+# suites run on 0.5.20 and 0.5.23, registration through the real loader on all four.
+SGLANG_VERSIONS=(0.5.20 0.5.21 0.5.22 0.5.23)
 # What each version pins differently (METADATA Requires-Dist), installed --no-deps beside it; their
-# own dependencies are in tests/requirements-sglang.txt. compressed-tensors is the same in both but
+# own dependencies are in tests/requirements-sglang.txt. compressed-tensors is the same in all but
 # needs transformers, so it lives beside it.
 declare -A SGLANG_TARGET_PKGS=(
     [0.5.20]="transformers==5.12.1 tokenizers==0.22.2 openai==2.6.1 xgrammar==0.2.1 compressed-tensors==0.18.0"
+    [0.5.21]="transformers==5.12.1 tokenizers==0.22.2 openai==2.6.1 xgrammar==0.2.7 compressed-tensors==0.18.0"
+    [0.5.22]="transformers==5.19.0 tokenizers==0.23.2 openai==2.6.1 xgrammar==0.2.7 compressed-tensors==0.18.0"
     [0.5.23]="transformers==5.19.0 tokenizers==0.23.2 openai==2.8.0 xgrammar==0.2.7 compressed-tensors==0.18.0"
 )
 
@@ -100,11 +104,18 @@ sglang_targets() {
 
 xcompile_envs() {
     # 6. what the cross-compile tests use (each script is idempotent, stamped): .cache/xc-venv
-    # (tests/test_patch_kernel_xcompile.py) and .cache/cutlass-dsl-4.8.1 (tests/test_fp8_xcompile.py).
+    # (tests/test_patch_kernel_xcompile.py), .cache/cutlass-dsl-4.8.1 (tests/test_fp8_xcompile.py)
+    # and .cache/cutlass-dsl-{4.6.2,4.8.0} (tests/test_xcompile_dsl_versions.py).
     # Built here, beside the other installs, rather than serially inside pytest.
     local quiet='is ignored: it is neither a file nor a directory'  # as pip_q
     bash tests/setup_xcompile_env.sh 2>&1 | { grep -v "$quiet" || true; }
     bash tests/setup_pip_layer.sh cutlass-dsl-4.8.1 tests/requirements-fp8-xcompile.txt "$vpy" 2>&1 | { grep -v "$quiet" || true; }
+    # the CUTLASS DSL each supported SGLang pins (0.5.20/0.5.21: 4.6.2, 0.5.22/0.5.23: 4.8.0), for
+    # tests/test_xcompile_dsl_versions.py (~260 MB each)
+    local dsl
+    for dsl in 4.6.2 4.8.0; do
+        bash tests/setup_pip_layer.sh "cutlass-dsl-$dsl" "tests/requirements-cutlass-dsl-$dsl.txt" "$vpy" 2>&1 | { grep -v "$quiet" || true; }
+    done
     # flash-attn-4 b36 + quack (pure Python, ~12 MB) for tests/test_fa4_shared_libs_xcompile.py
     bash tests/setup_pip_layer.sh fa4-b36 tests/requirements-fa4-b36.txt "$vpy" 2>&1 | { grep -v "$quiet" || true; }
 }

@@ -38,8 +38,11 @@ from sglang_fa4.environ import envs
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / ".cache" / "sglang"
-# The releases tests/setup_env.sh installs (keep the two lists equal).
+# The releases the full suites run on (the first and the last of the supported window).
 SUPPORTED_VERSIONS = ("0.5.20", "0.5.23")
+# Every release of the window: registration through the real loader (tests/test_sglang_window.py).
+# tests/setup_env.sh installs these (keep the two lists equal).
+REGISTRATION_VERSIONS = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 STAMP = ".sglang-fa4-stamp"  # written by setup_env.sh once a target dir is complete
 
 PRELUDE = """\

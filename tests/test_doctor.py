@@ -34,15 +34,108 @@ def test_doctor_text(cap, backend):
     assert f"ViT backend:  {backend}" in proc.stdout
 
 
-def test_doctor_bad_env_value_exits_non_zero_naming_it():
-    proc = run_cli("doctor", "--json", env={"SGLANG_FA4_TMEM_LOAD_RED_MAX": "maybe"})
-    assert proc.returncode != 0
-    assert "SGLANG_FA4_TMEM_LOAD_RED_MAX" in proc.stdout + proc.stderr
+@pytest.fixture
+def doctor_env(monkeypatch):
+    """In-process doctor with only the SGLANG_* variables a test sets (fallbacks undone after)."""
+    from sglang_fa4.environ import envs
+
+    for name in [k for k in os.environ if k.startswith("SGLANG_")]:
+        monkeypatch.delenv(name)
+    envs.clear_fallbacks()
+    yield monkeypatch
+    envs.clear_fallbacks()
+
+
+MAYBE_LINE = ("sglang-fa4: SGLANG_FA4_TMEM_LOAD_RED_MAX='maybe' is not a boolean; accepted values: "
+              "0/1/false/no/off/on/true/yes; SGLANG_FA4_TMEM_LOAD_RED_MAX runs at its default (1)")
+
+
+def test_doctor_bad_env_value_is_the_plugins_line_and_the_report(doctor_env, capsys):
+    """The plugin's own ERROR line, word for word; the report shows the default the server runs
+    with; exit 1."""
+    from sglang_fa4 import plugin
+
+    doctor_env.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe")
+    assert cli.main(["doctor", "--json", "--capability", "10.3"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == [MAYBE_LINE] == list(plugin.environment_errors().values())
+    entry = report["env"]["SGLANG_FA4_TMEM_LOAD_RED_MAX"]
+    assert entry["value"] is True and entry["error"].startswith("SGLANG_FA4_TMEM_LOAD_RED_MAX='maybe' is not a boolean")
+    assert report["vit_backend"]["backend"] == "fa4"  # every other answer is still there
+    assert cli.main(["doctor", "--capability", "10.3"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == MAYBE_LINE
+
+
+def test_doctor_strict_says_the_server_would_not_start(doctor_env, capsys):
+    doctor_env.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
+    doctor_env.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1023")
+    assert cli.main(["doctor", "--json", "--capability", "9.0"]) == 1
+    assert json.loads(capsys.readouterr().out)["errors"] == [
+        "sglang-fa4: SGLANG_FA4_VIT_GRAPH_BUDGETS='1023': 1023 is out of range; accepted: a comma list of integers, "
+        "each >= 4 and a multiple of 4 and <= 262144; SGLANG_FA4_PLUGIN_STRICT=1: the server does not start"]
 
 
 def test_doctor_bad_capability():
     proc = run_cli("doctor", "--capability", "ten")
-    assert proc.returncode == 2 and "MAJOR.MINOR" in proc.stdout
+    assert proc.returncode == 2 and "MAJOR.MINOR" in proc.stdout and proc.stderr == ""
+
+
+@pytest.mark.parametrize("cap,why", [("ten", "must look like MAJOR.MINOR"), ("100.0", "100.0 is out of range"),
+                                     ("16.0", "16.0 is out of range"), ("0.0", "0.0 is out of range"),
+                                     ("9.10", "9.10 is out of range"), ("10", "must look like MAJOR.MINOR")])
+def test_doctor_json_refuses_a_capability_as_json(doctor_env, capsys, cap, why):
+    assert cli.main(["doctor", "--json", "--capability", cap]) == 2
+    [message] = json.loads(capsys.readouterr().out)["errors"]
+    assert message.startswith("sglang-fa4 doctor: error: compute capability") and why in message
+
+
+@pytest.mark.parametrize("cap", ["1.0", "15.9", "8.0", "12.1"])
+def test_doctor_capability_range_edges_are_answered(doctor_env, capsys, cap):
+    assert cli.main(["doctor", "--json", "--capability", cap]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"]["capability"] == [int(x) for x in cap.split(".")]
+
+
+@pytest.mark.parametrize("backend,cap,warned", [("fa4", "8.0", True), ("fa4", "12.0", True), ("fa4", "9.0", False),
+                                                ("fa4", "10.3", False), ("fa3", "8.6", False), ("fa3", "7.5", True),
+                                                ("triton_attn", "8.0", False)])
+def test_doctor_warns_of_a_backend_override_the_gpu_cannot_run(doctor_env, capsys, backend, cap, warned):
+    doctor_env.setenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", backend)
+    assert cli.main(["doctor", "--json", "--capability", cap]) == 0
+    vb = json.loads(capsys.readouterr().out)["vit_backend"]
+    assert vb["backend"] == backend
+    if not warned:
+        assert "warning" not in vb
+        return
+    assert vb["warning"].startswith(f"SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT={backend}: {backend} does not run "
+                                    f"on compute capability {cap} (it runs on ")
+    assert cli.main(["doctor", "--capability", cap]) == 0
+    assert f"  warning: {vb['warning']}" in capsys.readouterr().out.splitlines()
+
+
+def test_the_plugin_warns_once_of_a_backend_override_the_gpu_cannot_run(monkeypatch, caplog):
+    """The backend hook selects through select_mm_attention_backend: one WARNING per process."""
+    import logging
+
+    from sglang_fa4 import selection
+
+    monkeypatch.setenv("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", "fa4")
+    monkeypatch.setattr(selection, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
+        for _ in range(3):
+            assert selection.select_mm_attention_backend(None, None, (8, 0)).backend == "fa4"
+        selection.select_mm_attention_backend(None, None, (10, 0))
+    assert [r.getMessage() for r in caplog.records] == [
+        "sglang-fa4: SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT=fa4: fa4 does not run on compute capability 8.0 "
+        "(it runs on 9.x, 10.x, 11.x); unset it or pick another backend"]
+
+
+def test_doctor_piped_into_a_reader_that_left_is_no_traceback():
+    """`sglang-fa4 doctor | head -1`: the pipe's reader is gone before doctor writes."""
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_fa4.cli", "doctor", "--capability", "9.0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the child has imported anything
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and stderr == ""
 
 
 @pytest.mark.parametrize("args", [["--capability", "9.0"], []])

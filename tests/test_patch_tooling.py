@@ -7,6 +7,8 @@ import csv
 import hashlib
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -192,7 +194,7 @@ def test_write_failure_midway_is_rolled_back(tree, monkeypatch):
         return real(path, data, mode)
 
     monkeypatch.setattr(ops, "_write_file", flaky)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(PatchError, match=r"disk full \(simulated\)\); the files written were put back -- nothing was changed"):
         ops.apply(target)
     monkeypatch.setattr(ops, "_write_file", real)
     assert snapshot(tree) == before
@@ -211,6 +213,149 @@ def test_cli(tree, capsys):
     assert main(["patch", "revert", *t]) == 0
     assert main(["patch", "revert", *t]) == 1
     assert "nothing to revert" in capsys.readouterr().err
+
+
+# ---- every failure a message, nothing half done --------------------------------------------------
+
+
+@pytest.fixture
+def unwritable():
+    """Make directories take no new file, for this user too: read-only permission bits, or, for
+    root (who writes through them), the immutable attribute; undone afterwards."""
+    made: list[Path] = []
+
+    def make(directory: Path) -> Path:
+        if os.geteuid() != 0:
+            directory.chmod(0o555)
+        elif subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode != 0:
+            pytest.skip("root here cannot make a directory unwritable (chattr +i failed)")
+        made.append(directory)
+        return directory
+
+    yield make
+    for directory in made:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+        else:
+            directory.chmod(0o755)
+
+
+def test_patch_on_an_unwritable_target_is_a_message(tree, unwritable, capsys):
+    cute = unwritable(tree / CUTE)
+    before = snapshot(tree)
+    assert main(["patch", "apply", "--target", str(tree)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sglang-fa4 patch apply: refusing to patch {tree / 'sglang'}: cannot write in {cute} (")
+    assert err.endswith("-- nothing was changed\n")
+    assert snapshot(tree) == before
+
+
+def test_revert_on_an_unwritable_target_is_a_message(tree, unwritable, capsys):
+    ops.apply(ops.resolve_target(tree))
+    package = unwritable(tree / "sglang")  # the state file's directory
+    before = snapshot(tree)
+    assert main(["patch", "revert", "--target", str(tree)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sglang-fa4 patch revert: refusing to revert {package}: cannot write in {package} (")
+    assert snapshot(tree) == before
+
+
+def test_build_wheel_into_an_unwritable_directory_is_a_message(wheel, tmp_path, unwritable, capsys, monkeypatch):
+    from sglang_fa4.patching import wheel as wheel_mod
+
+    out = tmp_path / "dist"
+    out.mkdir()
+    unwritable(out)
+    monkeypatch.setattr(wheel_mod, "_check_source", lambda *a, **k: pytest.fail("work before the output was checked"))
+    assert main(["build-wheel", "--sglang", VERSION, "-o", str(out), "--from", str(wheel)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sglang-fa4 build-wheel: refusing to write a wheel to {out}: cannot write in {out} (")
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["file", "below_a_file"])
+def test_build_wheel_output_that_is_a_file_is_refused_before_any_work(wheel, tmp_path, monkeypatch, where):
+    """Checked first: no download, no unpacking, no patching for a wheel that cannot be written."""
+    from sglang_fa4.patching import wheel as wheel_mod
+
+    blocker = tmp_path / "dist"
+    blocker.write_text("not a directory")
+    out = blocker if where == "file" else blocker / "sub"
+    for step in ("download_wheel", "apply", "_check_source"):
+        monkeypatch.setattr(wheel_mod, step, lambda *a, **k: pytest.fail("work before the output was checked"))
+    message = f"-o {out} is a file" if where == "file" else f"{blocker} is not a directory"
+    with pytest.raises(PatchError, match=re.escape(message)):
+        build_fork_wheel(VERSION, out, None)
+    with pytest.raises(PatchError, match=re.escape(message)):
+        build_fork_wheel(VERSION, out, wheel)
+    assert blocker.read_text() == "not a directory"
+
+
+def test_build_wheel_output_file_cli(wheel, tmp_path, capsys):
+    (tmp_path / "dist").write_text("")
+    assert main(["build-wheel", "--sglang", VERSION, "-o", str(tmp_path / "dist"), "--from", str(wheel)]) == 1
+    assert capsys.readouterr().err == f"sglang-fa4 build-wheel: -o {tmp_path / 'dist'} is a file, not a directory -- nothing was built\n"
+
+
+def test_a_wheel_that_is_no_zip_is_a_message(tmp_path, capsys):
+    bogus = tmp_path / f"sglang-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
+    bogus.write_bytes(b"this is not a zip file")
+    assert main(["build-wheel", "--sglang", VERSION, "-o", str(tmp_path / "out"), "--from", str(bogus)]) == 1
+    assert capsys.readouterr().err == (f"sglang-fa4 build-wheel: --from {bogus}: not a readable wheel (File is not a "
+                                       "zip file) -- nothing was built\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_wheel_with_a_corrupt_member_is_a_message(tmp_path, capsys):
+    """The zip directory reads, a member's bytes do not match their CRC: found while unpacking
+    (into a scratch directory), before anything is written to the output."""
+    bad = tmp_path / f"sglang-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(bad, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr(f"sglang-{VERSION}.dist-info/METADATA", "Name: sglang\nVersion: 0.5.20\n" + "x" * 64)
+    data = bytearray(bad.read_bytes())
+    data[data.index(b"xxxx")] = ord("y")  # one byte of the stored member
+    bad.write_bytes(bytes(data))
+    assert main(["build-wheel", "--sglang", VERSION, "-o", str(tmp_path / "out"), "--from", str(bad)]) == 1
+    assert capsys.readouterr().err.startswith(f"sglang-fa4 build-wheel: {bad}: corrupt wheel (Bad CRC-32 for file ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_lost_state_file_is_told_by_content_and_revertable(tree, capsys):
+    before = snapshot(tree)
+    target = ops.resolve_target(tree)
+    ops.apply(target)
+    patched = snapshot(tree)
+    target.state_path.unlink()
+    status = ops.status(target)
+    assert status["applied"] and status["applied_by_content"] and status["applied_revision"] is None
+    assert set(status["files"].values()) == {"patched"}
+    for op in (ops.apply, ops.check):  # refused, naming the way out
+        with pytest.raises(PatchError, match="hold this series already .by content., but .* is missing; "
+                                             "'sglang-fa4 patch revert' undoes them"):
+            op(target)
+    assert main(["patch", "status", "--target", str(tree)]) == 0
+    assert "applied (told by content: its .sglang_fa4_patches.json is missing" in capsys.readouterr().out
+    assert main(["patch", "revert", "--target", str(tree)]) == 0
+    assert "its state file was missing: told by content" in capsys.readouterr().out
+    assert snapshot(tree) == before
+    assert not ops.status(target)["applied"]
+    ops.apply(target)  # and it applies again (the new state file has its own time)
+    state = "sglang/" + ops.STATE_NAME
+    assert {k: v for k, v in snapshot(tree).items() if k != state} == {k: v for k, v in patched.items() if k != state}
+
+
+def test_a_lost_state_file_with_an_edited_file_is_not_reverted(tree):
+    target = ops.resolve_target(tree)
+    ops.apply(target)
+    target.state_path.unlink()
+    victim = tree / CUTE / "softmax.py"
+    victim.write_bytes(victim.read_bytes() + b"# edited\n")
+    before = snapshot(tree)
+    status = ops.status(target)
+    assert not status["applied"] and status["files"][CUTE + "softmax.py"] == "modified"
+    with pytest.raises(PatchError, match="are not what the series for sglang 0.5.20 makes"):
+        ops.revert(target)
+    assert snapshot(tree) == before
 
 
 def test_installed_sglang_fa4_wheel_finds_its_patches(tmp_path):
@@ -256,6 +401,10 @@ def test_build_wheel_and_install(wheel, tmp_path):
     files = _verify_record(whl)
     meta = files[f"sglang-{fork_version}.dist-info/METADATA"].decode()
     assert f"\nVersion: {fork_version}\n" in meta
+    # SGLang's requirements unchanged: every install line that fits the release fits its fork
+    # (tests/test_install_pins.py checks them against the release)
+    from test_install_pins import metadata_requires
+    assert metadata_requires(whl) == metadata_requires(wheel) != []
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet",

@@ -10,7 +10,7 @@ import pytest
 
 from sglang_fa4 import features, plugin
 from sglang_fa4.integration import hooks, llm_fp8_kv, registration, vit_graph_rotary
-from sglang_fa4.environ import EnvValueError
+from sglang_fa4.environ import envs
 
 
 class FakeHookType(Enum):
@@ -43,7 +43,11 @@ def fake_sglang(monkeypatch):
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")  # register() would set FA4's cache variables
-    return FakeRegistry
+    monkeypatch.setenv("SGLANG_FA4_ENV_ERRORS_REPORTED", "")  # register() may set it: restored after
+    monkeypatch.delenv("SGLANG_FA4_ENV_ERRORS_REPORTED")
+    envs.clear_fallbacks()
+    yield FakeRegistry
+    envs.clear_fallbacks()  # register() read malformed values as defaults: this process only
 
 
 def use_version(monkeypatch, version):
@@ -85,7 +89,7 @@ def test_llm_fp8_kv_upgrade_is_opt_in_and_the_route_opt_out(monkeypatch, version
     assert "llm_fa4_fp8_kv_sm90" not in plugin.make_plan(version).hooked
 
 
-@pytest.mark.parametrize("version", ["0.5.19", "0.5.21", "0.6.0", None])
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.24", "0.6.0", None])
 def test_plan_unknown_versions(version):
     plan = plugin.make_plan(version)
     assert not plan.supported and plan.hooked == []
@@ -200,46 +204,144 @@ def test_qwen2_5_forward_hooked_once_for_budgets_and_host_metadata(fake_sglang, 
 
 
 def test_register_unknown_version_warns_once_and_changes_nothing(fake_sglang, monkeypatch, caplog):
-    use_version(monkeypatch, "0.5.21")
+    use_version(monkeypatch, "0.5.24")
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
         plan = plugin.register()
         plugin.register()
     assert not plan.supported and fake_sglang.registered == []
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "0.5.21" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "0.5.24" in warnings[0].getMessage()
 
 
 def test_register_unknown_version_strict(fake_sglang, monkeypatch):
-    use_version(monkeypatch, "0.5.21")
+    """Strict refuses with a SystemExit: SGLang's load_plugins() catches Exception, not this."""
+    use_version(monkeypatch, "0.5.24")
     monkeypatch.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
-    with pytest.raises(plugin.UnsupportedSGLangVersion, match="0.5.21"):
+    with pytest.raises(plugin.UnsupportedSGLangVersion, match="0.5.24") as refused:
         plugin.register()
+    assert isinstance(refused.value, SystemExit) and not isinstance(refused.value, Exception)
+    assert "the server does not start" in str(refused.value.code)
 
 
-def test_register_refuses_a_bad_environment(fake_sglang, monkeypatch):
-    use_version(monkeypatch, "0.5.20")
-    monkeypatch.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe")
-    with pytest.raises(EnvValueError, match="SGLANG_FA4_TMEM_LOAD_RED_MAX"):
-        plugin.register()
-    assert fake_sglang.registered == []
+ACCEPTS_BUDGETS = "a comma list of integers, each >= 4 and a multiple of 4 and <= 262144"
+# variable, malformed value, what the message says it accepts, its default as the message shows it
+MALFORMED = [
+    ("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe", "0/1/false/no/off/on/true/yes", "1"),
+    ("SGLANG_FA4_WARMUP", "y", "0/1/false/no/off/on/true/yes", "1"),
+    ("SGLANG_FA4_PLUGIN_STRICT", "enable", "0/1/false/no/off/on/true/yes", "0"),
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1024,2000,x", ACCEPTS_BUDGETS, "896,1024,1536,2048,3072,4096,5120,6144,8192"),
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1023", ACCEPTS_BUDGETS, "896,1024,1536,2048,3072,4096,5120,6144,8192"),
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "", ACCEPTS_BUDGETS, "896,1024,1536,2048,3072,4096,5120,6144,8192"),
+    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "262148", ACCEPTS_BUDGETS, "896,1024,1536,2048,3072,4096,5120,6144,8192"),
+    ("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "0", "an integer >= 1 and <= 4096", "64"),
+    ("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "many", "an integer >= 1 and <= 4096", "64"),
+    ("SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX", "-5", "an integer >= 0 and <= 1048576", "64"),
+    ("SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX", "1" + "0" * 23, "an integer >= 0 and <= 1048576", "64"),
+    ("SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT", "fa9", "'', 'fa3', 'fa4'", '""'),
+    ("SGLANG_FA4_JIT_MONITOR", "loud", "'off', 'warn', 'raise'", "warn"),
+]
 
 
-@pytest.mark.parametrize("name,value,accepted", [
-    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1024,2000,x", "a comma list of integers, each >= 4 and a multiple of 4"),
-    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "1023", "a comma list of integers, each >= 4 and a multiple of 4"),
-    ("SGLANG_FA4_VIT_GRAPH_BUDGETS", "", "a comma list of integers, each >= 4 and a multiple of 4"),
-    ("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "0", "an integer >= 1"),
-    ("SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "many", "an integer >= 1"),
-])
-def test_register_refuses_malformed_budgets(fake_sglang, monkeypatch, name, value, accepted):
-    """A malformed budget setting fails registration, naming the variable and what it accepts,
-    whether or not the budgets are enabled (never a warning with half the graphs captured)."""
+@pytest.mark.parametrize("name,value,accepted,default", MALFORMED)
+def test_malformed_variable_is_one_error_line_and_its_default(fake_sglang, monkeypatch, caplog, name, value,
+                                                             accepted, default):
+    """A malformed variable of ours: exactly one ERROR line naming it, its value and what it
+    accepts; it runs at its default and every hook of the clean environment is registered."""
     use_version(monkeypatch, "0.5.23")
-    monkeypatch.setenv("SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "1")
+    plugin.register()
+    clean = list(fake_sglang.registered)
+    fake_sglang.registered.clear()
+    monkeypatch.setattr(plugin, "_registered_plan", None)
     monkeypatch.setenv(name, value)
-    with pytest.raises(EnvValueError, match=f"{name}=.*accepted: {accepted}"):
+    with caplog.at_level(logging.INFO, logger="sglang_fa4"):
+        plan = plugin.register()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith(f"sglang-fa4: {name}={value!r}")
+    assert "accepted" in errors[0] and accepted in errors[0]
+    assert errors[0].endswith(f"; {name} runs at its default ({default})")
+    assert fake_sglang.registered == clean and plan.failed == {}
+    assert getattr(envs, name).get() == getattr(envs, name).default
+
+
+def test_a_child_process_does_not_log_the_error_again(fake_sglang, monkeypatch, caplog):
+    """SGLang's scheduler processes inherit the environment and register again: the variable falls
+    back there too, but only the first process logs the line."""
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_WARMUP", "maybe")
+    monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "loud")
+    with caplog.at_level(logging.ERROR, logger="sglang_fa4"):
+        parent = plugin.register()
+        assert len(caplog.records) == 2
+        monkeypatch.setattr(plugin, "_registered_plan", None)  # a child: a fresh plugin, the same environment
+        envs.clear_fallbacks()
+        monkeypatch.setenv("SGLANG_FA4_VIT_HOST_METADATA", "sometimes")  # a problem only the child has
+        child = plugin.register()
+    assert [r.getMessage().split("=", 1)[0] for r in caplog.records] == [
+        "sglang-fa4: SGLANG_FA4_WARMUP", "sglang-fa4: SGLANG_FA4_JIT_MONITOR", "sglang-fa4: SGLANG_FA4_VIT_HOST_METADATA"]
+    assert envs.SGLANG_FA4_WARMUP.get() is True and "fa4_startup_warmup" in child.hooked == parent.hooked
+    assert envs.SGLANG_FA4_ENV_ERRORS_REPORTED.get() == \
+        "SGLANG_FA4_JIT_MONITOR,SGLANG_FA4_VIT_HOST_METADATA,SGLANG_FA4_WARMUP"
+
+
+def test_strict_refuses_a_malformed_variable(fake_sglang, monkeypatch, caplog):
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
+    monkeypatch.setenv("SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX", "-5")
+    with caplog.at_level(logging.ERROR, logger="sglang_fa4"), pytest.raises(plugin.PluginStartRefused) as refused:
         plugin.register()
-    assert fake_sglang.registered == []
+    line = "sglang-fa4: SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX='-5': -5 is out of range; accepted: an integer >= 0 and <= 1048576; SGLANG_FA4_PLUGIN_STRICT=1: the server does not start"
+    assert refused.value.code == line and [r.getMessage() for r in caplog.records] == [line]
+    assert not isinstance(refused.value, Exception) and fake_sglang.registered == []
+
+
+def _broken_registrar(registry, hook_type):
+    raise ImportError("sglang.srt.models.qwen2_5_vl has no Qwen2_5_VisionTransformer")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_failing_feature_leaves_the_others(fake_sglang, monkeypatch, caplog, strict):
+    """A registrar that raises costs its feature only (one ERROR line naming it), or, strict, the start."""
+    use_version(monkeypatch, "0.5.23")
+    plugin.register()
+    clean = list(fake_sglang.registered)
+    fake_sglang.registered.clear()
+    monkeypatch.setattr(plugin, "_registered_plan", None)
+    monkeypatch.setitem(registration.REGISTRARS, "vit_host_metadata", (_broken_registrar,))
+    if strict:
+        monkeypatch.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
+        with pytest.raises(plugin.PluginStartRefused, match="vit_host_metadata failed .ImportError: sglang.srt.models"):
+            plugin.register()
+        return
+    with caplog.at_level(logging.ERROR, logger="sglang_fa4"):
+        plan = plugin.register()
+    assert [r.getMessage() for r in caplog.records] == [
+        "sglang-fa4: vit_host_metadata failed (ImportError: sglang.srt.models.qwen2_5_vl has no "
+        "Qwen2_5_VisionTransformer); the other features stay active"]
+    assert "vit_host_metadata" not in plan.hooked and set(plan.failed) == {"vit_host_metadata"}
+    assert fake_sglang.registered == [r for r in clean if r[0] != hooks.QWEN2_5_VIT_FORWARD]
+
+
+def test_registration_that_cannot_start_is_one_error_line(fake_sglang, monkeypatch, caplog):
+    """Before any hook (SGLang's HookRegistry missing): one ERROR line, SGLang runs; strict stops."""
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.delitem(sys.modules, "sglang.srt.plugins.hook_registry")
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", None)  # import raises ImportError
+    with caplog.at_level(logging.ERROR, logger="sglang_fa4"):
+        plan = plugin.register()
+    assert not plan.supported and len(caplog.records) == 1
+    assert caplog.records[0].getMessage().startswith("sglang-fa4: not registered (ModuleNotFoundError: ")
+    monkeypatch.setattr(plugin, "_registered_plan", None)
+    monkeypatch.setenv("SGLANG_FA4_PLUGIN_STRICT", "1")
+    with pytest.raises(plugin.PluginStartRefused, match="not registered .ModuleNotFoundError"):
+        plugin.register()
+
+
+def test_strict_checks_that_sglang_can_resolve_every_target(monkeypatch):
+    assert plugin.unresolvable_targets(["os.path.join", "json.dumps"]) == {}
+    assert plugin.unresolvable_targets(["os.path.join", "os.path.no_such_function"]) == {
+        "os.path.no_such_function": "SGLang cannot resolve it: os.path has no no_such_function"}
+    [(target, why)] = plugin.unresolvable_targets(["no_such_module_xyz.f"]).items()
+    assert target == "no_such_module_xyz.f" and why.startswith("SGLang cannot resolve it: ModuleNotFoundError: ")
 
 
 def test_every_feature_has_a_registrar():

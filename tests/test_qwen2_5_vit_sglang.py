@@ -161,7 +161,7 @@ TOWER_GRIDS = [[[1, 16, 20], [2, 8, 12]], [[1, 14, 22]], [[3, 10, 6], [1, 4, 4],
 @pytest.fixture(scope="module", params=SUPPORTED_VERSIONS)
 def run(request):
     require_version(request.param)
-    prelude = (f"BENCH = {str(ROOT / 'benchmark')!r}\nGEOMETRIES = {GEOMETRIES!r}\n"
+    prelude = (f"BENCH = {str(ROOT / 'benchmark' / 'release')!r}\nGEOMETRIES = {GEOMETRIES!r}\n"
                f"GRIDS = {json.dumps(random_grids())}\nTOWER_GRIDS = {json.dumps(TOWER_GRIDS)}\n")
     return run_with_sglang(request.param, prelude + SNIPPET, env={"SGLANG_FA4_VIT_HOST_METADATA": None})
 

@@ -347,7 +347,10 @@ def test_disk_cache_on_by_default(clean_cache_env):
 
 def test_disk_cache_dir_and_user_choices(clean_cache_env, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE_DIR", str(clean_cache_env / "k"))
-    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "true")  # FA4 alone: off
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "true")  # FA4 reads it as off: so do we
+    assert fa4_env.configure_fa4_disk_cache() is None
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "true"
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED")
     assert fa4_env.configure_fa4_disk_cache() == str(clean_cache_env / "k")
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "/elsewhere")  # the user's dir wins
@@ -355,6 +358,16 @@ def test_disk_cache_dir_and_user_choices(clean_cache_env, monkeypatch):
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")  # the user's "off" wins
     assert fa4_env.configure_fa4_disk_cache() is None
     assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"
+
+
+def test_disk_cache_empty_dir_is_unset(clean_cache_env, monkeypatch, tmp_path):
+    """An empty SGLANG_FA4_KERNEL_CACHE_DIR (or FA4's own dir variable) is the default, never the
+    working directory (Path("") is ".")."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE_DIR", "")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "")
+    assert fa4_env.configure_fa4_disk_cache() == str(clean_cache_env / ".cache/sglang-fa4/kernels")
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(clean_cache_env / ".cache/sglang-fa4/kernels")
 
 
 def test_disk_cache_opt_out(clean_cache_env, monkeypatch):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from sglang_fa4.environ import envs
+from sglang_fa4.kernels import dsl_versions
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -191,7 +192,6 @@ _swap_lock = threading.Lock()
 
 def _interface():
     from flash_attn.cute import interface
-
     return interface
 
 
@@ -235,6 +235,7 @@ class FA4Backend:
         return device_arch()
 
     def compile_and_run(self, call) -> Resolved:
+        dsl_versions.require("fa4")  # a DSL that cannot build it: our message, not the DSL's
         iface = _interface()
         fwd = iface._flash_attn_fwd
         sched_kwargs: dict[str, Any] = {}

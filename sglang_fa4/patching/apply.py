@@ -4,7 +4,9 @@ The work is done by GNU ``patch`` on copies of the touched files in a scratch di
 is only written once every patch of the series has gone through cleanly there, and a failure while
 writing puts back what was already written. What was applied is recorded in a JSON state file inside
 the package (``sglang/.sglang_fa4_patches.json``) with the sha256 of every file before and after, so
-``revert`` can prove it restored the upstream bytes and refuse files edited since.
+``revert`` can prove it restored the upstream bytes and refuse files edited since. A tree whose state
+file was lost is still told by content: the series reverse-applied to it gives upstream's bytes.
+Every directory to be written is probed before the first write.
 """
 
 from __future__ import annotations
@@ -152,6 +154,29 @@ def _read_current(target: Target, files: list[str]) -> dict[str, bytes | None]:
     return {rel: (target.path(rel).read_bytes() if target.path(rel).is_file() else None) for rel in files}
 
 
+def check_writable(paths: list[Path], what: str) -> None:
+    """Refuse, before any work, when a file of ``paths`` cannot be written: its directory takes no
+    new file (files are replaced through a temporary file beside them), or a directory sits where
+    the file goes."""
+    problems = []
+    for directory in dict.fromkeys(p.parent for p in paths):
+        probe_dir = directory
+        while not probe_dir.exists() and probe_dir != probe_dir.parent:
+            probe_dir = probe_dir.parent  # a directory still to be made: its nearest existing parent
+        if not probe_dir.is_dir():
+            problems.append(f"{probe_dir} is not a directory")
+            continue
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".sglang-fa4-probe-", dir=probe_dir)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            problems.append(f"cannot write in {probe_dir} ({exc.strerror or exc})")
+    problems += [f"{p} is a directory" for p in paths if p.is_dir()]
+    if problems:
+        raise PatchError(f"refusing to {what}: " + "; ".join(dict.fromkeys(problems)) + " -- nothing was changed")
+
+
 def _write_file(path: Path, data: bytes | None, mode: int | None) -> None:
     if data is None:
         if path.exists():
@@ -187,10 +212,13 @@ def _commit(target: Target, new: dict[str, bytes | None], state: dict | None) ->
             _write_file(target.state_path, None, None)
         else:
             _write_file(target.state_path, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(), 0o644)
-    except BaseException:
+    except BaseException as exc:
         for rel in reversed(written):
             _write_file(target.path(rel), *before[rel])
         _write_file(target.state_path, old_state, 0o644)
+        if isinstance(exc, OSError):
+            raise PatchError(f"writing {target.package} failed ({exc}); the files written were put back "
+                             "-- nothing was changed") from exc
         raise
 
 
@@ -206,10 +234,31 @@ def _check_base(target: Target, series: Series, current: dict[str, bytes | None]
             problems.append(f"{rel}: missing")
         elif _hash_bytes(data) != series.base_hashes[rel]:
             problems.append(f"{rel}: locally modified (sha256 differs from sglang {series.version} upstream)")
+    if problems and _reverted_by_content(series, current) is not None:
+        raise PatchError(
+            f"refusing to patch {target.package}: its files hold this series already (by content), but "
+            f"{STATE_NAME} is missing; 'sglang-fa4 patch revert' undoes them -- nothing was changed"
+        )
     if problems:
         raise PatchError(
             f"refusing to patch {target.package}: " + "; ".join(problems) + " -- nothing was changed"
         )
+
+
+def _reverted_by_content(series: Series, current: dict[str, bytes | None]) -> dict[str, bytes | None] | None:
+    """When ``current`` is exactly what the series makes of upstream (told by content: the series
+    reverse-applied gives upstream's sha256 for every file), the upstream contents; else None."""
+    if any(current[rel] is None for rel in current):
+        return None
+    try:
+        result = _run_series(series, current, reverse=True)
+    except PatchError:
+        return None
+    created = {f for p in series.patches for f in p.creates}
+    for rel, data in result.items():
+        if (data is not None or rel not in created) and _hash_bytes(data) != series.base_hashes.get(rel):
+            return None
+    return result
 
 
 def check(target: Target) -> list[str]:
@@ -240,6 +289,7 @@ def apply(target: Target) -> dict:
     files = series.files
     current = _read_current(target, files)
     _check_base(target, series, current)
+    check_writable([target.path(rel) for rel in files] + [target.state_path], f"patch {target.package}")
     result = _run_series(series, current, reverse=False)
     state = {
         "format": STATE_FORMAT,
@@ -278,29 +328,43 @@ def _check_reverted(state: dict, result: dict[str, bytes | None]) -> None:
 
 
 def revert(target: Target) -> dict:
+    """Undo the series; without a state file, when the files hold the series by content (the
+    returned state then says ``"state_file": "missing"``)."""
     state = read_state(target)
-    if state is None:
-        raise PatchError(f"{target.package} carries no sglang-fa4 patches (no {STATE_NAME}); nothing to revert")
     series = load_series(target.version)
+    check_writable([target.path(rel) for rel in series.files] + [target.state_path], f"revert {target.package}")
     current = _read_current(target, series.files)
-    _check_applied(target, state, current)
-    result = _run_series(series, current, reverse=True)
-    _check_reverted(state, result)
+    if state is None:
+        result = _reverted_by_content(series, current)
+        if result is None:
+            raise PatchError(f"{target.package} carries no sglang-fa4 patches (no {STATE_NAME}, and its files "
+                             f"are not what the series for sglang {series.version} makes); nothing to revert")
+        state = {"format": STATE_FORMAT, "sglang_version": series.version, "revision": series.revision,
+                 "patches": [p.name for p in series.patches], "state_file": "missing",
+                 "files": {rel: {"before": _hash_bytes(result[rel]), "after": _hash_bytes(current[rel])}
+                           for rel in series.files}}
+    else:
+        _check_applied(target, state, current)
+        result = _run_series(series, current, reverse=True)
+        _check_reverted(state, result)
     _commit(target, result, None)
     return state
 
 
 def status(target: Target) -> dict:
-    """What the target holds: per file 'upstream', 'patched', 'modified' or 'missing'."""
+    """What the target holds: per file 'upstream', 'patched', 'modified' or 'missing'. Without a
+    state file, 'patched' is told by content (the series reverse-applied gives upstream's bytes);
+    ``applied_by_content`` says so."""
     series = load_series(target.version)
     state = read_state(target)
+    by_content = state is None and _reverted_by_content(series, _read_current(target, series.files)) is not None
     files = {}
     for rel in series.files:
         p = target.path(rel)
         h = sha256_file(p) if p.is_file() else None
         if h is None:
             files[rel] = "missing"
-        elif state is not None and h == state["files"].get(rel, {}).get("after"):
+        elif by_content or (state is not None and h == state["files"].get(rel, {}).get("after")):
             files[rel] = "patched"
         elif h == series.base_hashes.get(rel):
             files[rel] = "upstream"
@@ -311,7 +375,8 @@ def status(target: Target) -> dict:
         "sglang_version": target.version,
         "series_revision": series.revision,
         "patches": [p.name for p in series.patches],
-        "applied": state is not None,
+        "applied": state is not None or by_content,
         "applied_revision": state.get("revision") if state else None,
+        "applied_by_content": by_content,  # applied, but the state file is missing
         "files": files,
     }

@@ -48,7 +48,11 @@ def _run_patch(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
-                state = f"applied (revision {info['applied_revision']})" if info["applied"] else "not applied"
+                if info["applied_by_content"]:
+                    state = (f"applied (told by content: its {ops.STATE_NAME} is missing; "
+                             "'sglang-fa4 patch revert' undoes it)")
+                else:
+                    state = f"applied (revision {info['applied_revision']})" if info["applied"] else "not applied"
                 print(f"sglang {info['sglang_version']} at {info['package']}: {state}; "
                       f"series revision {info['series_revision']}: {', '.join(info['patches'])}")
                 for rel, what in info["files"].items():
@@ -62,8 +66,9 @@ def _run_patch(args: argparse.Namespace) -> int:
                   f"applied {len(state['patches'])} patch(es), {len(state['files'])} file(s) to {target.package}")
         else:
             state = ops.revert(target)
+            lost = " (its state file was missing: told by content)" if state.get("state_file") == "missing" else ""
             print(json.dumps(state, indent=2) if args.json else
-                  f"reverted {len(state['patches'])} patch(es); {len(state['files'])} file(s) restored byte-identical")
+                  f"reverted {len(state['patches'])} patch(es){lost}; {len(state['files'])} file(s) restored byte-identical")
     except PatchError as exc:
         print(f"sglang-fa4 patch {args.action}: {exc}", file=sys.stderr)
         return 1

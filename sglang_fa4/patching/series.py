@@ -128,6 +128,11 @@ def load_series(version: str, root: Path | None = None) -> Series:
     directory = root / PACKAGE / version
     if not (directory / "series").is_file():
         known = ", ".join(supported_versions(root)) or "none"
+        from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+
+        if version in SUPPORTED_SGLANG_VERSIONS:  # a release the plugin supports, nothing to patch there
+            raise PatchError(f"no patch series for sglang {version}: its vendored FA4 already has the sm_103 "
+                             f"row max (tcgen05.ld.red), so there is nothing to patch; series exist for: {known}")
         raise PatchError(f"no patch series for sglang {version}; supported versions: {known}")
     revision = None
     names = []

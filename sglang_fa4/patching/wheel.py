@@ -12,9 +12,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
-from sglang_fa4.patching.apply import apply, resolve_target
+from sglang_fa4.patching.apply import apply, check_writable, resolve_target
 from sglang_fa4.patching.series import PatchError, load_series
 
 _WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-(?P<build>\d[^-]*))?-(?P<tags>[^-]+-[^-]+-[^-]+)\.whl$")
@@ -46,34 +47,53 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+def _check_source(source: Path, version: str) -> tuple[str, str]:
+    """The upstream wheel's name and tags; refuses a missing, misnamed or unreadable one."""
+    if not source.is_file():
+        raise PatchError(f"--from {source}: no such file")
+    name, src_version, tags = parse_wheel_name(source)
+    if name.lower().replace("-", "_") != "sglang":
+        raise PatchError(f"--from {source.name}: not an sglang wheel")
+    if src_version != version:
+        raise PatchError(f"--from {source.name} is sglang {src_version}, but --sglang {version} was asked for")
+    try:
+        zipfile.ZipFile(source).close()  # its directory; members are checked as they are unpacked
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise PatchError(f"--from {source}: not a readable wheel ({exc}) -- nothing was built") from None
+    return name, tags
+
+
 def build_fork_wheel(version: str, out_dir: Path, source: Path | None = None) -> Path:
     series = load_series(version)  # refuse unknown versions before downloading anything
     out_dir = Path(out_dir)
+    # the output first: no download, unpacking or patching for a wheel that could not be written
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PatchError(f"-o {out_dir} is a file, not a directory -- nothing was built")
+    check_writable([out_dir / "sglang.whl"], f"write a wheel to {out_dir}")
+    if source is not None:
+        source = Path(source)
+        name, tags = _check_source(source, version)
     with tempfile.TemporaryDirectory(prefix="sglang-fa4-wheel-") as tmp:
         tmp_path = Path(tmp)
         if source is None:
             source = download_wheel(version, tmp_path / "download")
-        source = Path(source)
-        if not source.is_file():
-            raise PatchError(f"--from {source}: no such file")
-        name, src_version, tags = parse_wheel_name(source)
-        if name.lower().replace("-", "_") != "sglang":
-            raise PatchError(f"--from {source.name}: not an sglang wheel")
-        if src_version != version:
-            raise PatchError(f"--from {source.name} is sglang {src_version}, but --sglang {version} was asked for")
+            name, tags = _check_source(source, version)
         new_version = f"{version}+{series.local_version}"
         old_info = f"{name}-{version}.dist-info"
         new_info = f"{name}-{new_version}.dist-info"
 
         tree = tmp_path / "tree"
         modes: dict[str, int] = {}
-        with zipfile.ZipFile(source) as zf:
-            for info in zf.infolist():
-                member = Path(info.filename)
-                if member.is_absolute() or ".." in member.parts:
-                    raise PatchError(f"{source.name}: unsafe member {info.filename!r}")
-                modes[info.filename.rstrip("/")] = info.external_attr
-            zf.extractall(tree)
+        try:
+            with zipfile.ZipFile(source) as zf:
+                for info in zf.infolist():
+                    member = Path(info.filename)
+                    if member.is_absolute() or ".." in member.parts:
+                        raise PatchError(f"{source.name}: unsafe member {info.filename!r}")
+                    modes[info.filename.rstrip("/")] = info.external_attr
+                zf.extractall(tree)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:  # a member cut short or not matching its CRC
+            raise PatchError(f"{source}: corrupt wheel ({exc}) -- nothing was built") from None
         if not (tree / old_info).is_dir():
             raise PatchError(f"{source.name} has no {old_info}/")
 
@@ -105,8 +125,10 @@ def build_fork_wheel(version: str, out_dir: Path, source: Path | None = None) ->
         ordered += [p for p in files if p.relative_to(tree).as_posix().startswith(new_info + "/")
                     and p.relative_to(tree).as_posix() != record_name]
         ordered.append(tree / record_name)
-        out_dir.mkdir(parents=True, exist_ok=True)
         wheel_name = f"{name}-{new_version}-{tags}.whl"
+        if (out_dir / wheel_name).is_dir():
+            raise PatchError(f"{out_dir / wheel_name} is a directory -- nothing was built")
+        out_dir.mkdir(parents=True, exist_ok=True)
         partial = out_dir / f".{wheel_name}.part"
         with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             for p in ordered:

@@ -22,16 +22,21 @@ def configure_fa4_disk_cache() -> Optional[str]:
 
     flash-attn-4 b36 reads ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED`` (exactly "1" enables it)
     and ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` once, when its cache module is imported, so this
-    must run before that; the plugin calls it at registration. A user's explicit
-    ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0`` or own directory wins; a true value FA4 would not
-    recognise ("true", "on") is rewritten to "1".
+    must run before that; the plugin calls it at registration. A user's own
+    ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED`` is read as FA4 reads it: any value but "1" is off
+    and wins (one line says so). A user's own directory wins; an empty one, which FA4 would take
+    as the working directory, is replaced like an unset one.
     """
     if not envs.SGLANG_FA4_KERNEL_CACHE.get():
         return None
     enabled = envs.FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED
     directory = envs.FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
     if enabled.is_set() and not enabled.get():
-        logger.info("sglang-fa4: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0 set: FA4 kernels are not cached on disk")
+        if enabled.raw() == "0":
+            logger.info("sglang-fa4: %s=0 set: FA4 kernels are not cached on disk", enabled.name)
+        else:  # FA4 reads any value but "1" as off
+            logger.warning("sglang-fa4: %s=%r: FA4 turns its persistent cache on only for '1'; FA4 kernels are "
+                           "not cached on disk", enabled.name, enabled.raw())
         return None
     loaded = fa4_b36.loaded_disk_cache()
     if loaded is not None:

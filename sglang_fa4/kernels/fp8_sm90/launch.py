@@ -87,6 +87,9 @@ def device_sm_count() -> int:
 
 def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", debug=frozenset()):
     """cute.compile one variant (no GPU needed when CUTE_DSL_ARCH is set: cross-compiles)."""
+    from sglang_fa4.kernels import dsl_versions
+
+    dsl_versions.require("fp8_sm90")  # a DSL that cannot build it: our message, not the DSL's
     import cutlass.cute as cute
 
     from sglang_fa4.kernels.fp8_sm90.forward import Fp8AttentionForwardSm90

@@ -1,0 +1,172 @@
+"""Never silently off, through SGLang's REAL plugin loader (``sglang.srt.plugins.load_plugins()`` of
+0.5.20 and 0.5.23, which catches every ``Exception`` a plugin raises and serves without it):
+
+- values SGLang and Triton accept for their own variables (``SGLANG_VIT_ENABLE_CUDA_GRAPH=y``, an
+  empty ``TRITON_INTERPRET``) are read as their owner reads them and stop nothing;
+- a malformed variable of ours is one ERROR line, and every hook of a clean environment is applied;
+- ``SGLANG_FA4_PLUGIN_STRICT=1`` stops the start through that loader (a malformed variable, a
+  feature that fails to register), with the message and without SGLang's "Failed to execute".
+
+One interpreter per SGLang version runs every case (the loader's once-per-process guard, the hook
+registry and the plugin's state are reset between cases); the tests below read its results.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from sglang_harness import SUPPORTED_VERSIONS, require_version, run_with_sglang
+
+STUBS = Path(__file__).resolve().parents[1] / "benchmark" / "sglang_on_gpu"
+
+MISSING_TARGET = "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.no_such_forward"
+# case -> (environment, feature whose registrar raises, the Qwen2.5-VL forward hook's target instead)
+CASES = {
+    "strict_malformed": ({"SGLANG_FA4_PLUGIN_STRICT": "1", "SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS": "0"}, None, None),
+    "strict_feature": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, "vit_host_metadata", None),
+    "strict_target": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, None, MISSING_TARGET),
+    "owner_values_and_malformed": (
+        {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "y", "TRITON_INTERPRET": "", "SGLANG_FA4_WARMUP": "maybe"}, None, None),
+    "feature": ({}, "vit_host_metadata", None),
+    "clean": ({}, None, None),
+    "strict_clean": ({"SGLANG_FA4_PLUGIN_STRICT": "1"}, None, None),
+}
+
+LOAD = """
+import logging, os, sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, STUBS)
+import cuda_only_stubs; cuda_only_stubs.install_missing()  # sgl_kernel / flashinfer: CUDA-only wheels
+RECORDS = []
+class _Keep(logging.Handler):
+    def emit(self, record):
+        RECORDS.append((record.levelname, record.getMessage()))
+logging.getLogger().addHandler(_Keep())
+logging.getLogger().setLevel(logging.INFO)
+import sglang.srt.plugins as plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_fa4 import plugin
+from sglang_fa4.environ import envs
+from sglang_fa4.integration import hooks, registration
+
+def _broken(registry, hook_type):
+    raise ImportError("no such SGLang class")
+
+from sglang.srt.environ import envs as sglang_envs
+OWNER_READS = []
+for raw in OWNER_VALUES:  # SGLang's own variable: our read beside SGLang's
+    os.environ["SGLANG_VIT_ENABLE_CUDA_GRAPH"] = raw
+    OWNER_READS.append([raw, envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get(), sglang_envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get()])
+
+REAL = dict(registration.REGISTRARS)
+QWEN2_5_FORWARD = hooks.QWEN2_5_VIT_FORWARD
+OUT = {"owner_reads": OWNER_READS}
+for name, (env, broken, retarget) in CASES.items():
+    hooks.QWEN2_5_VIT_FORWARD = retarget or QWEN2_5_FORWARD
+    plugins._plugins_loaded = False
+    HookRegistry.reset()
+    plugin._registered_plan = None
+    envs.clear_fallbacks()
+    registration.REGISTRARS.clear(); registration.REGISTRARS.update(REAL)
+    if broken:
+        registration.REGISTRARS[broken] = (_broken,)
+    for key in ("SGLANG_FA4_PLUGIN_STRICT", "SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS", "SGLANG_VIT_ENABLE_CUDA_GRAPH",
+                "TRITON_INTERPRET", "SGLANG_FA4_WARMUP", "SGLANG_FA4_ENV_ERRORS_REPORTED"):
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    del RECORDS[:]
+    refused = None
+    try:
+        plugins.load_plugins()
+    except SystemExit as exc:  # what the interpreter would print, then exit 1
+        refused = str(exc.code)
+    ours = sorted({t for t, hooks in HookRegistry._hooks.items() for _, _, src in hooks
+                   if getattr(src, "plugin_name", None) == "sglang_fa4"})
+    plan = plugin._registered_plan
+    OUT[name] = {"refused": refused, "targets": ours, "applied": sorted(set(ours) & HookRegistry._patched),
+                 "hooked": plan.hooked if plan else None,
+                 "errors": [m for level, m in RECORDS if level == "ERROR"],
+                 "sglang_failed": [m for level, m in RECORDS if "Failed to execute general plugin" in m],
+                 "graph_env": envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get(), "interpret": envs.TRITON_INTERPRET.get()}
+emit(OUT)
+"""
+
+OWNER_VALUES = ["1", "0", "true", "False", "yes", "y", "Y", "no", "n", "on", "off", "", " 1", "2", "maybe"]
+
+QUIET = {"SGLANG_FA4_KERNEL_CACHE": "0", "SGLANG_PLUGINS": None}
+
+
+@pytest.fixture(scope="module", params=SUPPORTED_VERSIONS)
+def loads(request):
+    version = request.param
+    request.applymarker(pytest.mark.sglang)
+    require_version(version)
+    code = f"CASES = {CASES!r}\nSTUBS = {str(STUBS)!r}\nOWNER_VALUES = {OWNER_VALUES!r}\n" + LOAD
+    return run_with_sglang(version, code, env=QUIET)
+
+
+def test_a_clean_environment_applies_every_hook(loads):
+    clean = loads["clean"]
+    assert clean["refused"] is None and clean["errors"] == [] and clean["sglang_failed"] == []
+    assert clean["targets"] and clean["applied"] == clean["targets"]
+
+
+def test_sglang_variable_is_read_exactly_as_sglang_reads_it(loads):
+    reads = loads["owner_reads"]
+    assert [raw for raw, _, _ in reads] == OWNER_VALUES
+    assert [[raw, ours] for raw, ours, _ in reads] == [[raw, sglang] for raw, _, sglang in reads]
+
+
+def test_owner_values_are_read_as_their_owner_reads_them(loads):
+    out = loads["owner_values_and_malformed"]
+    assert out["graph_env"] is True and out["interpret"] is False  # SGLang's EnvBool, Triton's getenv_bool
+    assert not any("SGLANG_VIT_ENABLE_CUDA_GRAPH" in e or "TRITON_INTERPRET" in e for e in out["errors"])
+
+
+def test_a_malformed_variable_is_one_error_line_and_every_hook_stays(loads):
+    out, clean = loads["owner_values_and_malformed"], loads["clean"]
+    assert out["errors"] == [
+        "sglang-fa4: SGLANG_FA4_WARMUP='maybe' is not a boolean; accepted values: 0/1/false/no/off/on/true/yes; "
+        "SGLANG_FA4_WARMUP runs at its default (1)"]
+    assert out["refused"] is None and out["sglang_failed"] == []
+    assert out["targets"] == clean["targets"] and out["applied"] == clean["targets"]
+    assert out["hooked"] == clean["hooked"] and "fa4_startup_warmup" in out["hooked"]
+
+
+def test_a_failing_feature_leaves_the_other_hooks_applied(loads):
+    out, clean = loads["feature"], loads["clean"]
+    assert out["errors"] == ["sglang-fa4: vit_host_metadata failed (ImportError: no such SGLang class); "
+                             "the other features stay active"]
+    assert out["hooked"] == [f for f in clean["hooked"] if f != "vit_host_metadata"]
+    lost = set(clean["targets"]) - set(out["targets"])
+    assert lost == {"sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.forward"}
+    assert out["applied"] == out["targets"] and out["sglang_failed"] == []
+
+
+def test_strict_with_nothing_wrong_starts_with_every_hook(loads):
+    """Strict also resolves every hook target before SGLang applies them: all resolve."""
+    out, clean = loads["strict_clean"], loads["clean"]
+    assert out["refused"] is None and out["errors"] == [] and out["applied"] == clean["targets"]
+
+
+def test_strict_stops_the_start_on_a_malformed_variable(loads):
+    out = loads["strict_malformed"]
+    assert out["refused"] == ("sglang-fa4: SGLANG_FA4_VIT_GRAPH_MAX_SEGMENTS='0': 0 is out of range; accepted: "
+                              "an integer >= 1 and <= 4096; SGLANG_FA4_PLUGIN_STRICT=1: the server does not start")
+    assert out["sglang_failed"] == [] and out["targets"] == []
+
+
+def test_strict_stops_the_start_on_a_hook_target_sglang_cannot_resolve(loads):
+    """SGLang's apply_hooks would log that failure and serve without the hook: strict stops first."""
+    out = loads["strict_target"]
+    assert out["refused"] == (f"sglang-fa4: hook target {MISSING_TARGET} failed (SGLang cannot resolve it: "
+                              "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer has no no_such_forward) -- "
+                              "SGLANG_FA4_PLUGIN_STRICT=1: the server does not start")
+    assert out["sglang_failed"] == [] and out["applied"] == []
+
+
+def test_strict_stops_the_start_on_a_failing_feature(loads):
+    out = loads["strict_feature"]
+    assert out["refused"].startswith("sglang-fa4: vit_host_metadata failed (ImportError: no such SGLang class)")
+    assert out["refused"].endswith("SGLANG_FA4_PLUGIN_STRICT=1: the server does not start")
+    assert out["sglang_failed"] == [] and out["applied"] == []
