@@ -133,9 +133,11 @@ def test_memory_setting(monkeypatch):
     var = envs.SGLANG_FA4_VIT_GRAPH_MEMORY_MB
     monkeypatch.delenv(var.name, raising=False)
     assert vbm.limit_bytes() == 3072 * vbm.MIB
-    monkeypatch.setenv(var.name, "1")
+    monkeypatch.setenv(var.name, "1")  # the minimum
     assert vbm.limit_bytes() == vbm.MIB
-    for bad in ("0", "-5", "1.5", "lots", ""):
+    monkeypatch.setenv(var.name, "1048576")  # the maximum (1 TiB)
+    assert vbm.limit_bytes() == 1048576 * vbm.MIB
+    for bad in ("0", "1048577", "-5", "1.5", "lots", "", "1e23"):
         monkeypatch.setenv(var.name, bad)
         with pytest.raises(EnvValueError, match=f"{var.name}="):
             vbm.limit_bytes()
