@@ -28,7 +28,8 @@ FROM_0_5_21 = {"backend_default_table", "fa4_list_seqlens", "vit_graph_runners_f
 ALL_ON = {name: "1" for name in (
     "SGLANG_FA4_WARMUP", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE", "SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP",
     "SGLANG_FA4_FP8_KV_UPGRADE", "SGLANG_FA4_FP8_KV_ROUTE", "SGLANG_FA4_VIT_HOST_METADATA",
-    "SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", "SGLANG_FA4_VIT_POS_EMBED_BATCH_INVARIANT")}
+    "SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", "SGLANG_FA4_VIT_POS_EMBED_BATCH_INVARIANT",
+    "SGLANG_VIT_ENABLE_CUDA_GRAPH")}  # the ViT budget graphs replace SGLang's ViT graphs only when they are on
 
 REGISTRATION = """
 import io, logging, sys, warnings
