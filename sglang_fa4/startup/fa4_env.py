@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from sglang_fa4.environ import envs
-from sglang_fa4.kernels import fa4_b36
+from sglang_fa4.kernels import fa4
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -33,7 +33,7 @@ def configure_fa4_disk_cache() -> Optional[str]:
     if enabled.is_set() and not enabled.get():
         logger.info("sglang-fa4: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0 set: FA4 kernels are not cached on disk")
         return None
-    loaded = fa4_b36.loaded_disk_cache()
+    loaded = fa4.loaded_disk_cache()
     if loaded is not None:
         was_enabled, path = loaded
         if was_enabled:
