@@ -24,6 +24,7 @@ from sglang_fa4.kernels.fa4_config import FA4Config, config_for
 from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 from sglang_fa4.startup import fa4_env, jit_monitor, warmup
 from sglang_fa4.startup.variants import enumerate_variants
+from sglang_fa4.testing import cu_seqlens
 from test_fa4_kernel_cache import FakeBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,7 +203,7 @@ def test_config_for_is_the_kernel_cache_key():
             window = [(None, None), (-1, -1), (32, 32), (None, 0), (16, None)][i % 5]
             sinks = torch.zeros(16, dtype=torch.float32) if (i % 7 == 0 and arch // 10 not in (8, 12)) else None
             lens = [max_len] + [1] * (nseg - 1)
-            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+            cu = cu_seqlens(lens)
             total = sum(lens)
             dtype = torch.float16 if i % 2 else torch.bfloat16
             q = torch.randn(total, 16, d).to(dtype)
