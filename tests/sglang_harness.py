@@ -136,6 +136,18 @@ def run_with_sglang(
         raise SGLangRunError(f"sglang {version} snippet's last stdout line is not JSON ({exc})\n{report}") from None
 
 
+#: the scripts run_script runs: real files (linted like any test), importable from each other
+SCRIPTS = Path(__file__).resolve().parent / "sglang_scripts"
+
+
+def run_script(version: str, module: str, call: str, **kwargs) -> Any:
+    """Import ``tests/sglang_scripts/<module>.py`` under sglang ``version`` and return the JSON of
+    ``<module>.<call>`` (e.g. ``run(plugin=True, checks=["forward_forms"])``); ``kwargs`` as for
+    :func:`run_with_sglang`."""
+    code = f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\nimport {module}\nemit({module}.{call})\n"
+    return run_with_sglang(version, code, **kwargs)
+
+
 def _run_fresh(code: str, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, bool, str, str]:
     try:
         proc = subprocess.run(
