@@ -32,6 +32,7 @@ def checks(version: str, plugin: bool, graph: str = "1", override=None) -> dict:
     return _results[key]
 
 
+@pytest.mark.tripwire  # without the plugin: 0.5.20's B300 default, as upstream wrote it
 @pytest.mark.parametrize("plugin", [True, False])
 def test_backend_selection_matrix(sglang_version, plugin):
     out = checks(sglang_version, plugin)["backend_matrix"]
@@ -68,6 +69,7 @@ def test_fa4_forward_list_and_tensor_forms(sglang_version, graph_env):
     assert out["vendored_fa4"] == []
 
 
+@pytest.mark.tripwire  # upstream's own fa4 forward per release: 0.5.20 lacks the list branch
 def test_fa4_forward_without_plugin(sglang_version):
     out = checks(sglang_version, False)["forward_forms"]
     assert out["tensor"]["ok"] == [10, 2, 8]
@@ -95,6 +97,7 @@ def test_generic_runner_with_fa4(sglang_version):
     assert out["records"][-1] == {"replay": True}
 
 
+@pytest.mark.tripwire  # upstream's runner per release: 0.5.20 dies on fa4, 0.5.23 took the fix
 def test_generic_runner_fa4_fails_without_plugin_on_0_5_20(sglang_version):
     out = checks(sglang_version, False)["generic_runner"]
     if sglang_version == "0.5.20":
@@ -105,6 +108,7 @@ def test_generic_runner_fa4_fails_without_plugin_on_0_5_20(sglang_version):
         assert any(r.get("capturing") for r in out["records"])
 
 
+@pytest.mark.tripwire  # without the plugin: 0.5.20's InternViT runner refuses fa4
 @pytest.mark.parametrize("plugin", [True, False])
 def test_internvl_runner_with_fa4(sglang_version, plugin):
     out = checks(sglang_version, plugin)["internvl_runner"]

@@ -7,6 +7,8 @@ the runner and keeps load_model's result.
 Nothing is stubbed: the test env installs the server-side packages model_runner.py imports
 (uvicorn, fastapi); opentelemetry is optional upstream (guarded import) and stays absent."""
 
+import pytest
+
 from sglang_harness import run_with_sglang
 
 CHECK = """
@@ -57,6 +59,7 @@ emit({
 """
 
 
+@pytest.mark.tripwire  # reads ModelRunner's source: initialize() calls self.load_model()
 def test_load_model_hook_target(sglang_version):
     out = run_with_sglang(sglang_version, CHECK)
     assert out["qualname"] == "ModelRunner.load_model"
