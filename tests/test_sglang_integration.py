@@ -19,6 +19,9 @@ from sglang_harness import run_script
 #: read SGLANG_VIT_ENABLE_CUDA_GRAPH, so it shares the graph-mode interpreter
 _WITH_GRAPHS = ["forward_forms", "backend_matrix", "generic_runner", "internvl_runner"]
 _results: dict = {}
+#: the cases without the plugin pin upstream's behaviour per release (0.5.20's B300 default, its
+#: runners refusing fa4): tripwires
+WITHOUT_PLUGIN = pytest.param(False, marks=pytest.mark.tripwire, id="False")
 
 
 def checks(version: str, plugin: bool, graph: str = "1", override=None) -> dict:
@@ -32,8 +35,7 @@ def checks(version: str, plugin: bool, graph: str = "1", override=None) -> dict:
     return _results[key]
 
 
-@pytest.mark.tripwire  # without the plugin: 0.5.20's B300 default, as upstream wrote it
-@pytest.mark.parametrize("plugin", [True, False])
+@pytest.mark.parametrize("plugin", [True, WITHOUT_PLUGIN])
 def test_backend_selection_matrix(sglang_version, plugin):
     out = checks(sglang_version, plugin)["backend_matrix"]
     defaults = {c: out[f"None|None|{c}"] for c in ("9.0", "10.0", "10.3", "12.0")}
@@ -108,8 +110,7 @@ def test_generic_runner_fa4_fails_without_plugin_on_0_5_20(sglang_version):
         assert any(r.get("capturing") for r in out["records"])
 
 
-@pytest.mark.tripwire  # without the plugin: 0.5.20's InternViT runner refuses fa4
-@pytest.mark.parametrize("plugin", [True, False])
+@pytest.mark.parametrize("plugin", [True, WITHOUT_PLUGIN])
 def test_internvl_runner_with_fa4(sglang_version, plugin):
     out = checks(sglang_version, plugin)["internvl_runner"]
     if sglang_version == "0.5.20" and not plugin:
