@@ -60,6 +60,10 @@ def test_fixed_seqlen_per_model(module, tokens):
 
 def test_module_dtype_prefers_the_qkv_projection_then_any_16_bit_parameter():
     assert sglang_model.module_dtype(FakeVisionAttention(64, 4, dtype=torch.float16)) == "float16"
+    first_bf16 = nn.Module()
+    first_bf16.norm = nn.LayerNorm(4).to(torch.bfloat16)  # registered (and iterated) first
+    first_bf16.qkv_proj = nn.Linear(4, 4).to(torch.float16)
+    assert sglang_model.module_dtype(first_bf16) == "float16"
     quantised = FakeVisionAttention(64, 4)
     quantised.qkv_proj.weight = nn.Parameter(torch.zeros(4, 4, dtype=torch.int8), requires_grad=False)
     quantised.qkv_proj.bias = None

@@ -56,3 +56,15 @@ def test_every_table_row_is_a_family_above():
 
     caps = {f"{c[0]}.{c[1]}" for c, *_ in FAMILIES} | {str(c[0]) for c, *_ in FAMILIES} | {"default"}
     assert set(envs.mm_attention_backend_defaults) <= caps
+
+
+def test_table_lookup_order_exact_then_major_then_default():
+    """The order itself, on a table whose rows all differ (in environ.yaml's the "12" row equals
+    the default, so there it cannot show)."""
+    from sglang_fa4.selection import default_for_capability
+
+    table = {"9.0": "exact", "12": "major", "default": "fallback"}
+    assert default_for_capability((9, 0), table) == ("exact", "table entry '9.0'")
+    assert default_for_capability((9, 1), table) == ("fallback", "table entry 'default'")
+    assert default_for_capability((12, 1), table) == ("major", "table entry '12'")
+    assert default_for_capability((12, 0), {**table, "12.0": "exact"})[0] == "exact"
