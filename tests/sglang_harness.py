@@ -148,6 +148,15 @@ def run_script(version: str, module: str, call: str, **kwargs) -> Any:
     return run_with_sglang(version, code, **kwargs)
 
 
+def run_file(version: str, name: str, params: Any = None, **kwargs) -> Any:
+    """Run the script ``tests/sglang_scripts/<name>`` under sglang ``version`` as a snippet (its
+    ``emit`` from tests/sglang_scripts/emit.py, ``params`` as JSON in ``sys.argv[1]``); ``kwargs`` as
+    for :func:`run_with_sglang`."""
+    code = (f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
+            f"sys.argv = [{name!r}, {json.dumps(params if params is not None else {})!r}]\n")
+    return run_with_sglang(version, code + (SCRIPTS / name).read_text(), **kwargs)
+
+
 def _run_fresh(code: str, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, bool, str, str]:
     try:
         proc = subprocess.run(
