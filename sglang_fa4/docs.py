@@ -1,7 +1,11 @@
-"""README tables generated from their sources (environ.yaml, features.py).
+"""The user docs' generated blocks and checked quotes.
 
-``python -m sglang_fa4.docs README.md`` rewrites the marked sections; a test fails when the README
-and the sources disagree.
+Generated blocks (``<!-- NAME:start --> ... <!-- NAME:end -->``) come from their sources:
+environ.yaml, features.py and the committed results (``result_figures``).
+``python -m sglang_fa4.docs`` rewrites them in every file of ``GENERATED_IN``; ``--check`` only
+reports. A quoted block (``<!-- quote: FILE -->`` and the lines right after it, up to a blank line)
+must appear line by line in FILE, and every result file the docs cite must be in the tree: what
+``problems()`` reports, and a test fails on.
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ import re
 import sys
 from pathlib import Path
 
-from sglang_fa4 import features
+from sglang_fa4 import features, result_figures
+from sglang_fa4.bench import report
 from sglang_fa4.environ import envs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _default_text(var) -> str:
@@ -44,21 +51,165 @@ def support_matrix() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"env-table": env_table, "support-matrix": support_matrix}
+#: The README's few settings: the variable (its default read from the registry) and what people
+#: change it for, in a line.
+SETTINGS = {
+    "SGLANG_VIT_ENABLE_CUDA_GRAPH": "SGLang's own switch for ViT CUDA graphs; with fa4 the plugin makes the graph "
+                                    "runners safe (outputs that own their memory, InternVL graphs at startup)",
+    "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "ViT graphs over token budgets, captured at startup; serving never "
+                                           "captures (`docs/vit-graphs.md`)",
+    "SGLANG_FA4_VIT_GRAPH_BUDGETS": "the budgets (tokens); larger batches run eagerly",
+    "SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT": "replace the per-GPU default ViT backend "
+                                               "(`--mm-attention-backend` still wins)",
+    "SGLANG_FA4_KERNEL_CACHE_DIR": "where compiled FA4 kernels are kept across restarts",
+    "SGLANG_FA4_JIT_MONITOR": "`off` / `warn` / `raise` on a compile or graph capture after startup",
+    "SGLANG_FA4_VIT_ATTN_DTYPE": "`fp8`: FP8 ViT attention on Hopper where it was measured faster "
+                                 "(`docs/fp8-kernel.md`)",
+    "SGLANG_FA4_FP8_KV_UPGRADE": "with `--kv-cache-dtype fp8_e4m3` on Hopper, SGLang's fa3 LLM attention "
+                                 "becomes fa4 (`docs/fp8-kv-cache.md`)",
+}
 
 
-def render(text: str) -> str:
-    for name, make in SECTIONS.items():
+def settings_table() -> str:
+    rows = ["| variable | default | what for |", "|---|---|---|"]
+    for name, why in SETTINGS.items():
+        rows.append(f"| `{name}` | {_default_text(getattr(envs, name))} | {why} |")
+    return "\n".join(rows)
+
+
+def _command_of(path: Path) -> str:
+    """The command line a result records (JSON ``command`` / ``meta.command``, markdown ``Command:``)."""
+    if path.name.endswith((".json", ".json.gz")):
+        data = report.read_json(path)
+        cmd = data.get("command") or data.get("meta", {}).get("command") or ""
+    elif path.suffix == ".md":
+        m = re.search(r"[Cc]ommand:?\s*`([^`]+)`", path.read_text(errors="replace"))
+        cmd = m.group(1) if m else ""
+    else:
+        cmd = ""
+    cmd = " ".join(str(cmd).split())
+    return f"`{cmd[:110]}{' ...' if len(cmd) > 110 else ''}`" if cmd else "-"
+
+
+def results_index(root: Path = ROOT) -> str:
+    """Every committed result, the user docs that cite it, and the command that produced it."""
+    docs = {p.relative_to(root).as_posix(): p.read_text() for p in user_docs(root)}
+    rows = ["| result | cited by | command |", "|---|---|---|"]
+    for path in sorted((root / "benchmark" / "results").rglob("*")):
+        if not path.is_file() or path.name == "INDEX.md":
+            continue
+        rel = path.relative_to(root).as_posix()
+        stem = re.sub(r"\.(json|log)(\.gz)?$|\.md$", "", path.name)
+        # a doc cites the file itself, or its markdown / JSON twin (the same run)
+        names = {path.name, f"{stem}.md", f"{stem}.json", f"{stem}.json.gz"}
+        cited = [d for d, text in docs.items()
+                 if f"quote: {rel} " in text or any(f"`{n}`" in text or f"/{n}`" in text for n in names)]
+        rows.append(f"| `{rel.removeprefix('benchmark/results/')}` | {', '.join(cited) or '(not named in the docs)'} "
+                    f"| {_command_of(path)} |")
+    return "\n".join(rows)
+
+
+SECTIONS = {
+    "env-table": env_table,
+    "support-matrix": support_matrix,
+    "settings": settings_table,
+    "headline": result_figures.headline_table,
+    "results-index": results_index,
+}
+
+#: Which generated blocks each file holds (a file missing one of its blocks is an error).
+GENERATED_IN = {
+    "README.md": ("settings", "headline"),
+    "docs/environment.md": ("env-table", "support-matrix"),
+    "benchmark/results/INDEX.md": ("results-index",),
+}
+
+
+def render(text: str, sections=("env-table", "support-matrix")) -> str:
+    """``text`` with each named generated block rewritten from its source."""
+    for name in sections:
+        make = SECTIONS[name]
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
-            raise ValueError(f"README has no <!-- {name}:start --> ... <!-- {name}:end --> section")
+            raise ValueError(f"no <!-- {name}:start --> ... <!-- {name}:end --> section")
         text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
     return text
 
 
+QUOTE = re.compile(r"^<!-- quote: (\S+) -->$")
+
+
+def quote_problems(text: str, root: Path = ROOT) -> list[str]:
+    """Each quoted block's lines that its cited file does not hold, whole (code fences aside)."""
+    out = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = QUOTE.match(line.strip())
+        if not m:
+            continue
+        src = root / m.group(1)
+        if not src.is_file():
+            out.append(f"line {i + 1}: quoted file {m.group(1)} is not in the tree")
+            continue
+        have = {x.rstrip() for x in src.read_text(errors="replace").split("\n")}
+        block = []
+        for q in lines[i + 1:]:
+            if not q.strip():
+                break
+            block.append(q)
+        if not block:
+            out.append(f"line {i + 1}: quote of {m.group(1)} is followed by no text")
+        for q in block:
+            if not q.startswith("```") and q.rstrip() not in have:
+                out.append(f"line {i + 1}: not in {m.group(1)}: {q[:80]}")
+    return out
+
+
+#: A result file as the docs cite it: a path under benchmark/results/, or a bare result-like name.
+CITED = re.compile(r"`((?:benchmark/results/)?[\w.\-/]+?\.(?:md|json|json\.gz|log|log\.gz|png))`")
+
+
+def missing_results(text: str, root: Path = ROOT) -> list[str]:
+    """Result files the text cites that are not in the tree (a bare name counts when some
+    benchmark/results/<dir>/ holds it; names that are not results resolve from the repository)."""
+    results = root / "benchmark" / "results"
+    out = []
+    for name in sorted(set(CITED.findall(text))):
+        if "/" in name:
+            ok = (root / name).is_file()
+        else:
+            ok = any((d / name).is_file() for d in results.iterdir() if d.is_dir()) or any(
+                p.name == name for p in (root / "docs").glob("*.md")) or (root / name).is_file()
+        if not ok:
+            out.append(f"cites {name}, which is not in the tree")
+    return out
+
+
+def user_docs(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """Every disagreement between the user docs and their sources, one line each."""
+    out = []
+    for rel, sections in GENERATED_IN.items():
+        text = (root / rel).read_text()
+        if render(text, sections) != text:
+            out.append(f"{rel}: generated blocks are stale (python -m sglang_fa4.docs)")
+    for path in user_docs(root):
+        text = path.read_text()
+        out += [f"{path.relative_to(root).as_posix()}: {p}" for p in quote_problems(text, root) + missing_results(text, root)]
+    return out
+
+
 def main(argv: list[str]) -> int:
-    path = Path(argv[0] if argv else "README.md")
-    path.write_text(render(path.read_text()))
+    if argv and argv[0] == "--check":
+        found = problems()
+        print("\n".join(found) or "docs agree with their sources")
+        return 1 if found else 0
+    for rel, sections in GENERATED_IN.items():
+        path = ROOT / rel
+        path.write_text(render(path.read_text(), sections))
     return 0
 
 

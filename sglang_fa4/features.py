@@ -1,7 +1,7 @@
 """What sglang-fa4 changes in SGLang, and from which SGLang version upstream already has it.
 
 The plugin hooks a feature on a supported version only where upstream lacks it; doctor and the
-README's support matrix are read from this table (a test keeps the README equal to it).
+support matrix in docs/environment.md are read from this table (a test keeps the doc equal to it).
 """
 
 from __future__ import annotations

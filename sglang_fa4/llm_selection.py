@@ -7,7 +7,7 @@ plugin routes through sglang-fa4's SM90 FP8 kernel -- when the kernel supports t
 head_dim in the kernel's set, v_head_dim == head_dim (and any sliding-window layers' head dims
 the same), no attention logit softcap, not MLA, deterministic inference off.  Anything else keeps
 SGLang's choice.  ``SGLANG_FA4_FP8_KV_UPGRADE`` switches it (off by default: FA3's FP8 forward
-has not been measured on the same shapes, see the README).
+has not been measured on the same shapes, see docs/fp8-kv-cache.md).
 
 Imports neither torch nor SGLang (doctor uses it).
 """

@@ -1,4 +1,4 @@
-"""The package's boundaries (README "Architecture"), checked on the source with ``ast``:
+"""The package's boundaries (docs/architecture.md), checked on the source with ``ast``:
 
 1. ``sglang_fa4/kernels/`` imports nothing from SGLang (nor from the packages that do): its only
    first-party imports are ``sglang_fa4.kernels.*`` and ``sglang_fa4.environ``.

@@ -273,12 +273,9 @@ def test_gpu_slug_and_command_line():
 # ---------------------------------------------------------------- committed H200 results
 
 
-@pytest.mark.parametrize("name,kind", [("kernels.json", "kernels"), ("vit.json", "vit")])
+@pytest.mark.parametrize("name,kind", [("kernels.json.gz", "kernels"), ("vit.json.gz", "vit")])
 def test_committed_results_are_valid(name, kind):
-    path = RESULTS / name
-    if not path.exists():
-        pytest.skip(f"{path} not committed")
-    res = json.loads(path.read_text())
+    res = report.read_json(RESULTS / name)
     assert report.validate(res, kind) == []
     assert res["meta"]["command"].split()[:5] in (
         ["python3", "-m", "sglang_fa4.cli", "bench", kind], ["sglang-fa4", "bench", kind][:5])
@@ -404,7 +401,7 @@ def test_tmem_red_max_script_skips_off_sm103():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (10, 3):
         pytest.skip("on sm_103 the script measures for real")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmark" / "bench_flash_attention_tmem_red_max.py")],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmark" / "lab" / "bench_flash_attention_tmem_red_max.py")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -419,7 +416,7 @@ def test_check_vit_graphs_default_budgets_parse():
 
     from sglang_fa4.environ import envs
 
-    spec = importlib.util.spec_from_file_location("check_vit_graphs", ROOT / "benchmark" / "check_vit_graphs.py")
+    spec = importlib.util.spec_from_file_location("check_vit_graphs", ROOT / "benchmark" / "release" / "check_vit_graphs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     budgets = mod.build_parser().parse_args(["--out", "x"]).budgets
@@ -442,7 +439,7 @@ def test_graph_replay_ms_times_single_replays():
 def test_vit_graph_profile_compare_and_markdown(monkeypatch):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("vit_graph_profile", ROOT / "benchmark" / "vit_graph_profile.py")
+    spec = importlib.util.spec_from_file_location("vit_graph_profile", ROOT / "benchmark" / "release" / "vit_graph_profile.py")
     prof = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prof)
     runs = {"a": {"event_us": 40.0, "kernel_us": 30.0, "count": 3, "kernels": {"gemm": 20.0, "attn": 10.0}},

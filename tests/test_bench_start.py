@@ -1,4 +1,4 @@
-"""benchmark/bench_start.py's arithmetic and report on CPU (the runs themselves need a GPU):
+"""benchmark/perf/bench_start.py's arithmetic and report on CPU (the runs themselves need a GPU):
 FA4's added start time is each variant's load + warmup minus the baseline's, the bar is <= 1 s with
 the preload, and a restart must compile and resolve nothing."""
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench_start():
-    spec = importlib.util.spec_from_file_location("bench_start", ROOT / "benchmark" / "bench_start.py")
+    spec = importlib.util.spec_from_file_location("bench_start", ROOT / "benchmark" / "perf" / "bench_start.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -43,7 +43,7 @@ def test_added_time_and_bar(bench_start):
 def test_markdown(bench_start):
     runs = {"first_start": _run("first_start", 5.0, 9.0, fa4_compiled=2, triton_compiled=3),
             "baseline": _run("baseline", 5.0, 0.0), "preload": _run("preload", 5.1, 0.4)}
-    res = {"meta": {"command": "python3 benchmark/bench_start.py --out x.json", "versions": {"torch": "2.11"},
+    res = {"meta": {"command": "python3 benchmark/perf/bench_start.py --out x.json", "versions": {"torch": "2.11"},
                     "load_gb": 16.6, "tensors": 729},
            "runs": runs, "summary": bench_start.summarize(runs)}
     md = bench_start.markdown(res)

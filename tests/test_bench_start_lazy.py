@@ -1,4 +1,4 @@
-"""benchmark/bench_start_lazy.py's arithmetic and report on CPU (the runs need a GPU): FA4's added
+"""benchmark/perf/bench_start_lazy.py's arithmetic and report on CPU (the runs need a GPU): FA4's added
 start time is the median over rounds of each restart's load + warmup minus the same round's
 baseline; the bar is <= 1 s with the store; the lazy restart must import neither flash_attn nor
 cutlass, load every variant from a stored library, and its first calls must equal FA4's bitwise."""
@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def bench():
     import sys
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    spec = importlib.util.spec_from_file_location("bench_start_lazy", ROOT / "benchmark" / "bench_start_lazy.py")
+    sys.path.insert(0, str(ROOT / "benchmark" / "perf"))
+    spec = importlib.util.spec_from_file_location("bench_start_lazy", ROOT / "benchmark" / "perf" / "bench_start_lazy.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -73,7 +73,7 @@ def test_markdown_and_importtime(bench):
     runs = _runs() + [{"variant": "breakdown", "round": 0, "import_self_s_by_package": groups,
                        "import_flash_attn_cute_s": 2.3, "import_tvm_ffi_s": 0.03, "dlopen_runtime_s": 0.004,
                        "load_one_library_s": 0.001, "process_wall_s": 9.0}]
-    res = {"meta": {"command": "python3 benchmark/bench_start_lazy.py --out x.json", "versions": {"torch": "2.11"},
+    res = {"meta": {"command": "python3 benchmark/perf/bench_start_lazy.py --out x.json", "versions": {"torch": "2.11"},
                     "load_gb": 16.6, "tensors": 729}, "runs": runs, "summary": bench.summarize(runs)}
     md = bench.markdown(res)
     assert "| lazy | 0 | 2.90 | 0.30 | 3.20 | 2 / 2 / 0 | none | 9.0 |" in md

@@ -1,4 +1,4 @@
-"""benchmark/check_fp8_attention.py --isolate --sections variants, without a GPU: a variant that hangs
+"""benchmark/release/check_fp8_attention.py --isolate --sections variants, without a GPU: a variant that hangs
 or kills its child process is recorded and left out, the others run again side by side; and the
 per-variant quick-correctness case sets are well formed."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture()
 def bench():
-    spec = importlib.util.spec_from_file_location("check_fp8_attention", ROOT / "benchmark" / "check_fp8_attention.py")
+    spec = importlib.util.spec_from_file_location("check_fp8_attention", ROOT / "benchmark" / "release" / "check_fp8_attention.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,4 +1,4 @@
-"""The InternVL startup-graph GPU check's verdict (benchmark/check_internvl_graphs.py), on synthetic
+"""The InternVL startup-graph GPU check's verdict (benchmark/release/check_internvl_graphs.py), on synthetic
 results: a clean run passes; a graph captured after startup (runner count or capture guard), an FA4
 compile after startup, a graph output off the eager one, a missing startup graph, a failed or
 non-finite request, too few requests or a tile count never served each fail it. The request mix
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "release"))
 import check_internvl_graphs as c  # noqa: E402
 
 
@@ -22,7 +22,7 @@ def clean() -> dict:
     rows = [{"tiles": t, "batch": sum(t), "path": "replay" if sum(t) <= 13 else "eager", "finite": True,
              "bitwise": True, "max_abs_diff": 0.0, "rel_err": 0.0, "layout_bitwise": True, "layout_max_abs_diff": 0.0}
             for t in reqs]
-    return {"meta": {"command": "python3 benchmark/check_internvl_graphs.py --out x", "gpu": {"name": "H200"},
+    return {"meta": {"command": "python3 benchmark/release/check_internvl_graphs.py --out x", "gpu": {"name": "H200"},
                      "sglang": {"sglang_version": "0.5.23", "mm_attention_backend": "fa4", "plugin_hooked": []}},
             "env": c.ENV, "max_tiles": 12, "config_max_tiles": 12, "processor_max_tiles": 12, "thumbnail": True,
             "startup": {"load_model_hooks": [{"hook": "sglang_fa4.integration.hooks.warm_fa4_after_load_model",

@@ -1,4 +1,4 @@
-"""The tensor-parallel GPU check's verdict (benchmark/check_vit_tp.py), on synthetic rank reports:
+"""The tensor-parallel GPU check's verdict (benchmark/release/check_vit_tp.py), on synthetic rank reports:
 every condition the check claims fails the run when broken (a rank that errored, outputs that differ
 between ranks, a replay off its eager reference, a non-finite output, a capture or compile after
 startup, a tower that is not sharded, no replay at all); a clean report passes. The GPU run itself
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "release"))
 import check_vit_tp  # noqa: E402
 
 

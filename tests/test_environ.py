@@ -4,7 +4,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sglang_fa4 import docs
 from sglang_fa4.environ import EnvSpecError, EnvValueError, envs, load_registry, spec_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,20 +104,3 @@ def test_no_environment_access_outside_the_registry():
 def test_scanner_catches_direct_reads():
     tree = ast.parse("import os\nx = os.environ.get('A')\ny = os.getenv('B')\nfrom os import environ\n")
     assert sorted(_env_reads(tree)) == [2, 3, 4]
-
-
-def test_readme_tables_match_their_sources():
-    """README's env table equals environ.yaml and its support matrix equals features.py
-    (regenerate with `python -m sglang_fa4.docs README.md`)."""
-    text = (ROOT / "README.md").read_text()
-    assert docs.render(text) == text
-    for var in envs:
-        assert f"| `{var.name}` |" in text
-
-
-def test_render_replaces_sections():
-    text = "a\n<!-- env-table:start -->\nstale\n<!-- env-table:end -->\n<!-- support-matrix:start -->\n\n<!-- support-matrix:end -->\n"
-    out = docs.render(text)
-    assert "stale" not in out and "SGLANG_FA4_TMEM_LOAD_RED_MAX" in out and "backend_default_table" in out
-    with pytest.raises(ValueError, match="env-table"):
-        docs.render("no sections")

@@ -98,7 +98,7 @@ def test_kernels_markdown_has_the_fa3_column(tmp_path):
 
 
 def _route_module():
-    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "check_fp8_kv_route.py")
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "release" / "check_fp8_kv_route.py")
     mod = importlib.util.module_from_spec(spec)
     pytest.importorskip("torch")
     spec.loader.exec_module(mod)
@@ -107,7 +107,7 @@ def _route_module():
 
 def test_route_report_sets_fa3_beside_fa4():
     mod = _route_module()
-    r = {"command": "python3 benchmark/check_fp8_kv_route.py --out X", "notes": [],
+    r = {"command": "python3 benchmark/release/check_fp8_kv_route.py --out X", "notes": [],
          "env": {"gpu": "H200", "torch": "2.11", "fa4": "4.0.0b36", "fa3": "flash-attention 0251105a2fb1"},
          "correctness": [{"impl": "fa3-fp8", "d": 256, "page_size": 16, "case": "decode", "cached": [5], "new": [1],
                           "rel_err": 6e-3, "finite": True, "pass": True}],
@@ -219,7 +219,7 @@ def test_committed_fa3_results():
     assert {c["impl"] for c in route["correctness"]} == {"fa4-fp8 route", "fa3-fp8"}
     assert all(c["pass"] and c["finite"] for c in route["correctness"])
     assert all(s["fa3_fp8_ms"] and s["fa4_fp8_routed_ms"] for s in route["speed"])
-    kern = json.loads((ROOT / "benchmark/results/h200/kernels_fa3.json").read_text())
+    kern = report.read_json(ROOT / "benchmark/results/h200/kernels_fa3.json.gz")
     assert report.validate(kern, "kernels") == [] and kern["meta"]["partial"] is False
     rows = [r for r in kern["rows"] if r["mode"] == "graph"]
     assert {r["backend"] for r in rows} == {"fa4", "fa3"} and {r["head_dim"] for r in rows} == {64, 72, 80, 128}

@@ -1,6 +1,6 @@
 """GPU: fa4_varlen_attention's direct launch is bitwise FA4's public API, compiles once per
 configuration, passes windows and sinks through, and replays in a CUDA graph. Skips without CUDA
-or flash_attn.cute (CI is CPU-only). The full sweep and timings: benchmark/check_fa4_call.py."""
+or flash_attn.cute (CI is CPU-only). The full sweep and timings: benchmark/release/check_fa4_call.py."""
 
 from __future__ import annotations
 

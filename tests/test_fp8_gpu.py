@@ -1,6 +1,6 @@
 """GPU (SM90): the FP8 forward against an fp32 reference on the dequantized inputs, the Triton
 quantize/pack kernels against their torch references, graph capture.  Skips without an SM90 GPU or
-the CUTLASS DSL (CI is CPU-only).  The full matrix and timings: benchmark/check_fp8_attention.py."""
+the CUTLASS DSL (CI is CPU-only).  The full matrix and timings: benchmark/release/check_fp8_attention.py."""
 
 from __future__ import annotations
 

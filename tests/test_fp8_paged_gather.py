@@ -197,7 +197,7 @@ def test_kernel_compiles_for_sm90_with_16_byte_accesses(d, page):
 def test_route_report_has_the_gather_before_after():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "check_fp8_kv_route.py")
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_route", ROOT / "benchmark" / "release" / "check_fp8_kv_route.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     nbytes = G.bytes_moved([4096] * 64, 4, 128, 16)

@@ -195,14 +195,14 @@ def _cu(lens):
 
 
 def test_check_script_cases_cross_tile_boundaries():
-    """The d128full quick-correctness cases of benchmark/check_fp8_attention.py give the persistent
+    """The d128full quick-correctness cases of benchmark/release/check_fp8_attention.py give the persistent
     kernel's CTAs consecutive tiles of different key lengths (the cross step), tiles without keys
     after and before tiles with keys (the plain tail and the lone first QK^T), at 132 SMs."""
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "check_fp8_attention", Path(__file__).resolve().parents[1] / "benchmark" / "check_fp8_attention.py")
+        "check_fp8_attention", Path(__file__).resolve().parents[1] / "benchmark" / "release" / "check_fp8_attention.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     seen = Counter()

@@ -1,4 +1,4 @@
-"""benchmark/check_fp8_kv_backend.py's whole path on a CPU (``--cpu-smoke``): SGLang's real
+"""benchmark/release/check_fp8_kv_backend.py's whole path on a CPU (``--cpu-smoke``): SGLang's real
 FlashAttentionBackend built by ATTENTION_BACKENDS["fa4"] from SGLang's test-kit model runner with
 an fp8_e4m3 MHATokenToKVPool, a RadixAttention layer on a ForwardBatch (extend with a cached
 prefix, decode), the plugin loaded by SGLang's plugin loader; the FP8 kernel replaced by the torch
@@ -24,7 +24,7 @@ def test_real_backend_and_pool_route_to_the_fp8_kernel(sglang_version, tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target_dir(sglang_version)), str(ROOT)]),
            "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_WARMUP": "0"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmark" / "check_fp8_kv_backend.py"), "--out", str(tmp_path), "--cpu-smoke",
+        [sys.executable, str(ROOT / "benchmark" / "release" / "check_fp8_kv_backend.py"), "--out", str(tmp_path), "--cpu-smoke",
          "--layers", "qwen2.5-7b d128"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / f"fp8_kv_backend-{sglang_version}.json").read_text())
@@ -48,7 +48,7 @@ def test_real_backend_and_pool_route_to_the_fp8_kernel(sglang_version, tmp_path)
 def test_one_run_table_has_every_column_its_check_and_the_ratios():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("check_fp8_kv_backend", ROOT / "benchmark" / "check_fp8_kv_backend.py")
+    spec = importlib.util.spec_from_file_location("check_fp8_kv_backend", ROOT / "benchmark" / "release" / "check_fp8_kv_backend.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     ok = {"rel_err": 1.9e-2, "finite": True, "pass": True}

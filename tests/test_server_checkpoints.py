@@ -1,5 +1,5 @@
 """benchmark/serve_check/checkpoints.py: the small Qwen2.5-VL / Qwen3-VL checkpoint directories the
-server check (benchmark/check_server.py) launches SGLang on. Checked against the REAL SGLang 0.5.20
+server check (benchmark/release/check_server.py) launches SGLang on. Checked against the REAL SGLang 0.5.20
 and 0.5.23 (and the transformers each pins): the tokenizer holds every special token at the id the
 config names and round-trips text; SGLang's ServerArgs take the check's argument set and resolve
 it as intended; SGLang's model config reads the directory; SGLang's own multimodal processor turns
@@ -15,13 +15,13 @@ from sglang_harness import run_with_sglang
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "benchmark" / "serve_check"
-sys.path[:0] = [str(SERVE), str(ROOT / "benchmark")]
+sys.path[:0] = [str(SERVE), str(ROOT / "benchmark" / "release")]
 import checkpoints  # noqa: E402
 
 PRELUDE = f"""
 import warnings, sys, json
 warnings.simplefilter("ignore")
-sys.path[:0] = [{str(SERVE)!r}, {str(ROOT / "benchmark")!r}]
+sys.path[:0] = [{str(SERVE)!r}, {str(ROOT / "benchmark" / "release")!r}]
 """
 
 

@@ -1,4 +1,4 @@
-"""The server check's client side and verdicts (benchmark/check_server.py, benchmark/serve_check/),
+"""The server check's client side and verdicts (benchmark/release/check_server.py, benchmark/serve_check/),
 without a GPU: the real ``openai`` client against a tiny OpenAI-compatible fake on 127.0.0.1 that
 answers like SGLang (``response_token_ids`` / ``prompt_token_ids`` when ``return_token_ids`` is
 asked), the log reader against lines formatted with sglang-fa4's own format strings, and the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "benchmark" / "serve_check"), str(ROOT / "benchmark")]
+sys.path[:0] = [str(ROOT / "benchmark" / "serve_check"), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark")]
 import check_server  # noqa: E402
 import client  # noqa: E402
 import logcheck  # noqa: E402
@@ -324,7 +324,7 @@ def test_video_verdicts_sent_and_skipped():
 
 def test_video_in_the_markdown_and_notes(tmp_path):
     ok = {"ok": True, "output_ids": [1, 2]}
-    res = {"command": "python3 benchmark/check_server.py ...", "notes": [],
+    res = {"command": "python3 benchmark/release/check_server.py ...", "notes": [],
            "meta": {"date": "d", "gpu": "g", "models": ["qwen2_5_vl"], "text_layers": 4, "concurrency": 8},
            "runs": [_run_with_video("on", {"concurrent": ok, "alone": ok}),
                     {**_run_with_video("off", None), "version": "0.5.20", "run": "0.5.20-qwen2_5_vl-off"}]}

@@ -55,7 +55,7 @@ def test_sglang_decodes_and_processes_the_video_request(sglang_version, tmp_path
     out = run_with_sglang(sglang_version, f"""
 import asyncio, argparse, sys, warnings
 warnings.simplefilter("ignore")
-sys.path[:0] = [{str(SERVE)!r}, {str(ROOT / "benchmark")!r}]
+sys.path[:0] = [{str(SERVE)!r}, {str(ROOT / "benchmark" / "release")!r}]
 import numpy as np
 import checkpoints, check_server, client, video
 from sglang.srt.server_args import ServerArgs

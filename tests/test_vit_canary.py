@@ -1,4 +1,4 @@
-"""The canary stress's own logic (benchmark/check_vit_canary.py), with fake towers on the CPU: a graph
+"""The canary stress's own logic (benchmark/release/check_vit_canary.py), with fake towers on the CPU: a graph
 path whose outputs are views of a static buffer (the aliasing class of bug) is caught when the held
 outputs are re-checked at the end of the pass, not when they are returned; results beyond bf16
 rounding, non-finite values, forwards that raise, compiles or captures after startup and memory that
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "release"))
 import check_vit_canary as canary  # noqa: E402
 
 WIDTH = 4

@@ -1,7 +1,7 @@
 """GPU: the hooked Qwen2.5-VL ViT eager forward runs under torch.cuda.set_sync_debug_mode("error")
 without a device->host sync, and upstream's does not (so the check can fail). Skips without CUDA
 (CI is CPU-only) and for an SGLang that does not import. The tower runs through
-benchmark/check_vit_no_sync.py in a fresh process per SGLang (the plugin and the TP group are
+benchmark/release/check_vit_no_sync.py in a fresh process per SGLang (the plugin and the TP group are
 process-wide); that script with its defaults (the 7B tower) is the full check with timings."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-SCRIPT = ROOT / "benchmark" / "check_vit_no_sync.py"
+SCRIPT = ROOT / "benchmark" / "release" / "check_vit_no_sync.py"
 SMALL_TOWER = ["--depth", "4", "--hidden", "256", "--heads", "4", "--intermediate", "512",
                "--out-hidden", "128", "--fullatt", "1,3", "--grid", "1x16x20,2x8x12,1x14x22", "--iters", "3"]
 

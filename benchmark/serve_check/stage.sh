@@ -9,9 +9,9 @@ set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEST=${1:-.dev_server}
 rm -rf "$DEST"
-mkdir -p "$DEST/benchmark/sglang_on_gpu"
+mkdir -p "$DEST/benchmark/sglang_on_gpu" "$DEST/benchmark/release"
 cp -r "$SRC/sglang_fa4" "$SRC/environ.yaml" "$DEST/"
-cp "$SRC/benchmark/check_server.py" "$DEST/benchmark/"
+cp "$SRC/benchmark/release/check_server.py" "$DEST/benchmark/release/"
 cp -r "$SRC/benchmark/serve_check" "$DEST/benchmark/"
 cp "$SRC/benchmark/sglang_on_gpu/cuda_only_stubs.py" "$DEST/benchmark/sglang_on_gpu/"
 find "$DEST" -name __pycache__ -prune -exec rm -rf {} +

@@ -69,7 +69,7 @@ def is_arch_support_pdl() -> bool:
 IMPLEMENTED = {
     "sgl_kernel": {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "silu_and_mul": silu_and_mul,
                    "gelu_and_mul": gelu_and_mul, "gelu_tanh_and_mul": gelu_tanh_and_mul},
-    # the server path (benchmark/check_server.py): SGLang's triton attention backend
+    # the server path (benchmark/release/check_server.py): SGLang's triton attention backend
     "sgl_kernel.utils": {"is_arch_support_pdl": is_arch_support_pdl},
 }
 

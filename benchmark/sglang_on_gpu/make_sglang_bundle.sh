@@ -32,7 +32,7 @@ COMMON=(annotated-types==0.8.0 dill==0.4.1 distro==1.9.0 fastapi==0.165.0 gguf==
         wcwidth==0.9.4 pexpect==4.9.0 ptyprocess==0.7.0 stack-data==0.6.3 executing==2.3.0
         asttokens==3.0.2 pure-eval==0.2.4 matplotlib-inline==0.2.2 decorator==5.2.1
         ipython-pygments-lexers==1.1.1)
-# What the SERVER path (benchmark/check_server.py: launch_server, its HTTP front end, tokenizer
+# What the SERVER path (benchmark/release/check_server.py: launch_server, its HTTP front end, tokenizer
 # manager, scheduler, detokenizer) imports beyond the tower checks, and the GPU image lacks
 # (uvloop, pillow, aiohttp, psutil, requests, prometheus-client are in the image):
 SERVER=(setproctitle==1.3.8 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0

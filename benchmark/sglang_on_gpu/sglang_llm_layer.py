@@ -8,7 +8,7 @@ checkpoint's k/v scales on an fp8 pool), requests owning whole pages in a shuffl
 reserved) with their cached prefix written by ``set_kv_buffer``, and the ``ForwardBatch`` of an
 extend (with a cached prefix) or a decode. :meth:`Built.forward` is the layer's forward (KV write +
 attention) as the model calls it; :meth:`Built.reference` is fp32 attention on the dequantized
-pool read back through the request slots. Used by ``benchmark/check_fp8_kv_backend.py``.
+pool read back through the request slots. Used by ``benchmark/release/check_fp8_kv_backend.py``.
 """
 
 from __future__ import annotations

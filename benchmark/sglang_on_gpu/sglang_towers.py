@@ -7,7 +7,7 @@ its ``sglang.srt.plugins`` entry point and applies its hooks. The towers are SGL
 from the configs of the benchmark (``sglang_fa4.bench.vit``: Qwen2.5-VL-7B, Qwen3-VL-8B), random
 weights.
 
-Used by benchmark/check_vit_graphs.py (and any check that needs SGLang's towers on the GPU).
+Used by benchmark/release/check_vit_graphs.py (and any check that needs SGLang's towers on the GPU).
 """
 
 from __future__ import annotations

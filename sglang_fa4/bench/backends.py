@@ -13,7 +13,7 @@ would, so a call makes no host sync and can be graph-captured.
 - sdpa:        torch scaled_dot_product_attention, dense batched per segment length
 - fa4_fp8:     (opt-in, SM90) bf16 q/k/v quantized to E4M3 (per-(segment, head) descales, V^T, head
                dim padded to 64/96/128), then sglang_fa4.kernels.fp8_sm90: the timed call is both,
-               what a caller holding bf16 tensors pays (benchmark/check_fp8_attention.py times the
+               what a caller holding bf16 tensors pays (benchmark/release/check_fp8_attention.py times the
                attention kernel alone)
 - fa3:         (opt-in, SM90) FlashAttention-3's bf16 varlen forward -- what SGLang's Hopper ViT
                default (`fa3`, from sgl-kernel) runs -- built from FA3's pinned sources by

@@ -338,3 +338,11 @@ def plot_vit(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def read_json(path) -> dict:
+    """A result file: ``x.json``, or ``x.json.gz`` (bulky raw data is committed gzipped)."""
+    import gzip
+
+    p = Path(path)
+    return json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())

@@ -15,7 +15,7 @@ is neither, so every routed call builds both from the page table:
   no allocation but the outputs: CUDA-graph capturable.
 * :func:`gather_paged_kv` + ``vt_pack.pack_vt`` (torch index ops, then one Triton launch): the
   previous route, kept as the reference the fused kernel is tested against (bitwise) and for
-  side-by-side timing (``benchmark/check_fp8_kv_route.py``).
+  side-by-side timing (``benchmark/release/check_fp8_kv_route.py``).
 
 Bytes per call, T cached tokens of the batch, Hkv x d bytes per token and tensor: the fused kernel
 reads K and V once and writes K and V^T once, 4 T Hkv d (plus the page table, T / P int32), the

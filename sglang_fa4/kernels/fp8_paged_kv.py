@@ -7,7 +7,7 @@ first gathers the pages the batch uses into that layout with one Triton launch
 from one read of each used page; sized exactly from one read-back of the lengths per forward, or by
 the page table's host bound inside a CUDA-graph capture), then calls the kernel.  The gather moves
 twice the bytes the attention reads: fine against prefill's compute, a large share of decode's
-time (see the README); only reading pages through the page table in the kernel removes it.
+time (docs/fp8-kv-cache.md); only reading pages through the page table in the kernel removes it.
 
 Decode packs the GQA group (``decode_gqa_pack``): with one new token per sequence, the g q heads
 that share a kv head see the same keys (a decode query sees the whole cache, causal or not), so
@@ -37,10 +37,10 @@ from sglang_fa4.kernels.fp8_paged_gather import (  # noqa: F401 (the route's nam
 
 FP8 = torch.float8_e4m3fn
 #: Pack the GQA group into the M tile on decode-shaped calls (see the module doc); False: one CTA
-#: per (sequence, q head), for side-by-side timing (benchmark/check_fp8_kv_route.py).
+#: per (sequence, q head), for side-by-side timing (benchmark/release/check_fp8_kv_route.py).
 PACK_GQA_DECODE = True
 #: Gather with the fused Triton kernel (fp8_paged_gather); False: the torch index ops + separate
-#: V^T pack it replaced, for side-by-side timing (benchmark/check_fp8_kv_route.py).
+#: V^T pack it replaced, for side-by-side timing (benchmark/release/check_fp8_kv_route.py).
 FUSED_GATHER = True
 
 

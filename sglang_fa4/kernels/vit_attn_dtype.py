@@ -8,7 +8,7 @@ per call only where it was measured faster than bf16, so ``fp8`` is never slower
 Quantizing costs time linear in the tokens, while FP8 saves time quadratic in each segment's
 length. For n segments of one length L, FP8 (quantize included) wins from one length ``L*`` on,
 whatever n; :data:`FP8_MIN_SEGMENT` holds ``L*`` per head dim, measured on the H200
-(``benchmark/check_vit_fp8.py``: a sweep of lengths, then the towers' speed with the derived
+(``benchmark/release/check_vit_fp8.py``: a sweep of lengths, then the towers' speed with the derived
 table; results in ``benchmark/results/h200/vit_fp8*.md``; today d80 alone, see its comment). For a general layout the call knows, on the host, T tokens
 (q's rows), S segments (cu_seqlens' length - 1) and the longest segment M (max_seqlen), so the
 attention work sum(len^2) is at least ``M^2 + (T - M)^2 / (S - 1)`` (the rest spread evenly);

@@ -1,0 +1,137 @@
+"""The user docs (README.md, docs/) against their sources: generated blocks equal what environ.yaml,
+features.py and the committed results give, quoted blocks are in the files they cite, cited results
+are in the tree, and the README stays a first screen for people who serve VLMs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_fa4 import docs, result_figures
+from sglang_fa4.bench import report
+from sglang_fa4.environ import envs
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_docs_agree_with_their_sources():
+    """Regenerate with `python -m sglang_fa4.docs`; `--check` prints the same list."""
+    assert docs.problems() == []
+
+
+def test_environment_doc_lists_every_variable():
+    text = (ROOT / "docs" / "environment.md").read_text()
+    for var in envs:
+        assert f"| `{var.name}` |" in text
+
+
+def test_render_replaces_named_sections_only():
+    text = "a\n<!-- env-table:start -->\nstale\n<!-- env-table:end -->\n<!-- support-matrix:start -->\n\n<!-- support-matrix:end -->\n"
+    out = docs.render(text, ("env-table", "support-matrix"))
+    assert "stale" not in out and "SGLANG_FA4_TMEM_LOAD_RED_MAX" in out and "backend_default_table" in out
+    assert docs.render(text, ("support-matrix",)).count("stale") == 1
+    with pytest.raises(ValueError, match="env-table"):
+        docs.render("no sections", ("env-table",))
+    with pytest.raises(ValueError, match="headline"):
+        docs.render(text, ("env-table", "headline"))
+
+
+def test_settings_table_reads_defaults_from_the_registry():
+    table = docs.settings_table()
+    assert table.count("\n") == len(docs.SETTINGS) + 1
+    assert f"| `SGLANG_FA4_VIT_GRAPH_BUDGETS` | `{envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.format(envs.SGLANG_FA4_VIT_GRAPH_BUDGETS.default)}` |" in table
+    assert '| `SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT` | `""` |' in table
+
+
+def _tree(tmp_path: Path) -> Path:
+    res = tmp_path / "benchmark" / "results" / "h200"
+    res.mkdir(parents=True)
+    (res / "run.md").write_text("# run\n\n| a | b |\n|---|---|\n| 1 | 2.5x |\n| 2 | 3.0x |\n")
+    (tmp_path / "docs").mkdir()
+    return tmp_path
+
+
+def test_quote_matches_whole_lines_of_its_file(tmp_path):
+    root = _tree(tmp_path)
+    ok = "<!-- quote: benchmark/results/h200/run.md -->\n| a | b |\n|---|---|\n| 2 | 3.0x |\n\n| 9 | 9 |\n"
+    assert docs.quote_problems(ok, root) == []  # the block ends at the blank line
+    # a figure changed by one digit, or a part of a line, is reported
+    assert len(docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 2 | 3.1x |\n", root)) == 1
+    assert len(docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 2 |\n", root)) == 1
+    # code fences around a quote are not part of it
+    assert docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n```\n| 1 | 2.5x |\n```\n", root) == []
+    gone = docs.quote_problems("<!-- quote: benchmark/results/h200/old.md -->\n| 1 | 2.5x |\n", root)
+    assert gone == ["line 1: quoted file benchmark/results/h200/old.md is not in the tree"]
+    assert docs.quote_problems("x\n<!-- quote: benchmark/results/h200/run.md -->\n\n", root) == [
+        "line 2: quote of benchmark/results/h200/run.md is followed by no text"]
+
+
+def test_cited_results_must_be_in_the_tree(tmp_path):
+    root = _tree(tmp_path)
+    assert docs.missing_results("see `run.md` and `benchmark/results/h200/run.md`", root) == []
+    assert docs.missing_results("see `speed6.md`", root) == ["cites speed6.md, which is not in the tree"]
+    assert docs.missing_results("`benchmark/results/h200/run.json`", root) == [
+        "cites benchmark/results/h200/run.json, which is not in the tree"]
+
+
+def test_read_json_takes_plain_and_gzipped(tmp_path):
+    data = {"command": "python3 x.py", "rows": [1, 2]}
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    (tmp_path / "b.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
+    assert report.read_json(tmp_path / "a.json") == report.read_json(tmp_path / "b.json.gz") == data
+
+
+def test_per_round_ratios_need_paired_rounds():
+    assert result_figures._ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
+    with pytest.raises(ValueError, match="rounds differ"):
+        result_figures._ratios([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="empty"):
+        result_figures._ratios([], [])
+
+
+def test_headline_figures_agree_with_the_runs_own_reports():
+    """The generator recomputes from the raw rounds what each run's own markdown printed (the same
+    statistic: exact to the printed digits; the FP8-KV report prints a ratio of medians: within 0.01)."""
+    kv = (ROOT / "benchmark/results/h200/fp8_attention_kvsplit.md").read_text()
+    (row,) = [line for line in kv.splitlines() if line.startswith("| nkv |")]
+    printed = [re.search(r"\((\d\.\d\d)x\)", cell).group(1) for cell in row.split("|")[4:6]]
+    assert [r[1] for r in result_figures.fp8_attention_rows()] == [f"{x}x faster" for x in printed]
+
+    sections = (ROOT / "benchmark/results/h200/vit_graphs-ladder896-0.5.23.md").read_text().split("\n## ")
+    for row in result_figures.tower_rows():
+        model = "qwen3_vl" if row[0].startswith("Qwen3") else "qwen2_5_vl"
+        (sec,) = [s for s in sections if s.startswith(model)]
+        for fig in row[1].removesuffix(" faster").split(", "):
+            picture, ratio = fig.split()
+            line = next(x for x in sec.splitlines() if x.startswith(f"| {picture} |"))
+            assert ratio == f"{float(line.split('|')[6].split('x')[0]):.2f}x"
+
+    kvb = (ROOT / "benchmark/results/h200/fp8_kv_backend-all-0.5.23.md").read_text()
+    rows = {r[0]: float(r[1].split("x")[0]) for r in result_figures.fp8_kv_rows()}
+    for shape, label in (("prefill 8k", "prefill 8k"), ("decode b64 ctx4k", "decode b64 ctx4k")):
+        line = next(x for x in kvb.splitlines() if x.startswith(f"| {shape} | qwen2.5-7b d128 |"))
+        vs_bf16, vs_fa3 = (float(c.strip().rstrip("x")) for c in line.rstrip(" |").split("|")[-2:])
+        assert abs(rows[f"LLM layer on an FP8 KV cache, {label} d=128: ours vs fa4 on a bf16 pool"] - vs_bf16) < 0.01
+        assert abs(rows[f"LLM layer on an FP8 KV cache, {label} d=128: ours vs FA3-FP8"] - vs_fa3) < 0.01
+
+
+def test_readme_is_a_first_screen():
+    assert len(README.splitlines()) <= 200
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        assert not re.search(r"[Ii]ssue #\d+|\(#\d+\)", path.read_text()), path
+    quick = README.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split("#")[0].strip() for line in quick] == ["pip install . && sglang-fa4 doctor", "bash tests/run.sh"]
+    for version in ("0.5.20", "0.5.23"):
+        assert f'pip install "sglang=={version}" "./sglang-fa4[gpu]"' in README
+
+
+def test_ci_runs_the_readmes_test_command():
+    assert "bash tests/run.sh" in (ROOT / ".ci" / "run").read_text()
+    assert "pytest" in (ROOT / "tests" / "run.sh").read_text()
+    for doc in re.findall(r"`(docs/[\w.-]+\.md)`", README):
+        assert (ROOT / doc).is_file(), doc
