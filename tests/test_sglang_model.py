@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from sglang_fa4 import sglang_model
-from test_warmup import VLM, FakeVisionAttention, MiMoTower, QwenTower, internvl
+from fake_vision_models import VLM, FakeVisionAttention, MiMoTower, QwenTower, internvl
 
 
 @pytest.mark.parametrize("window,patch,tokens", [

@@ -14,7 +14,7 @@ from torch import nn
 
 from sglang_fa4.kernels import short_segments, short_window_kernel, vit_rotary
 from sglang_fa4.startup import triton_warmup
-from test_warmup import VLM, FakeVisionAttention, MiMoTower, QwenTower, internvl
+from fake_vision_models import VLM, FakeVisionAttention, MiMoTower, QwenTower, internvl
 
 CUDA = SimpleNamespace(type="cuda")
 
