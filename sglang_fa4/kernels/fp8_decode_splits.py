@@ -1,0 +1,46 @@
+"""How many pieces the paged FP8 decode kernel splits each sequence's keys into (split-KV).
+
+Decode reads every cached K/V byte once and does little arithmetic on it: the kernel is
+bandwidth-bound, and a GPU only reaches its HBM bandwidth with enough CTAs in flight on every SM.
+One CTA per (query-row block, sequence, kv head) gives batch x kv_heads CTAs -- 4 at batch 1 with 4
+kv heads, on a GPU of 132 SMs.  Splitting each sequence's keys into ``n`` ranges, each its own CTA
+(partial outputs combined by their log-sum-exp afterwards), multiplies that by ``n``.
+
+:func:`choose_splits` is a pure function of host facts (batch, kv heads, row blocks, the context
+bound the page table allows, the SM count), so the grid of a captured CUDA graph is fixed per
+captured batch size.  Its two constants (``PROGRAMS_PER_SM``, ``MIN_KEYS_PER_SPLIT``) are
+placeholders until the GPU run measures them; :data:`MAX_SPLITS` bounds the scratch buffers.
+"""
+
+from __future__ import annotations
+
+#: CTAs in flight per SM the split count aims at (several small CTAs per SM hide DRAM latency)
+PROGRAMS_PER_SM = 4
+#: a split gets at least this many keys: below it the partial's write-back and the combine cost
+#: more than the parallelism gains
+MIN_KEYS_PER_SPLIT = 256
+#: most splits per sequence (the partial outputs are splits x rows x heads x head_dim fp32)
+MAX_SPLITS = 64
+
+
+def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, sm_count: int, *,
+                  programs_per_sm: int = PROGRAMS_PER_SM, min_keys_per_split: int = MIN_KEYS_PER_SPLIT,
+                  max_splits: int = MAX_SPLITS) -> int:
+    """Splits per sequence so that ``batch * kv_heads * row_blocks * splits`` reaches
+    ``programs_per_sm * sm_count`` CTAs, no split shorter than ``min_keys_per_split`` keys of
+    ``max_context`` (the longest context the call can have: page-table width x page size), at most
+    ``max_splits``; 1 when the batch alone fills the GPU or the context is short."""
+    for name, value in (("batch", batch), ("kv_heads", kv_heads), ("row_blocks", row_blocks),
+                        ("max_context", max_context)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    for name, value in (("sm_count", sm_count), ("programs_per_sm", programs_per_sm),
+                        ("min_keys_per_split", min_keys_per_split), ("max_splits", max_splits)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    base = batch * kv_heads * row_blocks
+    if base == 0 or max_context == 0:
+        return 1
+    wanted = -(-programs_per_sm * sm_count // base)
+    by_context = max(1, max_context // min_keys_per_split)
+    return max(1, min(wanted, by_context, max_splits))
