@@ -49,6 +49,7 @@ class EnvVar:
     owner: str
     choices: tuple[str, ...] = ()
     minimum: int | None = None  # int / int_list: smallest accepted value
+    maximum: int | None = None  # int / int_list: largest accepted value
     multiple_of: int | None = None  # int / int_list: every value a multiple of this
 
     def accepted(self) -> str:
@@ -60,6 +61,8 @@ class EnvVar:
         bounds = []
         if self.minimum is not None:
             bounds.append(f">= {self.minimum}")
+        if self.maximum is not None:
+            bounds.append(f"<= {self.maximum}")
         if self.multiple_of is not None:
             bounds.append(f"a multiple of {self.multiple_of}")
         bounded = " and ".join(bounds)
@@ -71,6 +74,7 @@ class EnvVar:
 
     def _check_int(self, raw: str, value: int) -> int:
         if (self.minimum is not None and value < self.minimum) or (
+            self.maximum is not None and value > self.maximum) or (
             self.multiple_of is not None and value % self.multiple_of
         ):
             raise EnvValueError(f"{self.name}={raw!r}: {value} is out of range; accepted: {self.accepted()}")
@@ -160,9 +164,10 @@ def _build_var(name: str, entry: Mapping[str, Any]) -> EnvVar:
     choices = tuple(str(c) for c in entry.get("choices", ()))
     if typ == "choice" and not choices:
         raise EnvSpecError(f"{name}: type choice needs choices")
-    bounds = {key: entry[field] for key, field in (("minimum", "min"), ("multiple_of", "multiple_of")) if field in entry}
+    bounds = {key: entry[field] for key, field in (("minimum", "min"), ("maximum", "max"), ("multiple_of", "multiple_of"))
+              if field in entry}
     if bounds and typ not in ("int", "int_list"):
-        raise EnvSpecError(f"{name}: min / multiple_of apply to int and int_list only")
+        raise EnvSpecError(f"{name}: min / max / multiple_of apply to int and int_list only")
     default = entry["default"]
     if typ == "int_list" and isinstance(default, (list, tuple)):
         default = tuple(sorted(set(default)))

@@ -201,6 +201,7 @@ def test_no_host_sync_and_a_grid_from_host_facts_only(monkeypatch):
     """SGLang's decode graphs capture with the page table at its full width (max context / P) and
     replay with new lengths in the same buffers: the launches must not read a device value and
     their grid and scalar arguments must not depend on the lengths."""
+    monkeypatch.setattr(D, "interpreting", lambda: True)  # the launch path a GPU call takes (launches recorded)
     launches = []
     for h in (D.SPLIT, D.COMBINE):
         monkeypatch.setattr(h, "launch", lambda grid, args, index, _n=h.name, **o: launches.append(
@@ -224,3 +225,30 @@ def test_kv_bytes_read():
     # b64 x 4k, 4 kv heads, d128, page 16: K and V once, E4M3, plus the page-table entries
     assert D.kv_bytes_read([4096] * 64, 4, 128, 16) == 2 * 64 * 4096 * 4 * 128 + 4 * 64 * 256
     assert D.kv_bytes_read([1, 17], 1, 64, 16) == 2 * 18 * 64 + 4 * 3
+
+
+@pytest.mark.parametrize("name", ["d96-g4-P1-hkv2", "long-5000-window-P1", "ctx3-splits8", "extend-few-rows",
+                                  "decode-vs-extend-window"])
+def test_cpu_tensors_take_the_torch_path_with_the_same_contract(name):
+    """Outside the interpreter a CPU call (the SGLang CPU harnesses) runs the contract in torch."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import fp8_decode_child as child
+
+    c = CASES[name]
+    r = (child.run_decode_vs_extend if "L" in c else child.run_case)(c, "cpu")
+    assert r["finite"] and r["rel_err"] < 5e-3 and r["max_excess"] <= 0 and r["lse_err"] < 1e-4, r
+
+
+def test_route_threshold_variable_is_bounded(monkeypatch):
+    from sglang_fa4.environ import EnvValueError, envs
+
+    var = envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q
+    assert var.get() == 16 and D.takes_split_kv(16) and not D.takes_split_kv(17) and not D.takes_split_kv(None)
+    monkeypatch.setenv(var.name, "256")
+    assert var.get() == 256 and D.takes_split_kv(256)
+    monkeypatch.setenv(var.name, "0")
+    assert not D.takes_split_kv(1)
+    for bad in ("257", "-1"):
+        monkeypatch.setenv(var.name, bad)
+        with pytest.raises(EnvValueError, match=r">= 0 and <= 256"):
+            var.get()

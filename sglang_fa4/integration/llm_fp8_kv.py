@@ -11,8 +11,11 @@
   call site of FA for paged MHA in ``flashattention_backend``, extend and decode): ``ver=4`` with an
   E4M3 cache on an SM90 GPU goes to :func:`sglang_fa4.kernels.fp8_paged_kv.paged_fp8_attention`;
   everything else (other versions, bf16 caches, other GPUs) calls SGLang's code unchanged.
-  A feature the FP8 kernel lacks (softcap, sinks, LSE for cascade attention, score/mask mods, ...)
-  raises :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
+  Decode and short extends run the paged split-KV kernel that reads the pool in place
+  (:mod:`sglang_fa4.kernels.fp8_paged_decode`), which also returns the LSE SGLang's cascade
+  attention asks for (``return_softmax_lse``: such a call always takes that kernel).
+  A feature the FP8 kernels lack (softcap, sinks, score/mask mods, ...) raises
+  :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
 """
 
 from __future__ import annotations
@@ -139,11 +142,12 @@ def prepare_paged_mha_query(original, self, q, q_rope, k_rope, layer, *, logical
 
 # Arguments the route honours; any other argument must keep its default (checked by value).
 _USED = {"q", "k_cache", "v_cache", "page_table", "cache_seqlens", "cu_seqlens_q", "max_seqlen_q",
-         "k_descale", "v_descale", "q_descale", "softmax_scale", "causal", "window_size", "out", "ver"}
+         "k_descale", "v_descale", "q_descale", "softmax_scale", "causal", "window_size", "out", "ver",
+         "return_softmax_lse"}
 # Accepted and ignored: split/scheduling hints of FA3/FA4 that do not change the result.
 _IGNORED = {"cu_seqlens_k_new", "num_splits", "pack_gqa", "scheduler_metadata", "sm_margin", "max_seqlen_k",
             "rotary_interleaved", "only_qv"}
-_NEUTRAL = {"softcap": (0.0, None), "return_softmax_lse": (False,), "attention_chunk": (None, 0)}
+_NEUTRAL = {"softcap": (0.0, None), "attention_chunk": (None, 0)}
 
 _signatures: dict = {}
 
@@ -196,13 +200,17 @@ def route_fp8(call: dict):
     from sglang_fa4.kernels.fp8_paged_kv import paged_fp8_attention
 
     max_q = call.get("max_seqlen_q")
-    return paged_fp8_attention(
-        q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
-        None if max_q is None else int(max_q),
-        k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
-        softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
-        window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
-    )
+    args = (q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
+            None if max_q is None else int(max_q))
+    kw = dict(k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
+              softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
+              window_size=call.get("window_size", (-1, -1)), out=call.get("out"))
+    if call.get("return_softmax_lse"):
+        # (out, lse (Hq, total_q)) as FA's varlen call returns them; only the split-KV kernel has the LSE
+        from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention
+
+        return paged_decode_attention(*args, **kw, return_lse=True)
+    return paged_fp8_attention(*args, **kw)
 
 
 def _short(value) -> str:

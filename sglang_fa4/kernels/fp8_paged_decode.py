@@ -19,6 +19,8 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
   (:func:`sglang_fa4.kernels.fp8_decode_splits.choose_splits`), one program each; each writes its
   normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
   them weighted by exp(lse - max).  With one split the first kernel writes the output itself.
+* **Off a GPU** (CPU tensors outside Triton's interpreter: the CPU harnesses) the same contract runs
+  in fp32 torch, as the page gather does.
 * **CUDA graphs.** Nothing reads a device value on the host: the grid and the scratch size come
   from host facts only (batch, heads, ``max_seqlen_q``, the page table's width), every length is
   read in the kernel; capturable as SGLang's decode graphs capture it (page table at full width).
@@ -37,7 +39,7 @@ import torch
 
 from sglang_fa4.kernels.fp8_decode_splits import MAX_SPLITS, choose_splits
 from sglang_fa4.kernels.fp8_paged_gather import PagedKVError, _need, check_paged
-from sglang_fa4.kernels.triton_handles import KernelHandles
+from sglang_fa4.kernels.triton_handles import KernelHandles, interpreting
 
 FP8 = torch.float8_e4m3fn
 HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -323,7 +325,13 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
               and out.stride(-1) == 1 else None)
     o = direct if direct is not None else torch.empty((total_q, hq, d), dtype=torch.bfloat16, device=device)
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=device) if return_lse else o
-    if total_q and batch and max_seqlen_q:
+    if total_q and batch and max_seqlen_q and not (q.is_cuda or interpreting()):
+        # a CPU tensor outside Triton's interpreter (CPU harnesses): the same arithmetic in torch
+        from sglang_fa4.kernels.fp8_paged_decode_torch import paged_decode_torch
+
+        paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale, scale,
+                    left, right, o, lse if return_lse else None)
+    elif total_q and batch and max_seqlen_q:
         kd, kd_sb, kd_sh = _descale(k_descale, "k_descale", batch, hkv, device)
         vd, vd_sb, vd_sh = _descale(v_descale, "v_descale", batch, hkv, device)
         single = p.num_splits == 1
@@ -354,6 +362,15 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
         out.copy_(o.view(out.shape))
         o = out
     return (o, lse) if return_lse else o
+
+
+def takes_split_kv(max_seqlen_q) -> bool:
+    """The FP8 KV route's choice for one call: this kernel when every sequence brings at most
+    ``SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q`` new tokens (a host int SGLang passes: decode 1, verify
+    and short extends a few), else the page gather + WGMMA kernel.  No host value: the gather."""
+    from sglang_fa4.environ import envs
+
+    return isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
 
 
 def kv_bytes_read(lens, hkv: int, d: int, page_size: int) -> int:
