@@ -20,6 +20,7 @@ from sglang_fa4.kernels.fp8_paged_kv import (
 )
 from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
 from sglang_harness import run_with_sglang
+from test_fp8_paged_decode import _NoSync
 
 FP8 = torch.float8_e4m3fn
 
@@ -321,7 +322,7 @@ def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
             q = torch.zeros(bs, hq, d).to(FP8)
             kd = torch.tensor([0.5]).expand(bs, hkv)
             launches.clear()
-            with _NoHostSync():
+            with _NoSync():
                 llm_fp8_kv.flash_attn_with_kvcache(
                     original, q=q, k_cache=k_cache, v_cache=k_cache, page_table=graph["page_table"][:bs],
                     cache_seqlens=graph["cache_seqlens"][:bs], cu_seqlens_q=graph["cu_seqlens_q"][:bs + 1],
@@ -334,29 +335,6 @@ def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
 
     assert grids == {bs: (1, bs * hkv, choose_splits(bs, hkv, 1, max_context_len, D.DEFAULT_SM_COUNT))
                      for bs in (1, 4, 8)}, grids
-
-
-class _NoHostSync:
-    """Every way a tensor's value reaches the host raises (what fails inside a CUDA-graph capture)."""
-
-    NAMES = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
-
-    def __enter__(self):
-        self.saved = {n: getattr(torch.Tensor, n) for n in self.NAMES}
-        for n in self.NAMES:
-            setattr(torch.Tensor, n, self._refuse(n))
-        return self
-
-    @staticmethod
-    def _refuse(name):
-        def f(*a, **k):
-            raise AssertionError(f"host sync: Tensor.{name}")
-        return f
-
-    def __exit__(self, *exc):
-        for n, f in self.saved.items():
-            setattr(torch.Tensor, n, f)
-        return False
 
 
 # ---- SGLang's real FlashAttentionBackend methods and fp8 KV pool --------------------------------
