@@ -96,7 +96,7 @@ def run_case(c: dict, device: str) -> dict:
         dev(q), dev(k), dev(v), dev(table), dev(seqlens), dev(cu_q), max(new),
         k_descale=None if kind == "none" else dev(kd), v_descale=None if kind == "none" else dev(vd),
         softmax_scale=scale, causal=causal, window_size=tuple(window), out=out, return_lse=True,
-        num_splits=c.get("splits"), sms=c.get("sms", 132))
+        num_splits=c.get("splits"), sms=c.get("sms", 132 if device == "cpu" else None))
     ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, left, right)
     into_out = got is out
     got = got.float().cpu().double()
@@ -124,12 +124,14 @@ def run_decode_vs_extend(c: dict, device: str) -> dict:
     dev = lambda x: x.to(device)  # noqa: E731
     ext = paged_decode_attention(dev(q), dev(k), dev(v), dev(table), dev(torch.tensor([L], dtype=torch.int32)),
                                  dev(torch.tensor([0, n], dtype=torch.int32)), n, k_descale=dev(kd), v_descale=dev(vd),
-                                 causal=True, window_size=window, num_splits=c.get("extend_splits"), sms=132)
+                                 causal=True, window_size=window, num_splits=c.get("extend_splits"),
+                                 sms=132 if device == "cpu" else None)
     lens = torch.arange(L - n + 1, L + 1, dtype=torch.int32)
     dec = paged_decode_attention(dev(q), dev(k), dev(v), dev(table.expand(n, -1).contiguous()), dev(lens),
                                  dev(torch.arange(n + 1, dtype=torch.int32)), 1,
                                  k_descale=dev(kd.expand(n, hkv)), v_descale=dev(vd.expand(n, hkv)), causal=True,
-                                 window_size=window, num_splits=c.get("decode_splits"), sms=132)
+                                 window_size=window, num_splits=c.get("decode_splits"),
+                                 sms=132 if device == "cpu" else None)
     left = window[0] if window[0] >= 0 else 1 << 40
     ref, _ = reference(q.float(), k, v, table, torch.tensor([L], dtype=torch.int32),
                        torch.tensor([0, n], dtype=torch.int32), kd, vd, d ** -0.5, left, 0)
@@ -145,11 +147,41 @@ def run_decode_vs_extend(c: dict, device: str) -> dict:
     }
 
 
+#: contexts the CPU interpreter cannot afford, for the GPU run (``--matrix gpu``): 32k and 128k tokens,
+#: every head dim's largest cases, windows, GQA 7, a batch of 8 at 32k, decode == extend at 32k
+GPU_CASES = {
+    "gpu-32k-d128-P16": dict(lens=[32768, 32767, 1, 16], page=16, hq=28, hkv=4, d=128),
+    "gpu-b8-32k-d128-P64": dict(lens=[32768] * 8, page=64, hq=28, hkv=4, d=128),
+    "gpu-128k-d128-P1": dict(lens=[131072, 65537], page=1, hq=28, hkv=4, d=128),
+    "gpu-128k-d256-P64": dict(lens=[131072], page=64, hq=16, hkv=4, d=256),
+    "gpu-32k-d256-window-P64": dict(lens=[32768, 20000], page=64, hq=16, hkv=4, d=256, window=(4095, 0)),
+    "gpu-128k-g7-d192-P32": dict(lens=[131072], page=32, hq=7, hkv=1, d=192),
+    "gpu-128k-d96-g8-bf16q": dict(lens=[131071], page=16, hq=8, hkv=1, d=96, q="bf16"),
+    "gpu-32k-d64-noncausal-splits64": dict(lens=[32768], page=16, hq=4, hkv=1, d=64, causal=False, splits=64),
+    "gpu-decode-vs-extend-32k": dict(L=32768, n=16, page=16, hq=28, hkv=4, d=128),
+}
+
+
+def passed(r: dict) -> bool:
+    """The thresholds tests/test_fp8_paged_decode.py asserts."""
+    return ("error" not in r and r["finite"] and r["rel_err"] < 5e-3 and r["max_excess"] <= 0
+            and r["lse_err"] < 1e-4 and r.get("decode_rel_err", 0.0) < 5e-3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--matrix", choices=["stdin", "ci", "gpu"], default="stdin",
+                    help="stdin: cases as JSON on stdin; ci: the CPU test's matrix; gpu: ci + GPU_CASES (32k / 128k)")
+    ap.add_argument("--out", default=None, help="also write the results (JSON) here")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
     args = ap.parse_args()
-    cases = json.load(sys.stdin)
+    if args.matrix == "stdin":
+        cases = json.load(sys.stdin)
+    else:
+        from test_fp8_paged_decode import CASES
+
+        cases = {**CASES, **(GPU_CASES if args.matrix == "gpu" else {})}
     results = {}
     for name, c in cases.items():
         try:
@@ -160,6 +192,14 @@ def main() -> None:
         except Exception as exc:  # reported per case
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
     print("RESULTS " + json.dumps(results))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": args.device, "matrix": args.matrix, "cases": cases, "results": results,
+                       "passed": {n: passed(r) for n, r in results.items()}}, f, indent=1)
+    if args.check:
+        failed = [n for n, r in results.items() if not passed(r)]
+        print(f"{len(results) - len(failed)} of {len(results)} cases pass" + (f"; FAILED: {failed}" if failed else ""))
+        sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

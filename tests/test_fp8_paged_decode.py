@@ -252,3 +252,42 @@ def test_route_threshold_variable_is_bounded(monkeypatch):
         monkeypatch.setenv(var.name, bad)
         with pytest.raises(EnvValueError, match=r">= 0 and <= 256"):
             var.get()
+
+
+@pytest.mark.parametrize("d,page,single", [(128, 16, False), (192, 1, True)])
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, page, single):
+    """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
+    aligned pointers and strides, page size 1 as a constant): the E4M3 K/V tiles are read as 16-byte
+    vectors (no byte-wise global access) and both products run on the tensor cores (mma)."""
+    triton = pytest.importorskip("triton")
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = D._make_split_kernel()
+    names = [p.name for p in fn.params]
+    ptrs = {"Q": "*fp8e4nv", "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
+            "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
+    sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    consts = {"G": 7, "D": d, "D_POW2": D.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": D.block_n(d), "SINGLE": single,
+              "WRITE_LSE": False}
+    if page == 1:
+        consts["page_size"] = 1
+    sig.update({n: "constexpr" for n in consts})
+    aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
+                                                         "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n not in consts}
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    except TypeError as exc:
+        pytest.skip(f"this Triton's ASTSource differs: {exc}")
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ops = re.findall(r"\b(ld|st)\.global(\.v\d)?\.[bu](\d+)", ptx)
+    assert not [o for o in ops if o[2] == "8"], "byte-wise global loads/stores"
+    # the K and V tiles: 16-byte vectors, straight to registers or through cp.async into shared memory
+    # (Triton's software pipeline of the key loop)
+    vec = sum(1 for o in ops if o == ("ld", ".v4", "32"))
+    vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
+    assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
+    assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)

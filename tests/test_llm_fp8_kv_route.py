@@ -362,6 +362,10 @@ split_calls = []
 def counted(*a, _real=fpd.paged_decode_attention, **k):
     split_calls.append(k.get("return_lse", False)); return _real(*a, **k)
 fpd.paged_decode_attention = fpk.paged_decode_attention = counted
+launches = []; _launch = fpd.SPLIT.launch
+fpd.SPLIT.launch = lambda *a, **k: (launches.append(a[0]), _launch(*a, **k))
+import sglang_fa4.kernels.fp8_paged_gather as fpg
+fpg.interpreting = lambda: False   # the gather's own kernel is interpreted in test_fp8_paged_gather.py
 res = {"hooked_dispatch": fab.flash_attn_with_kvcache is fa.flash_attn_with_kvcache
        and getattr(fab.flash_attn_with_kvcache, "__wrapped__", None) is not None,
        "hooked_prepare": getattr(fab.FlashAttentionBackend.prepare_paged_mha_query, "__wrapped__", None) is not None}
@@ -375,6 +379,9 @@ class Layer:   # the RadixAttention fields the backend and the pool read
 torch.manual_seed(0)
 hq, hkv, d = 28, 4, 128
 for P in (1, 16, 64):
+    # the split-KV kernel interpreted at page 16 (its arithmetic at every page size: test_fp8_paged_decode.py);
+    # its torch contract at pages 1 and 64 (CI time)
+    fpd.interpreting = (lambda: True) if P == 16 else (lambda: False)
     for mode, lens, new in (("extend", [90, 257], [40, 257]), ("extend-short", [90, 257], [5, 16]),
                             ("decode", [33, 130, 64], [1, 1, 1])):
         B = len(lens)
@@ -426,6 +433,7 @@ for P in (1, 16, 64):
                                         lse_finite=bool(torch.isfinite(lse).all()))
 res["kernel_calls"] = len(calls)
 res["split_calls"] = split_calls
+res["interpreted_launches"] = len(launches)
 emit(res)
 """
 
@@ -443,6 +451,7 @@ def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
     # request run the split-KV kernel itself (interpreted), per page size
     assert out["kernel_calls"] == 3
     assert out["split_calls"] == [False, False, True] * 3
+    assert out["interpreted_launches"] == 3  # page 16: the kernel itself ran (interpreter) for each of them
     for P in (1, 16, 64):
         for mode in ("extend", "extend-short", "decode"):
             r = out[f"{mode}-P{P}"]
