@@ -480,8 +480,13 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
     assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
-    # causal (extend), non-causal (GQA decode, the group packed), local (the sliding window), and the
-    # page gather for this head dim, kv heads and page size
+    # decode takes the split-KV kernel (default): causal (extend), local (the sliding window), the gather
+    assert warmed.pop() == ([Fp8Variant(128, True, False), Fp8Variant(128, False, True)], [GatherShape(128, 4, 16)],
+                            torch.device("cuda"))
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "0")
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    # decode through the gather: causal (extend), non-causal (GQA decode, the group packed), local (the
+    # sliding window), and the page gather for this head dim, kv heads and page size
     assert warmed == [([Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)],
                        [GatherShape(128, 4, 16)], torch.device("cuda"))]
     for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=80)):

@@ -224,7 +224,8 @@ BACKEND_INIT = f"{FA_BACKEND}.__init__"
 def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = False) -> list:
     """The FP8 kernel variants a FlashAttentionBackend on the route will launch: causal (extend and
     decode, bottom-right aligned), the non-causal one for GQA decode (the group packed into the
-    tile: kernels.fp8_paged_kv.decode_gqa_pack), and the local one for sliding-window layers."""
+    tile: kernels.fp8_paged_kv.decode_gqa_pack; only when decode takes the gather, i.e.
+    SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0), and the local one for sliding-window layers."""
     from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, variant_for
 
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -248,7 +249,9 @@ def warm_fp8_after_backend_init(result, self, *args, **kwargs):
         return None
     window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
     hkv = int(getattr(self, "num_kv_heads", 0) or 0)
-    gqa = int(getattr(self, "num_attention_heads", 0) or 0) > hkv > 0
+    # the packed-GQA decode variant only serves decode when the split-KV kernel does not take it
+    gqa = (int(getattr(self, "num_attention_heads", 0) or 0) > hkv > 0
+           and envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get() == 0)
     head_dim = int(getattr(self, "head_dim", 0) or 0)
     variants = fp8_variants_for(head_dim, window, gqa)
     if variants:

@@ -351,7 +351,9 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
                 p.num_splits, width, page_size, hkv * d, hkv, scale * LOG2E, left, right,
                 group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
         index = device.index or 0
-        SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=4)
+        # 8 warps once the fp32 accumulator passes 16 rows x 256 (extend row blocks at large head dims)
+        warps = 4 if p.block_m * d_pow2 <= 16 * 256 else 8
+        SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=warps)
         if not single:
             COMBINE.launch((total_q, hkv), (o_part, lse_part, o, lse, part_s, part_t, lpart_s, o.stride(0),
                                             o.stride(1), lse_h, p.num_splits, hq, group, pow2_at_least(group), d,
