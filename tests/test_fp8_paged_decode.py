@@ -291,3 +291,20 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
     assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
     assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)
+
+
+def test_warm_calls_every_variant_the_route_launches(monkeypatch):
+    """One small call per (row block size up to the threshold) x (one split, several) x (LSE at
+    decode): the constexprs and specializations a server's decode and short extends meet."""
+    seen = []
+    monkeypatch.setattr(D, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
+        (max_q, kw["num_splits"], kw["return_lse"], tuple(q.shape), tuple(k.shape), int(s[0]), cu.tolist())))
+    assert D.warm(128, 28, 4, 16, "cpu") == 0  # nothing compiles off a GPU
+    # g = 7: 1-2 new tokens -> 16-row blocks, 3-4 -> 32, 5-16 -> 64
+    assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
+                                     (3, 1, False), (3, 2, False), (5, 1, False), (5, 2, False)]
+    assert seen[-1][3:] == ((5, 28, 128), (4, 16, 4, 128), 6, [0, 5])
+    seen.clear()
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "1")
+    D.warm(64, 8, 8, 1, "cpu")
+    assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True)]

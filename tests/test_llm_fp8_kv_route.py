@@ -474,6 +474,10 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
     warmed = []
     monkeypatch.setattr(warmup, "warm_fp8_kv_route", lambda variants, shapes, device: warmed.append(
         (list(variants), list(shapes), device)))
+    from sglang_fa4.kernels import fp8_paged_decode
+
+    split_kv = []
+    monkeypatch.setattr(fp8_paged_decode, "warm", lambda *a: split_kv.append(a))
     backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
                                     device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095,
                                     num_attention_heads=28, num_kv_heads=4, page_size=16)
@@ -483,8 +487,10 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
     # decode takes the split-KV kernel (default): causal (extend), local (the sliding window), the gather
     assert warmed.pop() == ([Fp8Variant(128, True, False), Fp8Variant(128, False, True)], [GatherShape(128, 4, 16)],
                             torch.device("cuda"))
+    assert split_kv.pop() == (128, 28, 4, 16, torch.device("cuda"))  # the split-KV kernel's variants too
     monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "0")
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    assert split_kv == []  # no split-KV kernel to warm
     # decode through the gather: causal (extend), non-causal (GQA decode, the group packed), local (the
     # sliding window), and the page gather for this head dim, kv heads and page size
     assert warmed == [([Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)],

@@ -238,11 +238,23 @@ def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = F
     return variants
 
 
+def warm_split_kv(head_dim: int, hq: int, hkv: int, page: int, device) -> None:
+    """The split-KV decode kernel's variants for this layer shape (kernels.fp8_paged_decode.warm);
+    a failure is logged, never fatal (the first decode would compile, flagged by the JIT monitor)."""
+    from sglang_fa4.kernels import fp8_paged_decode
+
+    try:
+        fp8_paged_decode.warm(head_dim, hq, hkv, page, device)
+    except Exception as exc:  # noqa: BLE001 - startup goes on; the request path compiles instead
+        logger.warning("sglang-fa4: warming the FP8 split-KV decode kernel (d=%d, %d/%d heads, page %d) failed: %s",
+                       head_dim, hq, hkv, page, exc)
+
+
 def warm_fp8_after_backend_init(result, self, *args, **kwargs):
     """AFTER FlashAttentionBackend.__init__ (every scheduler process, before CUDA-graph capture and
     serving): on the FP8 route, compile its kernel variants (10-20 s each on an H200, otherwise
-    paid by the first request with --disable-cuda-graph) and its page gather's Triton kernel now,
-    as startup work for the JIT monitor."""
+    paid by the first request with --disable-cuda-graph), the split-KV decode kernel's and the page
+    gather's Triton kernels now, as startup work for the JIT monitor."""
     from sglang_fa4.environ import envs
 
     if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
@@ -260,6 +272,11 @@ def warm_fp8_after_backend_init(result, self, *args, **kwargs):
         from sglang_fa4.kernels.fp8_paged_gather import GatherShape
         from sglang_fa4.startup import warmup
 
-        shapes = [GatherShape(head_dim, hkv, int(getattr(self, "page_size", 1) or 1))] if hkv > 0 else []
-        warmup.warm_fp8_kv_route(variants, shapes, torch.device(getattr(self, "device", "cuda")))
+        page = int(getattr(self, "page_size", 1) or 1)
+        device = torch.device(getattr(self, "device", "cuda"))
+        shapes = [GatherShape(head_dim, hkv, page)] if hkv > 0 else []
+        hq = int(getattr(self, "num_attention_heads", 0) or 0)
+        if hkv > 0 and hq >= hkv and envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get() > 0:
+            warm_split_kv(head_dim, hq, hkv, page, device)  # before the monitors are armed below
+        warmup.warm_fp8_kv_route(variants, shapes, device)
     return None

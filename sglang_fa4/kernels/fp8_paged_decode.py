@@ -37,33 +37,24 @@ from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_decode_splits import MAX_SPLITS, choose_splits
-from sglang_fa4.kernels.fp8_paged_gather import PagedKVError, _need, check_paged
+from sglang_fa4.kernels.fp8_decode_splits import (  # noqa: F401 (the launch plan, re-exported)
+    MAX_BLOCK_M,
+    DecodePlan,
+    block_m,
+    block_n,
+    plan,
+    pow2_at_least,
+)
+from sglang_fa4.kernels.fp8_paged_gather import PagedKVError, _need, check_paged  # noqa: F401 (PagedKVError re-exported)
 from sglang_fa4.kernels.triton_handles import KernelHandles, interpreting
 
 FP8 = torch.float8_e4m3fn
 HEAD_DIMS = (64, 96, 128, 192, 256)
-#: query rows (token x group head) per program: at least 16 (tl.dot), at most this
-MAX_BLOCK_M = 64
 #: the SM count assumed off a GPU (interpreter tests): an H200's
 DEFAULT_SM_COUNT = 132
 #: a window side of "unbounded", as the kernel sees it
 UNBOUNDED = 1 << 30
 LOG2E = 1.4426950408889634
-
-
-def block_n(head_dim: int) -> int:
-    """Keys per loop step: 64, or 32 for head dims over 128 (the K/V tiles' registers)."""
-    return 64 if head_dim <= 128 else 32
-
-
-def pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def block_m(rows: int) -> int:
-    """Query rows per program for ``rows`` = max new tokens x group size."""
-    return min(MAX_BLOCK_M, max(16, pow2_at_least(rows)))
 
 
 def window_bounds(causal: bool, window_size) -> tuple[int, int]:
@@ -102,7 +93,10 @@ def _make_split_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=["num_splits", "width", "left", "right"])
+    # integers that vary with the batch (row strides of the page table and the LSE buffers) or only
+    # address scalars (descale strides) are not specialized: fewer variants to compile and warm
+    @triton.jit(do_not_specialize=["num_splits", "width", "left", "right", "pt_stride", "lse_stride_h",
+                                   "lpart_stride_s", "kd_stride_b", "kd_stride_h", "vd_stride_b", "vd_stride_h"])
     def fp8_paged_decode_split(
         Q, K_CACHE, V_CACHE, PAGE_TABLE, SEQLENS, CU_Q, K_DESC, V_DESC,
         OUT, LSE, O_PART, LSE_PART,
@@ -192,7 +186,7 @@ def _make_combine_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=["num_splits"])
+    @triton.jit(do_not_specialize=["num_splits", "lpart_stride_s", "lse_stride_h"])
     def fp8_paged_decode_combine(
         O_PART, LSE_PART, OUT, LSE,
         part_stride_s, part_stride_t, lpart_stride_s, o_stride_t, o_stride_h, lse_stride_h,
@@ -254,33 +248,6 @@ def _descale(x, name: str, batch: int, hkv: int, device):
     _need(tuple(x.shape) == (batch, hkv),
           f"{name} must be a scalar or (batch, kv_heads) = {(batch, hkv)}, got {tuple(x.shape)}")
     return x, x.stride(0), x.stride(1)
-
-
-class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits): the launch's host facts (tests read them)."""
-
-    __slots__ = ()
-
-    def __new__(cls, block_m, row_blocks, block_n, num_splits):
-        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits))
-
-    block_m = property(lambda s: s[0])
-    row_blocks = property(lambda s: s[1])
-    block_n = property(lambda s: s[2])
-    num_splits = property(lambda s: s[3])
-
-
-def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
-         num_splits: Optional[int] = None) -> DecodePlan:
-    """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench)."""
-    rows = max_seqlen_q * group
-    bm = block_m(rows)
-    row_blocks = max(1, -(-rows // bm))
-    if num_splits is None:
-        num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms)
-    _need(isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS,
-          f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    return DecodePlan(bm, row_blocks, block_n(head_dim), num_splits)
 
 
 def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q,
@@ -373,6 +340,34 @@ def takes_split_kv(max_seqlen_q) -> bool:
     from sglang_fa4.environ import envs
 
     return isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
+
+
+def warm(head_dim: int, q_heads: int, kv_heads: int, page_size: int, device) -> int:
+    """Resolve (compile, or load from Triton's disk cache) the variants a server's route launches
+    for one layer shape: decode with one split and with several, with and without the LSE, and
+    the extend row blocks up to SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q new tokens; one small call each
+    on ``device``.  Returns how many were newly resolved."""
+    from sglang_fa4.environ import envs
+    from sglang_fa4.kernels import triton_handles
+
+    before = triton_handles.compile_count()
+    group = q_heads // kv_heads
+    limit = envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
+    # one max_seqlen_q per row block size the route can meet (rows = new tokens x group)
+    rows_for = {}
+    for max_q in range(1, limit + 1):
+        rows_for.setdefault(block_m(max_q * group), max_q)
+    cache = torch.zeros((4, page_size, kv_heads, head_dim), dtype=FP8, device=device)
+    table = torch.zeros((1, 2), dtype=torch.int32, device=device)
+    for max_q in sorted(rows_for.values()):
+        seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
+        cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
+        q = torch.zeros((max_q, q_heads, head_dim), dtype=FP8, device=device)
+        for splits in (1, 2):
+            for lse in ((False, True) if max_q == 1 else (False,)):
+                paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True, num_splits=splits,
+                                       return_lse=lse)
+    return triton_handles.compile_count() - before
 
 
 def kv_bytes_read(lens, hkv: int, d: int, page_size: int) -> int:
