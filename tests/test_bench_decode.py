@@ -72,11 +72,12 @@ def test_smoke_needs_the_interpreter(monkeypatch, tmp_path):
 def test_cpu_smoke_runs_the_command_end_to_end(tmp_path):
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "sglang_fa4.cli", "bench", "decode", "--cpu-smoke", "--out-dir",
-                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "sglang_fa4.cli", "bench", "decode", "--cpu-smoke", "--num-splits", "3",
+                        "--out-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads((tmp_path / "decode.json").read_text())
     assert result["meta"]["partial"] is False and result["meta"]["settings"]["rounds"] == 2
+    assert result["meta"]["settings"]["num_splits"] == 3  # forced: the combine kernel runs in every case
     rows = result["rows"]
     smoke = decode.cases(**decode.SMOKE)
     assert len(rows) == len(smoke) * len(decode.BACKENDS)

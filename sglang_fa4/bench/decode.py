@@ -88,7 +88,7 @@ def make_inputs(case: Case, device, seed: int) -> dict:
                 vd=torch.full((case.batch, case.hkv), V_SCALE, device=device))
 
 
-def runners(case: Case, x: dict, backends) -> tuple[dict, dict, dict]:
+def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tuple[dict, dict, dict]:
     """({backend: call}, {backend: output tensor}, {backend: error}) for the asked backends."""
     import torch
 
@@ -102,7 +102,7 @@ def runners(case: Case, x: dict, backends) -> tuple[dict, dict, dict]:
 
                 fn = (lambda o=out: paged_decode_attention(
                     x["q8"], x["k"], x["v"], x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],
-                    v_descale=x["vd"], softmax_scale=scale, causal=True, out=o))
+                    v_descale=x["vd"], softmax_scale=scale, causal=True, out=o, num_splits=num_splits))
             elif not x["q8"].is_cuda:
                 raise RuntimeError("needs a CUDA GPU")
             elif name == "fa3_fp8":
@@ -186,11 +186,12 @@ def wall_rounds(calls: dict, rounds: int) -> dict:
     return out
 
 
-def bench_case(case: Case, backends, rounds: int, replays: int, device, seed: int) -> list[dict]:
+def bench_case(case: Case, backends, rounds: int, replays: int, device, seed: int,
+               num_splits: int | None = None) -> list[dict]:
     import torch
 
     x = make_inputs(case, device, seed)
-    calls, outs, errors = runners(case, x, backends)
+    calls, outs, errors = runners(case, x, backends, num_splits)
     rows_idx, ref = reference_rows(case, x)
     checks = {}
     for name, fn in list(calls.items()):
@@ -286,7 +287,7 @@ def run(args) -> dict:
         meta = base_meta("decode")
         meta["ceilings"] = ceilings()
     rounds = min(args.rounds, 2) if smoke else args.rounds
-    meta["settings"] = {"backends": list(args.backends), "rounds": rounds, "replays": args.replays,
+    meta["settings"] = {"backends": list(args.backends), "rounds": rounds, "num_splits": args.num_splits or "heuristic", "replays": args.replays,
                         "cases": len(todo), "k_scale": K_SCALE, "v_scale": V_SCALE, "triton_kv_splits": TRITON_KV_SPLITS}
     out_dir = report.resolve_out_dir(args.out_dir)
     stem = "decode" + (f"-{args.tag}" if args.tag else "")
@@ -295,7 +296,8 @@ def run(args) -> dict:
         if args.time_budget_s and time.monotonic() - t_start > args.time_budget_s:
             meta["truncated"] = f"time budget {args.time_budget_s}s reached after {i} of {len(todo)} cases"
             break
-        rows = bench_case(case, args.backends, rounds, args.replays, device, seed=1000 + i)
+        rows = bench_case(case, args.backends, rounds, args.replays, device, seed=1000 + i,
+                          num_splits=args.num_splits or None)
         result["rows"] += rows
         print(f"[decode] {case.name}: " + "  ".join(
             f"{r['backend']}={r['median_us']:.1f}us" if r.get("median_us") else f"{r['backend']}=—" for r in rows),
@@ -316,6 +318,8 @@ def add_arguments(p) -> None:
     p.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS), choices=sorted(HEADS))
     p.add_argument("--rounds", type=int, default=11, help="interleaved rounds per case")
     p.add_argument("--replays", type=int, default=10, help="single graph replays timed per round and backend")
+    p.add_argument("--num-splits", type=int, default=0,
+                   help="force the split-KV kernel's split count (0: fp8_decode_splits.choose_splits), for tuning it")
     p.add_argument("--tag", default="", help="suffix of the output files (decode-<tag>.json/.md)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny shapes on the CPU, the kernel in Triton's interpreter (TRITON_INTERPRET=1); CI")
