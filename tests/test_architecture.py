@@ -58,6 +58,7 @@ FA4_RELEASE_MODULE = "sglang_fa4.kernels.fa4_b36"
 SGLANG_IMPORT_ALLOWED = {
     "plugin.py": "the entry point registers its hooks with SGLang's HookRegistry",
     "bench/backends.py": "SGLang's own attention kernels, timed as baselines",
+    "bench/decode.py": "SGLang's triton fp8 decode kernel, timed as a baseline",
 }
 SGLANG_MODEL_MODULE = "sglang_model.py"
 _PRIVATE = re.compile(r"^_[A-Za-z0-9]\w*$")

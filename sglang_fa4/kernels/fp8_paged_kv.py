@@ -34,6 +34,7 @@ from sglang_fa4.kernels.fp8_paged_gather import (  # noqa: F401 (the route's nam
     gather_paged_kv_reference,
     gather_paged_kv_vt,
 )
+from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention, takes_split_kv
 
 FP8 = torch.float8_e4m3fn
 #: Pack the GQA group into the M tile on decode-shaped calls (see the module doc); False: one CTA
@@ -113,6 +114,10 @@ def paged_fp8_attention(
           "cu_seqlens_q must be an int32 tensor (batch + 1,)")
     _need(cu_seqlens_q.shape[0] == page_table.shape[0] + 1,
           f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries for a page table of {page_table.shape[0]} sequences")
+    if takes_split_kv(max_seqlen_q):  # decode / few new rows: the pool read in place, no gather
+        return paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,
+                                      k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale,
+                                      causal=causal, window_size=window_size, out=out)
     sizes = exact_sizes(cache_seqlens)
     if FUSED_GATHER:
         k, vt, cu_k, max_k = gather_paged_kv_vt(k_cache, v_cache, page_table, cache_seqlens, sizes)
