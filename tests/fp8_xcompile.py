@@ -4,14 +4,20 @@ what the PTX holds (run in a fresh process: the CuTe DSL reads its target at imp
     CUTE_DSL_ARCH=sm_90a CUTE_DSL_KEEP=ptx CUTE_DSL_DUMP_DIR=OUT \
         python tests/fp8_xcompile.py --dump-dir OUT --variant 128,0,0 [--variant 64,1,0 ...]
 
-A variant is head_dim,causal,local.  Prints one JSON object: per variant, the PTX file and counts
-of the instructions that make it an FP8 attention kernel.
+A variant is head_dim,causal,local; ``--variant defaults`` is every kernel the product compiles
+(``layout.all_variants()``: d 64/96/128/192/256, full / causal / windowed -- the paged-KV route
+launches the same ones).  Prints one JSON object: per variant, the PTX file, its sha256
+(:func:`ptx_sha256`) and counts of the instructions that make it an FP8 attention kernel; with
+CUTE_DSL_COMPILER_OPT=remarks{ptx} each variant's ptxas lines follow a marker line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.metadata
 import json
+import os
 import re
 import sys
 import time
@@ -19,6 +25,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def ptx_sha256(ptx: str) -> str:
+    """sha256 of the PTX with each kernel entry's symbol (which spells the Python module, class and
+    method the DSL traced) renamed to ``kernel_<i>``: renaming or moving Python code leaves it
+    alone, any change to an instruction, register, parameter or constant does not."""
+    names = re.findall(r"^\.visible \.entry\s+(\w+)\(", ptx, re.M)
+    for i, name in enumerate(names):
+        ptx = ptx.replace(name, f"kernel_{i}")
+    return hashlib.sha256(ptx.encode()).hexdigest()
 
 
 def facts(ptx: str) -> dict:
@@ -103,21 +119,44 @@ def main() -> None:
     ap.add_argument("--dump-dir", required=True)
     ap.add_argument("--variant", action="append", required=True)
     ap.add_argument("--flags", default="", help="Fp8AttentionForwardSm90 debug/variant switches, comma list")
+    ap.add_argument("--record", help="write the variants' sha256 and the DSL version to this JSON file "
+                                     "(tests/fp8_default_ptx.json after a deliberate kernel change)")
     args = ap.parse_args()
     from sglang_fa4.kernels.fp8_sm90.launch import compile_variant
-    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant, all_variants
 
     dump = Path(args.dump_dir)
-    out = {}
+    specs = []
     for spec in args.variant:
+        specs += ([f"{v.head_dim},{int(v.causal)},{int(v.local)}" for v in all_variants()] if spec == "defaults"
+                  else [spec])
+    out = {"cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl"), "variants": {}}
+    for spec in specs:
         d, causal, local = (int(x) for x in spec.split(","))
-        before = set(dump.glob("*.ptx"))
+        # each variant's PTX goes to its own directory: the file name does not tell causal from not,
+        # so the next compile would overwrite it
+        ptx_dir = dump / spec.replace(",", "_")
+        print(f"== variant {spec}", file=sys.stderr, flush=True)
         t = time.perf_counter()
         compile_variant(Fp8Variant(d, bool(causal), bool(local)), debug=frozenset(f for f in args.flags.split(",") if f))
-        new = sorted(set(dump.glob("*.ptx")) - before)
-        out[spec] = {"seconds": round(time.perf_counter() - t, 1), "ptx_files": [p.name for p in new]}
+        new = sorted(dump.glob("*.ptx"))
+        ptx_dir.mkdir()
+        for p in new:
+            os.replace(p, ptx_dir / p.name)
+        row = out["variants"][spec] = {"seconds": round(time.perf_counter() - t, 1), "ptx_files": [p.name for p in new]}
         if new:
-            out[spec].update(facts(new[-1].read_text()))
+            ptx = (ptx_dir / new[-1].name).read_text()
+            row.update(facts(ptx), sha256=ptx_sha256(ptx))
+    sys.stderr.flush()
+    if args.record:
+        Path(args.record).write_text(json.dumps({
+            "about": "sha256 of the sm_90a PTX of each default SM90 FP8 kernel (head_dim,causal,local), "
+                     "cross-compiled by tests/fp8_xcompile.py --variant defaults; kernel entry symbols "
+                     "renamed (fp8_xcompile.ptx_sha256)",
+            "cutlass_dsl": out["cutlass_dsl"],
+            "arch": os.environ.get("CUTE_DSL_ARCH"),
+            "sha256": {spec: row.get("sha256") for spec, row in out["variants"].items()},
+        }, indent=1) + "\n")
     print(json.dumps(out))
 
 

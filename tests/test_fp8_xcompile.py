@@ -25,9 +25,9 @@ def dsl_pythonpath() -> str:
 
 
 def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "", ptxas: bool = False) -> dict:
-    """Facts of each variant's PTX (tests/fp8_xcompile.py); ``ptxas``: also ptxas's resource lines
-    (CUTE_DSL_COMPILER_OPT=remarks{ptx}, on stderr) as "ptxas": [(stack, spill stores, spill
-    loads) per compiled kernel]."""
+    """Facts of each variant's PTX (tests/fp8_xcompile.py; "defaults": every default kernel);
+    ``ptxas``: also ptxas's resource lines (CUTE_DSL_COMPILER_OPT=remarks{ptx}, on stderr) as
+    "ptxas": [(stack, spill stores, spill loads) per compiled kernel], overall and per variant."""
     dump.mkdir(parents=True)  # the DSL silently writes nothing into a missing directory
     env = {
         **os.environ,
@@ -43,18 +43,47 @@ def xcompile(pythonpath: str, dump: Path, variants: list[str], flags: str = "", 
         cmd += ["--variant", v]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {**result["variants"], "cutlass_dsl": result["cutlass_dsl"]}
     if ptxas:
-        out["ptxas"] = [tuple(int(x) for x in m) for m in re.findall(
-            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)]
+        spills = lambda text: [tuple(int(x) for x in m) for m in re.findall(  # noqa: E731
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)]
+        out["ptxas"] = spills(proc.stderr)
+        for part in proc.stderr.split("== variant ")[1:]:
+            spec, _, text = part.partition("\n")
+            out[spec]["ptxas"] = spills(text)
     return out
 
 
-def test_fp8_forward_cross_compiles_to_e4m3_wgmma(dsl_pythonpath, tmp_path):
-    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["128,1,0", "64,1,0"])
-    d128, d64 = r["128,1,0"], r["64,1,0"]
-    # (its own dump directory: the PTX file name does not tell d=128 causal from non-causal)
-    wide = xcompile(dsl_pythonpath, tmp_path / "ptx_wide", ["128,0,0"])["128,0,0"]
+@pytest.fixture(scope="module")
+def defaults(dsl_pythonpath, tmp_path_factory) -> dict:
+    """Every default kernel (layout.all_variants: d 64/96/128/192/256, full / causal / windowed;
+    the paged-KV route launches the same ones), cross-compiled once in one subprocess."""
+    return xcompile(dsl_pythonpath, tmp_path_factory.mktemp("fp8_defaults") / "ptx", ["defaults"], ptxas=True)
+
+
+def test_default_kernels_ptx_is_the_recorded_ptx(defaults):
+    """The sm_90a PTX of every default kernel is byte for byte what tests/fp8_default_ptx.json
+    records (kernel entry symbols renamed: fp8_xcompile.ptx_sha256) -- the kernels measured on the
+    H200.  A deliberate kernel change re-records it (fp8_xcompile.py --variant defaults --record)."""
+    recorded = json.loads((ROOT / "tests" / "fp8_default_ptx.json").read_text())
+    assert defaults["cutlass_dsl"] == recorded["cutlass_dsl"]
+    got = {spec: defaults[spec]["sha256"] for spec in recorded["sha256"]}
+    changed = sorted(spec for spec in got if got[spec] != recorded["sha256"][spec])
+    assert not changed, f"PTX changed for (head_dim,causal,local) {changed}"
+    assert sorted(k for k in defaults if "," in k) == sorted(recorded["sha256"])  # no default unrecorded
+
+
+def test_default_kernels_build_without_spills(defaults):
+    for spec in (k for k in defaults if "," in k):
+        v = defaults[spec]
+        assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a", spec
+        assert v["ptxas"] and all(stores == loads == 0 for _, stores, loads in v["ptxas"]), (spec, v["ptxas"])
+        assert v["wgmma_other"] == [], spec  # both GEMMs FP8 everywhere
+
+
+def test_fp8_forward_cross_compiles_to_e4m3_wgmma(defaults):
+    d128, d64, wide = defaults["128,1,0"], defaults["64,1,0"], defaults["128,0,0"]
     for v in (d128, d64, wide):
         assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
         assert v["wgmma_other"] == []  # no bf16/f16 GEMM anywhere: both GEMMs are FP8
@@ -106,12 +135,11 @@ def test_fp8_forward_mufu_gate_variant_cross_compiles(dsl_pythonpath, tmp_path):
     assert v["reg_bar_sync_256"] >= 3  # the ping-pong turn waits and the gate before the exp2s
 
 
-def test_fp8_forward_wide_head_dims_cross_compile_one_level(dsl_pythonpath, tmp_path):
+def test_fp8_forward_wide_head_dims_cross_compile_one_level(defaults):
     """d=192 and d=256 (forward.two_level off): the PV GEMM accumulates into O itself, so the
     PTX has no m64n8 row-sum GEMM; both GEMMs FP8; the overlapped schedule (wait for 1 group).
     d=256 causal runs 96-key tiles by default (layout.D256_CAUSAL_DEFAULT_SWITCHES), spill-free."""
-    r = xcompile(dsl_pythonpath, tmp_path / "ptx", ["192,0,0", "256,1,0"], ptxas=True)
-    assert r["ptxas"] and all(stores == loads == 0 for _, stores, loads in r["ptxas"]), r["ptxas"]
+    r = defaults
     for d, spec, keys in ((192, "192,0,0", 128), (256, "256,1,0", 96)):
         v = r[spec]
         assert len(v["ptx_files"]) == 1 and v["target"] == "sm_90a"
