@@ -25,7 +25,7 @@ def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_wa
     """An empty FP8 compile cache whose compiles are recorded instead of run."""
     compiled = []
 
-    def fake_compile(variant, options="--enable-tvm-ffi", debug=frozenset()):
+    def fake_compile(variant, options="--enable-tvm-ffi", config=None):
         compiled.append(variant)
         return lambda *args: None
 
@@ -94,7 +94,7 @@ def test_reset_state_removes_the_fp8_listener(fake_fp8):
 
 
 def test_fp8_warmup_failure_is_reported_not_raised(fake_fp8, monkeypatch):
-    def broken(variant, options="", debug=frozenset()):
+    def broken(variant, options="", config=None):
         raise RuntimeError("no cutlass here")
 
     monkeypatch.setattr(launch, "compile_variant", broken)

@@ -164,7 +164,7 @@ def test_off_sm90_one_log_line_and_bf16(monkeypatch, recorders, caplog, arch):
 @pytest.fixture
 def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_warmup
     compiled = []
-    monkeypatch.setattr(launch, "compile_variant", lambda v, options="", debug=frozenset(): compiled.append(v))
+    monkeypatch.setattr(launch, "compile_variant", lambda v, options="", config=None: compiled.append(v))
     monkeypatch.setattr(launch, "_compiled", {})
     monkeypatch.setattr(launch, "_compile_events", [])
     monkeypatch.setattr(launch, "_listeners", [])

@@ -11,6 +11,7 @@ from torch's caching allocator, which graph capture also handles.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Callable, Optional
@@ -30,8 +31,6 @@ _lock = threading.Lock()
 _compiled: dict[Fp8Variant, Callable] = {}
 _compile_events: list[dict] = []
 _listeners: list[Callable[[dict], None]] = []
-#: Bring-up switches passed to every compile (see Fp8AttentionForwardSm90.debug); empty in use.
-DEBUG_FLAGS: frozenset = frozenset()
 
 
 class Fp8AttentionError(ValueError):
@@ -85,33 +84,39 @@ def device_sm_count() -> int:
     return n
 
 
-def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", debug=frozenset()):
-    """cute.compile one variant (no GPU needed when CUTE_DSL_ARCH is set: cross-compiles)."""
+def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", config=None):
+    """cute.compile one variant with ``config`` (a kernel_config.Fp8KernelConfig; None: the table's
+    default).  No GPU needed when CUTE_DSL_ARCH is set: cross-compiles."""
     import cutlass.cute as cute
 
     from sglang_fa4.kernels.fp8_sm90.forward import Fp8AttentionForwardSm90
 
-    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, debug=debug,
+    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, config=config,
                                      num_sms=device_sm_count())
     return cute.compile(kernel, *_fake_args(variant), options=options)
 
 
-def compiled_kernel(variant: Fp8Variant) -> Callable:
-    fn = _compiled.get(variant)
+def compiled_kernel(variant: Fp8Variant, config=None) -> Callable:
+    """The compiled kernel of ``variant`` with ``config`` (kernel_config.Fp8KernelConfig; None: the
+    table's), compiled on first use (a compile event for the JIT monitor)."""
+    key = variant if config is None else (variant, config)
+    fn = _compiled.get(key)
     if fn is not None:
         return fn
     with _lock:
-        fn = _compiled.get(variant)
+        fn = _compiled.get(key)
         if fn is None:
             t0 = time.perf_counter()
-            fn = compile_variant(variant, debug=DEBUG_FLAGS)
+            fn = compile_variant(variant, config=config)
             event = {
                 "variant": variant.as_dict(),
                 "seconds": time.perf_counter() - t0,
                 "capturing": torch.cuda.is_available() and torch.cuda.is_current_stream_capturing(),
             }
+            if config is not None:
+                event["config"] = dataclasses.asdict(config)
             _compile_events.append(event)
-            _compiled[variant] = fn
+            _compiled[key] = fn
             for cb in list(_listeners):
                 cb(event)
     return fn
@@ -305,13 +310,16 @@ def fp8_varlen_attention(
     window_size=(None, None),
     out: Optional[torch.Tensor] = None,
     vt: Optional[torch.Tensor] = None,
+    kernel_config=None,
 ) -> torch.Tensor:
     """Attention over E4M3 q (total_q, Hq, d), k/v (total_k, Hkv, d) -> bf16 (total_q, Hq, d).
 
     softmax(q k^T * softmax_scale * q_descale * k_descale) (v * v_descale), per (batch, kv head)
     descales.  ``vt`` (the permuted V^T from :func:`pack_vt` or ``quantize_qkv``) may replace ``v``;
     ``descale`` (3, batch, Hkv) float32 may replace the three descales; give all three, or
-    ``descale``, or none (unscaled E4M3).  SM90 only.  Bad arguments raise
+    ``descale``, or none (unscaled E4M3).  ``kernel_config``: a
+    :class:`~sglang_fa4.kernels.fp8_sm90.kernel_config.Fp8KernelConfig` other than the table's
+    (benchmarks; None in use).  SM90 only.  Bad arguments raise
     :class:`Fp8AttentionError` naming what is wrong.
     """
     # Host time matters (a ViT calls this 24-32 times per image): the full checks run once per
@@ -350,7 +358,7 @@ def fp8_varlen_attention(
         vt = pack_vt(v, cu_seqlens_k, max_seqlen_k)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    fn = compiled_kernel(variant)
+    fn = compiled_kernel(variant, kernel_config)
     fn(
         q.view(torch.uint8),
         k.view(torch.uint8),
