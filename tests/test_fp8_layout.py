@@ -106,6 +106,26 @@ def test_window_normalization(causal, window, want):
         assert left == right == layout.WINDOW_UNBOUNDED
 
 
+@pytest.mark.parametrize("window", [None, (None, None), (-1, -1), (-5, None), (None, -1)])
+def test_one_window_convention_every_route(window):
+    """Unbounded is None, or SGLang's negative -1, on every route: the FP8 kernel reads a window
+    through the same fa4_config.window_bounds as FA4's and the short-window route."""
+    from sglang_fa4.kernels.fa4_config import normalize_window
+
+    assert layout.normalize_window(False, window) == (False, False, layout.WINDOW_UNBOUNDED, layout.WINDOW_UNBOUNDED)
+    assert normalize_window(window) == (False, None, None)
+
+
+@pytest.mark.parametrize("window", [(64.0, 0), (True, None), ("64", 0), (1, 2, 3)])
+def test_a_window_side_is_an_int_or_none_on_every_route(window):
+    from sglang_fa4.kernels.fa4_config import FA4InputError, normalize_window
+
+    with pytest.raises(FA4InputError, match="window_size"):
+        layout.normalize_window(False, window)
+    with pytest.raises(FA4InputError, match="window_size"):
+        normalize_window(window)
+
+
 def test_causal_with_right_window_is_an_error():
     with pytest.raises(ValueError, match="causal=True with a right window"):
         layout.normalize_window(True, (None, 3))

@@ -45,7 +45,8 @@ def narrow_widths(tile_n: int) -> tuple:
     return tuple(w for w in (64, 96) if w < tile_n and tile_n % w == 0)
 
 
-#: A window side this large or larger is "unbounded".
+#: The kernel's argument for an unbounded window side (a side this large or larger is unbounded);
+#: every API takes None (or SGLang's -1) instead: normalize_window.
 WINDOW_UNBOUNDED = 1 << 28
 
 
@@ -148,16 +149,16 @@ class Fp8Variant(NamedTuple):
 
 
 def normalize_window(causal: bool, window_size) -> tuple[bool, bool, int, int]:
-    """(causal, local, left, right) with unbounded sides as WINDOW_UNBOUNDED.
+    """(causal, local, left, right) for the kernel: unbounded sides as WINDOW_UNBOUNDED (its
+    argument encoding; nothing outside the launch sees it).
 
-    ``window_size`` is (left, right); None or a negative value means unbounded.  A window with an
-    unbounded left side and right side 0 is plain causal attention.
+    ``window_size`` is (left, right) in the one convention of every route
+    (``fa4_config.window_bounds``): None -- or SGLang's negative -1 -- is unbounded.  A window with
+    an unbounded left side and right side 0 is plain causal attention.
     """
-    if window_size is None:
-        window_size = (None, None)
-    if len(window_size) != 2:
-        raise ValueError(f"window_size must be (left, right), got {window_size!r}")
-    left, right = (None if w is None or int(w) < 0 else int(w) for w in window_size)
+    from sglang_fa4.kernels.fa4_config import window_bounds
+
+    left, right = window_bounds(window_size)
     if causal:
         if right not in (None, 0):
             raise ValueError(f"causal=True with a right window of {right}: use one or the other")
