@@ -338,7 +338,7 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
 
 def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     """warm_fp8_kv_route: the gather's compiles are warmup work; afterwards one is flagged."""
-    from sglang_fa4.kernels import fp8_paged_gather, triton_handles
+    from sglang_fa4.kernels import compile_events, fp8_paged_gather, triton_handles
     from sglang_fa4.kernels.fp8_paged_gather import GatherShape
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.startup import jit_monitor, warmup
@@ -349,8 +349,7 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     event = triton_handles.CompileEvent("fp8_paged_gather", ("key",), 0.5, False, False)
 
     def fake_warm(shape, device):  # a compile inside the warmup: expected
-        for fn in list(triton_handles._listeners):
-            fn(event)
+        compile_events.record("triton", event)
         return 1
 
     monkeypatch.setattr(fp8_paged_gather, "warm", fake_warm)
@@ -359,7 +358,6 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
         assert report.triton["resolved"] == 1 and not report.triton["failures"]
         assert jit_monitor.warmup_finished() and jit_monitor.compiles_after_warmup() == 0
         with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="fp8_paged_gather"):
-            for fn in list(triton_handles._listeners):  # the same compile on the request path
-                fn(event)
+            compile_events.record("triton", event)  # the same compile on the request path
     finally:
         jit_monitor.reset_state()

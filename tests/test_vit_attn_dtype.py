@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sglang_fa4.integration import vision_fa4
-from sglang_fa4.kernels import dispatch, short_segments, vit_attn_dtype
+from sglang_fa4.kernels import compile_events, dispatch, short_segments, vit_attn_dtype
 from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import warmup
@@ -182,8 +182,8 @@ def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_wa
     compiled = []
     monkeypatch.setattr(launch, "compile_variant", lambda v, options="", config=None: compiled.append(v))
     monkeypatch.setattr(launch, "_compiled", {})
-    monkeypatch.setattr(launch, "_compile_events", [])
-    monkeypatch.setattr(launch, "_listeners", [])
+    monkeypatch.setattr(compile_events, "_events", [])
+    monkeypatch.setattr(compile_events, "_listeners", [])
     monkeypatch.setattr("sglang_fa4.kernels.fa4_b36.fa4_available", lambda: True)
     return compiled
 
@@ -283,8 +283,8 @@ def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, c
     from sglang_fa4.startup import jit_monitor
 
     monkeypatch.setattr(quantize_chunked, "_seen", {})
-    monkeypatch.setattr(quantize_chunked, "_events", [])
-    monkeypatch.setattr(quantize_chunked, "_listeners", [])
+    monkeypatch.setattr(compile_events, "_events", [])
+    monkeypatch.setattr(compile_events, "_listeners", [])
     kernel = object()
     with jit_monitor.expected_compiles(finishes_warmup=True):
         quantize_chunked._note_launch(kernel, "quantize", 80, torch.bfloat16, 0.0)  # startup work

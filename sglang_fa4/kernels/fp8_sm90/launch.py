@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from sglang_fa4.kernels import compile_events as compile_events_registry
 from sglang_fa4.kernels.fp8_sm90.layout import (
     SUPPORTED_HEAD_DIMS,
     Fp8Variant,
@@ -28,9 +29,7 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
 )
 
 _lock = threading.Lock()
-_compiled: dict[Fp8Variant, Callable] = {}
-_compile_events: list[dict] = []
-_listeners: list[Callable[[dict], None]] = []
+_compiled: dict = {}  # variant, or (variant, config) for a config other than the table's -> kernel
 
 
 class Fp8AttentionError(ValueError):
@@ -103,6 +102,7 @@ def compiled_kernel(variant: Fp8Variant, config=None) -> Callable:
     fn = _compiled.get(key)
     if fn is not None:
         return fn
+    event = None
     with _lock:
         fn = _compiled.get(key)
         if fn is None:
@@ -115,10 +115,9 @@ def compiled_kernel(variant: Fp8Variant, config=None) -> Callable:
             }
             if config is not None:
                 event["config"] = dataclasses.asdict(config)
-            _compile_events.append(event)
             _compiled[key] = fn
-            for cb in list(_listeners):
-                cb(event)
+    if event is not None:  # outside the lock (a listener may raise: the kernel is kept)
+        compile_events_registry.record("fp8_forward", event)
     return fn
 
 
@@ -132,16 +131,16 @@ def warmup(variants=None) -> list[Fp8Variant]:
 
 
 def compile_count() -> int:
-    return len(_compile_events)
+    return compile_events_registry.count("fp8_forward")
 
 
 def compile_events() -> list[dict]:
-    return list(_compile_events)
+    """This process's FP8 forward compiles (the registry's "fp8_forward" events)."""
+    return compile_events_registry.events("fp8_forward")
 
 
 def add_compile_listener(callback: Callable[[dict], None]) -> Callable[[], None]:
-    _listeners.append(callback)
-    return lambda: _listeners.remove(callback) if callback in _listeners else None
+    return compile_events_registry.add_listener(lambda _source, event: callback(event), "fp8_forward")
 
 
 # ----------------------------------------------------------------------------------------------
