@@ -19,6 +19,8 @@ from typing import Callable, Optional
 import torch
 
 from sglang_fa4.kernels import compile_events as compile_events_registry
+from sglang_fa4.kernels.fa4_config import FA4InputError
+from sglang_fa4.kernels.inputs import check_scalars
 from sglang_fa4.kernels.fp8_sm90.layout import (
     SUPPORTED_HEAD_DIMS,
     Fp8Variant,
@@ -32,8 +34,9 @@ _lock = threading.Lock()
 _compiled: dict = {}  # variant, or (variant, config) for a config other than the table's -> kernel
 
 
-class Fp8AttentionError(ValueError):
-    """Arguments the SM90 FP8 forward cannot take (the message names what is wrong)."""
+class Fp8AttentionError(FA4InputError):
+    """Arguments the SM90 FP8 forward cannot take (the message names what is wrong); an
+    FA4InputError (and a ValueError) like every route's."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,6 +180,7 @@ def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, vt=None) -> tupl
         f"head dim {d} is not supported by the SM90 FP8 kernel (supported {SUPPORTED_HEAD_DIMS}; "
         "zero-pad to the next one, quantize_qkv does it)",
     )
+    _need(hq > 0, f"q heads (0): q {tuple(q.shape)} must have at least one head")
     _need(hkv > 0 and hq % hkv == 0, f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _need(isinstance(cu, torch.Tensor), f"{name} must be a torch.Tensor")
@@ -323,6 +327,8 @@ def fp8_varlen_attention(
     """
     # Host time matters (a ViT calls this 24-32 times per image): the full checks run once per
     # tensor-metadata signature; later calls with the same signature only re-check pointer alignment.
+    # Every check runs before the GPU is asked what it is (check_device).
+    check_scalars(max_seqlen_q, softmax_scale, q)
     sig = _signature(q, k, v, cu_seqlens_q, cu_seqlens_k, out, vt)
     checked = _checked.get(sig)
     if checked is None:
