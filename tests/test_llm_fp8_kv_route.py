@@ -73,7 +73,9 @@ def test_gather_rejects_bad_metadata():
 def model_kernel(calls):
     """A torch model of fp8_varlen_attention's contract (what the CUDA kernel computes)."""
 
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out, vt=None):
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out, vt=None,
+             q_descale=None, k_descale=None, v_descale=None):
+        assert q_descale is k_descale is v_descale is None  # the route hands one (3, batch, Hkv) descale
         calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out, vt=vt is not None))
         if v is None:  # the route hands the kernel the permuted V^T: read V back through its layout
             assert vt.dtype == torch.uint8 and vt.shape[:2] == k.shape[1:] and vt.stride(1) % 16 == 0
@@ -157,17 +159,14 @@ def test_decode_gqa_pack_roundtrip_and_when_it_applies(fake_kernel, gather_only,
     assert not packable(q, 5, 4, None, (-1, -1), True)  # no host max_seqlen_q
     assert not packable(q, 5, 28, 1, (-1, -1), True)  # MHA: nothing to pack
     assert not packable(q, 5, 4, 1, (127, 0), True)  # a sliding window moves with the position
-    monkeypatch.setattr(fp8_paged_kv, "PACK_GQA_DECODE", False)
-    assert not packable(q, 5, 4, 1, (-1, -1), True)
-    # unpacked and packed decode agree (the same torch model of the kernel)
+    # unpacked (no host max_seqlen_q) and packed decode agree (the same torch model of the kernel)
     k_cache, v_cache, table, seqlens = make_pool([33, 129, 64, 1], 16, 4, 128)
     cu_q = torch.arange(5, dtype=torch.int32)
     q8 = torch.randn(4, 28, 128).to(FP8)
     kw = dict(k_descale=torch.tensor([0.7]), v_descale=torch.tensor([1.3]), causal=True)
-    plain = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, 1, **kw)
-    monkeypatch.setattr(fp8_paged_kv, "PACK_GQA_DECODE", True)
+    plain = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, None, **kw)
     packed_out = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, 1, **kw)
-    assert [c["max_q"] for c in fake_kernel] == [1, 7]
+    assert [(c["max_q"], c["causal"]) for c in fake_kernel] == [(None, True), (7, False)]
     assert torch.allclose(plain.float(), packed_out.float(), atol=1e-2)
 
 
@@ -505,7 +504,7 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
 
 def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     """warm_fp8_kv_route: the gather's compiles are warmup work; afterwards one is flagged."""
-    from sglang_fa4.kernels import fp8_paged_gather, triton_handles
+    from sglang_fa4.kernels import compile_events, fp8_paged_gather, triton_handles
     from sglang_fa4.kernels.fp8_paged_gather import GatherShape
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.startup import jit_monitor, warmup
@@ -516,8 +515,7 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     event = triton_handles.CompileEvent("fp8_paged_gather", ("key",), 0.5, False, False)
 
     def fake_warm(shape, device):  # a compile inside the warmup: expected
-        for fn in list(triton_handles._listeners):
-            fn(event)
+        compile_events.record("triton", event)
         return 1
 
     monkeypatch.setattr(fp8_paged_gather, "warm", fake_warm)
@@ -526,7 +524,6 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
         assert report.triton["resolved"] == 1 and not report.triton["failures"]
         assert jit_monitor.warmup_finished() and jit_monitor.compiles_after_warmup() == 0
         with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="fp8_paged_gather"):
-            for fn in list(triton_handles._listeners):  # the same compile on the request path
-                fn(event)
+            compile_events.record("triton", event)  # the same compile on the request path
     finally:
         jit_monitor.reset_state()

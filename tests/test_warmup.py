@@ -230,7 +230,7 @@ def test_load_model_hook_warms_and_arms(fake_fa4, monkeypatch):
     sentinel = object()
     assert hooks.warm_fa4_after_load_model(sentinel, Runner()) is None  # AFTER hook: keep load_model's result
     assert len(fake_fa4.compiles) == 2  # arch from the kernel cache (the fake says sm_90)
-    assert jit_monitor.warmup_finished() and jit_monitor._monitor is not None
+    assert jit_monitor.warmup_finished() and jit_monitor.armed()
 
 
 def test_env_opt_out(fake_fa4, monkeypatch):
