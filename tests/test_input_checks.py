@@ -27,7 +27,11 @@ class Fake:
         return len(self.shape)
 
     def get_device(self) -> int:
-        return self.device_index
+        return self.device_index if self.is_cuda else -1  # as torch: -1 for a CPU tensor
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.device_index) if self.is_cuda else torch.device("cpu")
 
 
 def good(**change):
@@ -62,10 +66,12 @@ def test_a_valid_call_passes_and_reports_its_shape():
     (dict(k=Fake((12, 0, 64)), v=Fake((12, 0, 64))), r"multiple of k/v heads \(0\)"),
     (dict(cu=Fake((3,), torch.int64)), "cu_seqlens must be a 1-D int32"),
     (dict(cu=Fake((3, 1), torch.int32)), "cu_seqlens must be a 1-D int32"),
-    (dict(q=Fake((10, 8, 64), is_cuda=False)), "must be CUDA tensors"),
-    (dict(k=Fake((12, 2, 64), is_cuda=False)), "must be CUDA tensors"),
-    (dict(v=Fake((12, 2, 64), is_cuda=False)), "must be CUDA tensors"),
-    (dict(cu=Fake((3,), torch.int32, is_cuda=False)), "must be CUDA tensors"),
+    (dict(q=Fake((10, 8, 64), is_cuda=False)), "must be on one device"),
+    (dict(k=Fake((12, 2, 64), is_cuda=False)), "must be on one device"),
+    (dict(v=Fake((12, 2, 64), is_cuda=False)), "must be on one device"),
+    (dict(cu=Fake((3,), torch.int32, is_cuda=False)), "must be on one device"),
+    (dict(q=Fake((10, 8, 64), device_index=1)), "must be on one device"),
+    ({n: Fake(t.shape, t.dtype, is_cuda=False) for n, t in zip(("q", "k", "v", "cu"), good())}, "must be CUDA tensors"),
 ], ids=lambda x: str(x)[:48])
 def test_each_tensor_check_on_its_own(change, message):
     with pytest.raises(FA4InputError, match=message):
@@ -73,7 +79,7 @@ def test_each_tensor_check_on_its_own(change, message):
 
 
 def test_cpu_tensors_pass_where_no_device_is_required():
-    q, k, v, cu = good(q=Fake((10, 8, 64), is_cuda=False), cu=Fake((3,), torch.int32, is_cuda=False))
+    q, k, v, cu = (Fake(t.shape, t.dtype, is_cuda=False) for t in good())
     assert check_tensors(q, k, v, cu, require_cuda=False)[0] == 10
 
 
