@@ -126,24 +126,24 @@ def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
 
 def _fa4_report() -> dict[str, Any]:
     """FA4's versions and which launch path the ViT calls take with them (no FA4 import)."""
-    from sglang_fa4.kernels.fa4_b36 import CALL_LAYOUT_CHECKED, FA4_VERSION
+    from sglang_fa4.kernels.fa4 import CALL_LAYOUT_CHECKED, WRITTEN_AGAINST
 
     version = _dist_version("flash-attn-4")
     if version is None:
         launch = "none (flash-attn-4 not installed)"
-    elif version == FA4_VERSION:
-        launch = f"direct cached-kernel launch (the call layout of flash-attn-4 {FA4_VERSION})"
+    elif version == WRITTEN_AGAINST:
+        launch = f"direct cached-kernel launch (the call layout of flash-attn-4 {WRITTEN_AGAINST})"
     elif version in CALL_LAYOUT_CHECKED:
         launch = (f"direct cached-kernel launch: flash-attn-4 {version}'s kernel call was checked to match "
-                  f"{FA4_VERSION}'s layout ({', '.join(CALL_LAYOUT_CHECKED[version])}); still checked per "
+                  f"{WRITTEN_AGAINST}'s layout ({', '.join(CALL_LAYOUT_CHECKED[version])}); still checked per "
                   "configuration, FA4's public API where it does not match (one warning)")
     else:
-        launch = (f"direct launch where flash-attn-4 {version}'s kernel call matches {FA4_VERSION}'s layout, "
+        launch = (f"direct launch where flash-attn-4 {version}'s kernel call matches {WRITTEN_AGAINST}'s layout, "
                   "FA4's public API for configurations where it does not (checked per configuration, one warning)")
     from sglang_fa4.kernels import dsl_versions
 
     return {"flash-attn-4": version, "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl"),
-            "written_against": FA4_VERSION, "launch_path": launch,
+            "written_against": WRITTEN_AGAINST, "launch_path": launch,
             "cutlass_dsl_builds": dsl_versions.report(_dist_version("nvidia-cutlass-dsl"))}
 
 

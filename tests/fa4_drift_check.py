@@ -62,45 +62,19 @@ class _NoLaunch:
         self.last_nargs = len(args)
 
 
-def _cumsum(lens):
-    out, acc = [0], 0
-    for n in lens:
-        acc += n
-        out.append(acc)
-    return out
-
-
 def _inputs(torch, d, heads, lens, sinks, device, gen=None):
+    from sglang_fa4.testing import cu_seqlens
+
     total = sum(lens)
     q, k, v = (torch.randn(total, heads, d, device=device, generator=gen, dtype=torch.float32).to(torch.bfloat16)
                for _ in range(3))
-    cu = torch.tensor(_cumsum(lens), dtype=torch.int32, device=device)
+    cu = cu_seqlens(lens, device=device)
     s = torch.randn(heads, device=device, generator=gen) if sinks else None
     return q, k, v, cu, s
 
 
-def _reference(torch, q, k, v, lens, window, sinks):
-    """fp32 softmax attention per segment (sliding window and sinks as FA4 defines them)."""
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    scale = q.shape[-1] ** -0.5
-    start = 0
-    for n in lens:
-        if n:
-            qs, ks, vs = (t[start:start + n].float().transpose(0, 1) for t in (q, k, v))
-            s = qs @ ks.transpose(1, 2) * scale
-            if window is not None:
-                i = torch.arange(n, device=q.device)
-                rel = i[None, :] - i[:, None]
-                s = s.masked_fill((rel < -window[0]) | (rel > window[1]), float("-inf"))
-            if sinks is not None:
-                s = torch.cat([s, sinks.float()[:, None, None].expand(-1, n, 1)], dim=-1)
-            p = torch.softmax(s, dim=-1)[..., :n]
-            out[start:start + n] = (p @ vs).transpose(0, 1)
-        start += n
-    return out
-
-
 def run_configs(torch, dispatch_call, gpu: bool, cache) -> list[dict]:
+    from sglang_fa4.testing import attention_fp32, rel_err
     from sglang_fa4.kernels.fa4_kernel_cache import PublicLauncher
 
     rows = []
@@ -116,8 +90,8 @@ def run_configs(torch, dispatch_call, gpu: bool, cache) -> list[dict]:
                 row["returned_out"] = got is out
                 if gpu:
                     torch.cuda.synchronize()
-                    ref = _reference(torch, q, k, v, lens, window, s)
-                    err = float((got.float() - ref).norm() / ref.norm())
+                    ref = attention_fp32(q, k, v, cu, window=window or (None, None), sinks=s)
+                    err = rel_err(got, ref)
                     row[f"rel_err_call{attempt + 1}"] = err
                     row["finite"] = bool(torch.isfinite(got).all())
         except Exception as exc:  # noqa: BLE001 - reported, the check fails on it

@@ -27,7 +27,6 @@ import json
 import os
 import sys
 import time
-from itertools import accumulate
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,11 +77,13 @@ def _no_launch(iface, *, compile_too: bool) -> None:
 
 
 def _inputs(torch, d, heads, lens, sinks, device, dtype=None, kv_heads=None):
+    from sglang_fa4.testing import cu_seqlens
+
     total = sum(lens)
     dtype = dtype or torch.bfloat16
     q = torch.empty(total, heads, d, dtype=dtype, device=device)
     k, v = (torch.empty(total, kv_heads or heads, d, dtype=dtype, device=device) for _ in range(2))
-    cu = torch.tensor(list(accumulate(lens, initial=0)), dtype=torch.int32, device=device)
+    cu = cu_seqlens(lens, device=device)
     s = torch.empty(heads, dtype=torch.float32, device=device) if sinks else None
     return q, k, v, cu, s
 

@@ -139,6 +139,27 @@ def run_with_sglang(
         raise SGLangRunError(f"sglang {version} snippet's last stdout line is not JSON ({exc})\n{report}") from None
 
 
+#: the scripts run_script runs: real files (linted like any test), importable from each other
+SCRIPTS = Path(__file__).resolve().parent / "sglang_scripts"
+
+
+def run_script(version: str, module: str, call: str, **kwargs) -> Any:
+    """Import ``tests/sglang_scripts/<module>.py`` under sglang ``version`` and return the JSON of
+    ``<module>.<call>`` (e.g. ``run(plugin=True, checks=["forward_forms"])``); ``kwargs`` as for
+    :func:`run_with_sglang`."""
+    code = f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\nimport {module}\nemit({module}.{call})\n"
+    return run_with_sglang(version, code, **kwargs)
+
+
+def run_file(version: str, name: str, params: Any = None, **kwargs) -> Any:
+    """Run the script ``tests/sglang_scripts/<name>`` under sglang ``version`` as a snippet (its
+    ``emit`` from tests/sglang_scripts/emit.py, ``params`` as JSON in ``sys.argv[1]``); ``kwargs`` as
+    for :func:`run_with_sglang`."""
+    code = (f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
+            f"sys.argv = [{name!r}, {json.dumps(params if params is not None else {})!r}]\n")
+    return run_with_sglang(version, code + (SCRIPTS / name).read_text(), **kwargs)
+
+
 def _run_fresh(code: str, env: dict[str, str], cwd: str, timeout: float) -> tuple[int, bool, str, str]:
     try:
         proc = subprocess.run(

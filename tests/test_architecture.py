@@ -14,7 +14,14 @@
    SGLang is not installed.
 3. flash-attn-4's private names (``iface._flash_attn_fwd``...) appear only in
    ``sglang_fa4/kernels/fa4_b36.py``: private attributes taken from a ``flash_attn`` module.
-4. No module is over 400 lines.
+4. FA4 behind one door: outside ``kernels/`` no module imports ``kernels/fa4_b36.py`` (the
+   release-specific module); they ask ``kernels/fa4.py``, its small public API.
+5. SGLang knowledge in one place: ``sglang`` is imported only under ``integration/`` (plus the
+   entry point's hook registration in ``plugin.py`` and the bench's SGLang baseline kernels), and
+   the attribute names of SGLang's model objects (``sglang_model.SGLANG_ATTRIBUTES``:
+   ``head_size``, ``fullatt_block_indexes``...) are read only under ``integration/`` and in
+   ``sglang_fa4/sglang_model.py``.
+6. Modules over 400 lines are reported as a warning (a nudge to split by concept, not a failure).
 
 Each rule is also run on a planted violation, so the checker itself cannot silently pass.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,6 +53,14 @@ NOT_SGLANGS = frozenset({
     "_attn_implementation",  # transformers' PretrainedConfig (the bench's HF towers set it)
 })
 KERNEL_FIRST_PARTY = ("sglang_fa4.kernels", "sglang_fa4.environ")
+FA4_RELEASE_MODULE = "sglang_fa4.kernels.fa4_b36"
+#: modules outside integration/ that may import sglang, and why
+SGLANG_IMPORT_ALLOWED = {
+    "plugin.py": "the entry point registers its hooks with SGLang's HookRegistry",
+    "bench/backends.py": "SGLang's own attention kernels, timed as baselines",
+    "bench/decode.py": "SGLang's triton fp8 decode kernel, timed as a baseline",
+}
+SGLANG_MODEL_MODULE = "sglang_model.py"
 _PRIVATE = re.compile(r"^_[A-Za-z0-9]\w*$")
 _DOTTED_PRIVATE = re.compile(r"(?:^|\.)(_[A-Za-z0-9]\w*)(?=\.|$)")
 
@@ -205,6 +221,87 @@ def fa4_private_violations(trees: dict[str, ast.AST]) -> list[str]:
     return out
 
 
+def _imported_modules(node: ast.AST) -> list[str]:
+    """Every module an import statement names: ``import a.b`` -> a.b; ``from a import b`` -> a, a.b."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+def fa4_release_import_violations(trees: dict[str, ast.AST]) -> list[str]:
+    """Imports of the release-specific FA4 module (directly, or as a dotted string) outside kernels/."""
+    out = []
+    for rel, tree in trees.items():
+        if rel.startswith("kernels/"):
+            continue
+        for node in ast.walk(tree):
+            named = _imported_modules(node)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                named = [node.value]
+            if any(m == FA4_RELEASE_MODULE or m.startswith(FA4_RELEASE_MODULE + ".") for m in named):
+                out.append(f"{rel}:{node.lineno}: {FA4_RELEASE_MODULE}")
+    return out
+
+
+def sglang_import_violations(trees: dict[str, ast.AST]) -> list[str]:
+    out = []
+    for rel, tree in trees.items():
+        if rel.startswith("integration/") or rel in SGLANG_IMPORT_ALLOWED:
+            continue
+        for node in ast.walk(tree):
+            for m in _imported_modules(node):
+                if m.split(".")[0] == "sglang":
+                    out.append(f"{rel}:{node.lineno}: {m}")
+                    break
+    return out
+
+
+def our_attribute_names(trees: dict[str, ast.AST]) -> set[str]:
+    """Attribute names sglang_fa4 gives its own objects: class-level fields and ``self.x =``."""
+    names = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for stmt in node.body:
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else (
+                        [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
+                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                            and target.value.id in ("self", "cls"):
+                        names.add(target.attr)
+    return names
+
+
+def sglang_attribute_violations(trees: dict[str, ast.AST], attributes, ours) -> list[str]:
+    """Reads of SGLang model attributes (``x.head_size``, ``getattr(x, "blocks", None)``) outside
+    integration/ and sglang_model.py; a name sglang_fa4 defines on its own objects is not SGLang's."""
+    foreign = set(attributes) - set(ours)
+    out = []
+    for rel, tree in trees.items():
+        if rel.startswith("integration/") or rel == SGLANG_MODEL_MODULE:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in foreign:
+                out.append(f"{rel}:{node.lineno}: {node.attr}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and node.args[1].value in foreign):
+                out.append(f"{rel}:{node.lineno}: {node.args[1].value}")
+    return out
+
+
+def long_modules(root: Path = PACKAGE, limit: int = MAX_LINES) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): n for p in _modules(root) if (n := len(p.read_text().splitlines())) > limit}
+
+
+class LongModuleWarning(UserWarning):
+    """A module over MAX_LINES lines: worth a look whether it holds more than one concept."""
+
+
 # --------------------------------------------------------------------------------------------
 # the rules on the package
 # --------------------------------------------------------------------------------------------
@@ -232,9 +329,40 @@ def test_fa4_private_names_only_in_the_b36_module():
     assert any(name == "_flash_attn_fwd" for _, name in used_private_names(_parsed()["kernels/fa4_b36.py"]))
 
 
-def test_no_module_over_400_lines():
-    long = {rel: n for rel in _parsed() if (n := len((PACKAGE / rel).read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+def test_fa4_release_module_only_behind_the_facade():
+    assert fa4_release_import_violations(_parsed()) == []
+    # the facade is what the outside uses: startup imports it (the rule is not vacuous)
+    assert any("sglang_fa4.kernels.fa4" in _imported_modules(node) or (
+        isinstance(node, ast.ImportFrom) and node.module == "sglang_fa4.kernels"
+        and any(a.name == "fa4" for a in node.names)) for node in ast.walk(_parsed()["startup/warmup.py"]))
+
+
+def test_sglang_imported_only_under_integration():
+    assert sglang_import_violations(_parsed()) == []
+
+
+def test_sglang_model_attributes_read_only_in_one_module():
+    from sglang_fa4.sglang_model import SGLANG_ATTRIBUTES
+
+    trees = _parsed()
+    assert sglang_attribute_violations(trees, SGLANG_ATTRIBUTES, our_attribute_names(trees)) == []
+    # every name declared is one sglang_model.py reads (the declaration is not stale)
+    model = trees[SGLANG_MODEL_MODULE]
+    read = {n.attr for n in ast.walk(model) if isinstance(n, ast.Attribute)} | {
+        n.value for n in ast.walk(model) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert SGLANG_ATTRIBUTES - read == set()
+
+
+def test_long_modules_are_a_warning():
+    for rel, n in sorted(long_modules().items()):
+        warnings.warn(f"sglang_fa4/{rel} is {n} lines (over {MAX_LINES}): one concept per module?",
+                      LongModuleWarning, stacklevel=1)
+
+
+def test_long_module_check_counts_lines(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules(tmp_path) == {"long.py": MAX_LINES + 1}
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,3 +406,37 @@ def test_checker_catches_planted_violations():
     ] or sorted(fa4_private_violations(trees)) == sorted([
         "kernels/planted.py:11: _flash_attn_fwd", "integration/planted.py:11: _flash_attn_fwd",
     ])
+
+
+PLANTED_FACADES = '''
+import sglang.srt.server_args
+from sglang_fa4.kernels import fa4_b36
+from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
+from sglang_fa4.kernels import fa4
+HOOK = "sglang_fa4.kernels.fa4_b36"
+
+class Mine:
+    sinks: object = None
+
+def f(module, tower):
+    return module.head_size, getattr(tower, "fullatt_block_indexes", None), hasattr(tower, "blocks"), module.sinks
+'''
+
+
+def test_checker_catches_planted_facade_violations():
+    trees = {name: ast.parse(PLANTED_FACADES) for name in (
+        "startup/planted.py", "kernels/planted.py", "integration/planted.py", "plugin.py", SGLANG_MODEL_MODULE)}
+    assert sorted(fa4_release_import_violations(trees)) == sorted(
+        f"{rel}:{line}: sglang_fa4.kernels.fa4_b36"
+        for rel in ("startup/planted.py", "integration/planted.py", "plugin.py", SGLANG_MODEL_MODULE)
+        for line in (3, 4, 6))
+    assert sorted(sglang_import_violations(trees)) == sorted([
+        "startup/planted.py:2: sglang.srt.server_args", "kernels/planted.py:2: sglang.srt.server_args",
+        f"{SGLANG_MODEL_MODULE}:2: sglang.srt.server_args",
+    ])
+    attributes = {"head_size", "fullatt_block_indexes", "blocks", "sinks"}
+    ours = our_attribute_names(trees)
+    assert "sinks" in ours  # a field of our own class: not SGLang's name
+    assert sorted(sglang_attribute_violations(trees, attributes, ours)) == sorted(
+        f"{rel}:12: {name}" for rel in ("startup/planted.py", "kernels/planted.py", "plugin.py")
+        for name in ("head_size", "fullatt_block_indexes", "blocks"))

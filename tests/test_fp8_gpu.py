@@ -154,18 +154,18 @@ def test_graph_capture_replays_the_same_output(fp8):
     assert launch.compile_count() == compiles  # no compile on the captured path
 
 
-@pytest.fixture()
-def persistent(fp8, request):
-    """The d=128 non-causal kernel compiled with the given switches (e.g. 'w:persist'), restored
-    after the test."""
-    launch = fp8[0]
-    saved, compiled = launch.DEBUG_FLAGS, dict(launch._compiled)
-    launch.DEBUG_FLAGS = frozenset(request.param.split(","))
-    launch._compiled.clear()
-    yield launch
-    launch.DEBUG_FLAGS = saved
-    launch._compiled.clear()
-    launch._compiled.update(compiled)
+#: The d=128 non-causal kernel's configs under test: the table's (persistent CTAs, narrow first key
+#: tiles, split K / V^T barriers) and the plain one-level kernel of the same 192-key tiles.
+D128_FULL_CONFIGS = {"persistent": None,
+                     "not_persistent": dict(persistent=False, pingpong=False, stages=4)}
+
+
+def d128_full_config(name):
+    from sglang_fa4.kernels.fp8_sm90.kernel_config import default_config
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+
+    changes = D128_FULL_CONFIGS[name]
+    return None if changes is None else default_config(Fp8Variant(128, False, False)).replace(**changes)
 
 
 def _segments(n, hi, seed):
@@ -175,9 +175,7 @@ def _segments(n, hi, seed):
     return lens
 
 
-@pytest.mark.parametrize("persistent", ["w:persist", "w:persist,w:o_direct", "w:persist,w:xover",
-                                        "w:persist,w:stale_exp", "w:persist,w:no_narrow,w:no_kv_split",
-                                        "w:persist,w:no_kv_split"], indirect=True)
+@pytest.mark.parametrize("config", sorted(D128_FULL_CONFIGS))
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv", [
     ([1000, 3000], [1000, 3000], 4, 4),  # partial halves at both sequence ends
     (_segments(60, 300, 0), _segments(60, 300, 0), 4, 4),  # <= 128 sequences: longest-first table
@@ -185,11 +183,15 @@ def _segments(n, hi, seed):
     ([100, 700, 0, 300], [900, 1700, 5, 64], 8, 2),  # GQA, seqlen_q != seqlen_k
     ([3000, 2000, 1290, 640], [0, 5000, 0, 3000], 8, 8),  # q rows without keys between tiles with keys
     ([8192], [8192], 2, 2),
+    # the narrow first key tile at every width (keys mod 192: 1, 64, 65, 96, 97 and a full tile)
+    ([3, 200, 64, 500, 97, 130, 0, 1, 300], [1, 256, 257, 480, 97, 576, 0, 1000, 4096], 8, 2),
 ])
-def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, hq, hkv):
-    """'w:persist' (persistent CTAs, persistent_entry.py): every (q tile, head) written once and
-    right, into a NaN-poisoned output, and the same output from a CUDA-graph replay."""
-    launch = persistent
+def test_d128_full_forward_matches_fp32_reference(fp8, config, lens_q, lens_k, hq, hkv):
+    """The d=128 non-causal kernel (persistent CTAs, persistent_entry.py; and without them): every
+    (q tile, head) written once and right, into a NaN-poisoned output, and the same output from a
+    CUDA-graph replay."""
+    launch = fp8[0]
+    kernel_config = d128_full_config(config)
     torch.manual_seed(0)
     cq, ck = cu_from(lens_q), cu_from(lens_k)
     tq, tk = sum(lens_q), sum(lens_k)
@@ -199,7 +201,7 @@ def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, h
     out = torch.full((tq, hq, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
 
     def call():
-        launch.fp8_varlen_attention(q, k, v, cq, ck, max(lens_q), max(lens_k), out=out)
+        launch.fp8_varlen_attention(q, k, v, cq, ck, max(lens_q), max(lens_k), out=out, kernel_config=kernel_config)
 
     call()
     torch.cuda.synchronize()
@@ -226,98 +228,6 @@ def test_persistent_forward_matches_fp32_reference(persistent, lens_q, lens_k, h
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
-
-
-@pytest.mark.parametrize("d,runs", [
-    # (the full first tile, narrow, ...): d=128's defaults are narrow + kv_split (layout.WIDE_DEFAULT_SWITCHES)
-    (128, [("w:no_narrow", "w:no_kv_split"), ("w:no_kv_split",), ()]),
-    (128, [("w:no_persist", "w:no_narrow"), ("w:no_persist",)]),
-    (192, [(), ("narrow",)]),
-    (256, [(), ("narrow",)]),
-])
-def test_narrow_first_tile_is_bitwise_the_full_tile(fp8, d, runs):
-    """'narrow' (first_key_tile.py) computes a q tile's first key tile at the least width that holds
-    its keys; the columns it leaves out are past the sequence, whose P the full tile makes exactly
-    0, and the columns it keeps take the same k steps: the output is bitwise the full tile's.  Key
-    counts hit every width (keys mod the key tile: 1, 64, 65, 96, 97 and a full tile), GQA with
-    seqlen_q != seqlen_k, an empty and a 1-token segment; outputs NaN-poisoned.  The persistent
-    kernel also with 'kv_split' (kv_pipes.py: K and V^T behind their own barriers), which changes
-    only when buffers are waited for and freed: bitwise the same again."""
-    from sglang_fa4.kernels.fp8_sm90.layout import narrow_widths
-
-    launch = fp8[0]
-    tile_n = 192 if d == 128 else 128  # the wide tile (persistent or not); d=192 / 256 unmasked: 128
-    assert narrow_widths(tile_n)
-    lens_k = [1, tile_n + 64, tile_n + 65, 2 * tile_n + 96, 97, 3 * tile_n, 0, 1000, 4096]
-    lens_q = [3, 200, 64, 500, 97, 130, 0, 1, 300]
-    cq, ck = cu_from(lens_q), cu_from(lens_k)
-    g = torch.Generator(device="cuda").manual_seed(11)
-    q = (torch.randn(sum(lens_q), 8, d, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
-    k = (torch.randn(sum(lens_k), 2, d, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
-    v = torch.randn(sum(lens_k), 2, d, device="cuda", generator=g).to(torch.float8_e4m3fn)
-    saved, compiled = launch.DEBUG_FLAGS, dict(launch._compiled)
-    outs = []
-    try:
-        for flags in runs:
-            launch.DEBUG_FLAGS = frozenset(flags)
-            launch._compiled.clear()
-            out = torch.full((sum(lens_q), 8, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-            launch.fp8_varlen_attention(q, k, v, cq, ck, max(lens_q), max(lens_k), out=out)
-            outs.append(out)
-        torch.cuda.synchronize()
-    finally:
-        launch.DEBUG_FLAGS = saved
-        launch._compiled.clear()
-        launch._compiled.update(compiled)
-    full = outs[0]
-    assert torch.isfinite(full.float()).all()
-    for flags, out in zip(runs[1:], outs[1:]):
-        assert torch.equal(out, full), flags
-
-
-@pytest.mark.parametrize("persistent", ["w:persist,w:stale_exp", "w:persist,w:lazy_max"], indirect=True)
-@pytest.mark.parametrize("sq,a,b,path", [
-    (90.0, 0.5, 1.5, "stale"),  # every row's max jumps 5-11 log2 units at the last key tile
-    (90.0, 0.2, 0.5, "stale"),  # about 40% of the rows' maxima move there: warps of both kinds
-    (60.0, 0.2, 0.6, "mixed"),  # score bounds near STALE_BOUND_LOG2: some warps on the plain softmax
-    (30.0, 0.3, 1.0, "plain"),  # bounds far above it: the plain softmax (lazy_max) everywhere
-])
-def test_stale_exp_late_maxima(persistent, sq, a, b, path):
-    """'stale_exp' (exp2s on the max from before the tile, tile_softmax.stale_softmax_tile) and
-    'lazy_max' against fp32 where the running max jumps at a q tile's last key tile (key block 0,
-    taken last): q and the first 192 keys share a direction u.  E4M3 values near the top of their
-    range with descales, as quantize_qkv gives them.  Which path a warp takes follows from the data
-    by the kernel's rule (row bound = sum |q| x 448), checked here on the host."""
-    from sglang_fa4.kernels.fp8_sm90.layout import LAZY_MAX_LOG2, STALE_BOUND_LOG2
-
-    launch = persistent
-    n, h, d = 4096, 2, 128
-    g = torch.Generator(device="cuda").manual_seed(7)
-    u = torch.randint(0, 2, (1, 1, d), device="cuda", generator=g).float() * 2 - 1
-    q = (sq * (torch.randn(n, h, d, device="cuda", generator=g) + a * u)).clamp(-448, 448).to(torch.float8_e4m3fn)
-    kf = sq * torch.randn(n, h, d, device="cuda", generator=g)
-    kf[:192] = sq * (torch.randn(192, h, d, device="cuda", generator=g) + b * u)
-    k = kf.clamp(-448, 448).to(torch.float8_e4m3fn)
-    v = (100 * torch.randn(n, h, d, device="cuda", generator=g)).clamp(-448, 448).to(torch.float8_e4m3fn)
-    qd, kd, vd = (torch.full((1, h), x, device="cuda") for x in (1 / sq, 1 / sq, 0.01))
-    cu = cu_from([n])
-    out = torch.full((n, h, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    launch.fp8_varlen_attention(q, k, v, cu, cu, n, n, q_descale=qd, k_descale=kd, v_descale=vd, out=out)
-    torch.cuda.synchronize()
-    qf, kf, vf = q.float() / sq, k.float() / sq, v.float() * 0.01
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * d ** -0.5
-    ref = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
-    o = out.float()
-    assert torch.isfinite(o).all()
-    assert ((o - ref).norm() / ref.norm()).item() <= BAR
-    # the data takes the intended path (the kernel's rule, in log2 units of the scaled scores)
-    log2e = 1.4426950408889634
-    m_rest = s[:, :, 192:].amax(-1) * log2e
-    gap = (q.float().abs().sum(-1).T * 448 / sq / sq * d ** -0.5 * log2e) - m_rest
-    jump = s[:, :, :192].amax(-1) * log2e - m_rest
-    assert {"stale": gap.max() <= STALE_BOUND_LOG2, "mixed": gap.min() <= STALE_BOUND_LOG2 < gap.max(),
-            "plain": gap.min() > STALE_BOUND_LOG2}[path], (gap.min().item(), gap.max().item())
-    assert (jump > LAZY_MAX_LOG2).float().mean().item() > 0.3
 
 
 NAN_CHILD = r"""

@@ -106,6 +106,26 @@ def test_window_normalization(causal, window, want):
         assert left == right == layout.WINDOW_UNBOUNDED
 
 
+@pytest.mark.parametrize("window", [None, (None, None), (-1, -1), (-5, None), (None, -1)])
+def test_one_window_convention_every_route(window):
+    """Unbounded is None, or SGLang's negative -1, on every route: the FP8 kernel reads a window
+    through the same fa4_config.window_bounds as FA4's and the short-window route."""
+    from sglang_fa4.kernels.fa4_config import normalize_window
+
+    assert layout.normalize_window(False, window) == (False, False, layout.WINDOW_UNBOUNDED, layout.WINDOW_UNBOUNDED)
+    assert normalize_window(window) == (False, None, None)
+
+
+@pytest.mark.parametrize("window", [(64.0, 0), (True, None), ("64", 0), (1, 2, 3)])
+def test_a_window_side_is_an_int_or_none_on_every_route(window):
+    from sglang_fa4.kernels.fa4_config import FA4InputError, normalize_window
+
+    with pytest.raises(FA4InputError, match="window_size"):
+        layout.normalize_window(False, window)
+    with pytest.raises(FA4InputError, match="window_size"):
+        normalize_window(window)
+
+
 def test_causal_with_right_window_is_an_error():
     with pytest.raises(ValueError, match="causal=True with a right window"):
         layout.normalize_window(True, (None, 3))
@@ -336,37 +356,6 @@ def test_key_tile_stages_fit_shared_memory():
                 continue
             assert 2 <= stages <= 4
             assert layout.TILE_M * d + stages * 2 * n * d + 4096 <= layout.SM90_SMEM_BYTES
-
-
-def test_scoped_switches_reach_their_kernels_only():
-    """One switch list for every kernel a run compiles (check_fp8_attention --variants): "w:X" is X
-    for the d=128 non-causal wide tile, "d256:X" for head dim 256, "d256c:X" / "d256f:X" /
-    "d256l:X" for its causal / unmasked / windowed kernel; plain switches reach every kernel."""
-    sw = frozenset({"ilp2", "w:persist", "d256:n64", "d256c:pingpong", "d256f:s3", "d256l:emu8", "d192:n96"})
-    assert layout.scoped_switches(sw, 256, True, False, False) == {"ilp2", "n64", "pingpong"}
-    assert layout.scoped_switches(sw, 256, False, False, False) == {"ilp2", "n64", "s3"}
-    assert layout.scoped_switches(sw, 256, False, True, False) == {"ilp2", "n64", "emu8"}
-    assert layout.scoped_switches(sw, 192, True, False, False) == {"ilp2", "n96"}
-    assert layout.scoped_switches(sw, 128, False, False, True) == {"ilp2", "persist"}
-    assert layout.scoped_switches(sw, 128, True, False, False) == {"ilp2"}
-    assert layout.scoped_switches(frozenset(), 256, True, False, False) == frozenset()
-    for bad in ("x:n64", "d:n64", "d256q:n64", "dd256:n64"):
-        with pytest.raises(ValueError, match="scope"):
-            layout.scoped_switches(frozenset({bad}), 256, True, False, False)
-
-
-def test_explicit_stages_must_fit_shared_memory():
-    """"sN" stages: at least 2 (the overlapped loop holds tile i-1's V^T while waiting for tile i's
-    K), at most what fits beside Q and 4 KiB -- at d=256: 5 of 64 keys, 3 of 96, 2 of 128 / 160."""
-    assert [layout.stages_that_fit(256, n) for n in (64, 96, 128, 160, 192)] == [5, 3, 2, 2, 1]
-    assert layout.explicit_stages(256, 64, 5) == 5 and layout.explicit_stages(256, 96, 2) == 2
-    for n, s in ((64, 6), (96, 4), (128, 3), (64, 1)):
-        with pytest.raises(ValueError, match="fit shared memory"):
-            layout.explicit_stages(256, n, s)
-    for n in (64, 96, 128, 160):
-        fits = layout.stages_that_fit(256, n)
-        assert layout.TILE_M * 256 + fits * 2 * n * 256 + 4096 <= layout.SM90_SMEM_BYTES
-        assert layout.TILE_M * 256 + (fits + 1) * 2 * n * 256 + 4096 > layout.SM90_SMEM_BYTES
 
 
 # ---- the quantize kernels' rounding (sm_90 PTX, cross-compiled on the CPU) ---------------------

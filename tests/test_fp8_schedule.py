@@ -130,32 +130,3 @@ def test_grid_is_min_of_work_and_sms():
     assert tile_slots(8 * 4096, 8) == 264
     assert persistent_grid(100, 1, 1, 132) == 1
     assert persistent_grid(300, 2, 4, 132) == (300 // TILE_M + 2) * 4
-
-
-def test_wide_default_switches():
-    """layout.WIDE_DEFAULT_SWITCHES (the d=128 non-causal kernel's defaults): the persistent
-    kernel with narrow first tiles and split K / V^T barriers; a default is dropped by "no_X", a
-    default key tile by an explicit one, and each default by the switches it cannot go with."""
-    from sglang_fa4.kernels.fp8_sm90.layout import WIDE_DEFAULT_SWITCHES, narrow_widths, with_wide_defaults
-
-    full = frozenset({"persist", "narrow", "kv_split"})
-    assert WIDE_DEFAULT_SWITCHES == full
-    assert with_wide_defaults(frozenset({"no_persist"}), WIDE_DEFAULT_SWITCHES) == {"no_persist", "narrow", "kv_split"}
-    from sglang_fa4.kernels.fp8_sm90.layout import wide_defaults_for
-
-    assert wide_defaults_for(frozenset()) == full
-    # a main loop the persistent kernel lacks (the two-level 128-key loop): none of them
-    assert wide_defaults_for(frozenset({"two_level", "n128"})) == frozenset()
-    assert wide_defaults_for(frozenset({"no_overlap"})) == frozenset()
-    # kv_split is the persistent kernel's, narrow the one-level loop's; xover has neither
-    assert wide_defaults_for(frozenset({"no_persist"})) == {"persist", "narrow"}
-    assert wide_defaults_for(frozenset({"xover"})) == {"persist"}
-    # narrow needs a width of 64 / 96 below the key tile that divides it
-    assert narrow_widths(192) == (64, 96) and narrow_widths(128) == (64,) and narrow_widths(96) == ()
-    assert wide_defaults_for(frozenset({"n224"})) == {"persist", "kv_split"}
-    assert wide_defaults_for(frozenset({"wg3"})) == {"persist", "kv_split"}
-    assert wide_defaults_for(frozenset({"n128"})) == full
-    d = frozenset({"persist", "o_direct", "n224"})
-    assert with_wide_defaults(frozenset(), d) == d
-    assert "persist" not in with_wide_defaults(frozenset({"no_persist"}), d)
-    assert with_wide_defaults(frozenset({"n192"}), d) == {"n192", "persist", "o_direct"}

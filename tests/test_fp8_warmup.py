@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from sglang_fa4.kernels.fp8_sm90 import launch
+from sglang_fa4.kernels import compile_events
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import jit_monitor, warmup
 from sglang_fa4.startup.variants import enumerate_fp8_variants
@@ -25,14 +26,14 @@ def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_wa
     """An empty FP8 compile cache whose compiles are recorded instead of run."""
     compiled = []
 
-    def fake_compile(variant, options="--enable-tvm-ffi", debug=frozenset()):
+    def fake_compile(variant, options="--enable-tvm-ffi", config=None):
         compiled.append(variant)
         return lambda *args: None
 
     monkeypatch.setattr(launch, "compile_variant", fake_compile)
     monkeypatch.setattr(launch, "_compiled", {})
-    monkeypatch.setattr(launch, "_compile_events", [])
-    monkeypatch.setattr(launch, "_listeners", [])
+    monkeypatch.setattr(compile_events, "_events", [])
+    monkeypatch.setattr(compile_events, "_listeners", [])
     return compiled
 
 
@@ -66,7 +67,7 @@ def test_warmup_compiles_are_not_flagged_later_ones_warn(fake_fp8, caplog):
     assert jit_monitor.compiles_after_warmup() == 1
     warned = [r.getMessage() for r in caplog.records if "after the startup warmup" in r.getMessage()]
     assert len(warned) == 1 and "FP8" in warned[0] and "'head_dim': 64" in warned[0] and "'causal': True" in warned[0]
-    assert jit_monitor.arm_jit_monitor() and len(launch._listeners) == 1  # idempotent
+    assert jit_monitor.arm_jit_monitor() and compile_events.listener_count() == 1  # idempotent, one listener
 
 
 def test_post_warmup_fp8_compile_raises(fake_fp8, monkeypatch):
@@ -81,20 +82,20 @@ def test_post_warmup_fp8_compile_raises(fake_fp8, monkeypatch):
 def test_monitor_off_ignores_fp8(fake_fp8, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "off")
     warmup.warm_fp8_variants([])
-    assert jit_monitor.arm_jit_monitor() is False and launch._listeners == []
+    assert jit_monitor.arm_jit_monitor() is False and compile_events.listener_count() == 0
     launch.compiled_kernel(D128)
     assert jit_monitor.compiles_after_warmup() == 0
 
 
-def test_reset_state_removes_the_fp8_listener(fake_fp8):
+def test_reset_state_removes_the_monitors_listener(fake_fp8):
     jit_monitor.arm_jit_monitor()
-    assert len(launch._listeners) == 1
+    assert compile_events.listener_count() == 1
     jit_monitor.reset_state()
-    assert launch._listeners == []
+    assert compile_events.listener_count() == 0
 
 
 def test_fp8_warmup_failure_is_reported_not_raised(fake_fp8, monkeypatch):
-    def broken(variant, options="", debug=frozenset()):
+    def broken(variant, options="", config=None):
         raise RuntimeError("no cutlass here")
 
     monkeypatch.setattr(launch, "compile_variant", broken)
@@ -119,5 +120,5 @@ def test_warm_model_fp8_warms_the_models_fp8_variants_then_arms(fake_fp8, monkey
     report = warmup.warm_model(qwen25_vl(), fp8=True)
     assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
     assert report.as_dict()["fp8"]["compiled"] == 1
-    assert jit_monitor.armed() and len(launch._listeners) == 1
+    assert jit_monitor.armed() and compile_events.listener_count() == 1
     assert warmup.warm_model(qwen3_vl()).fp8 is None  # default: no FP8 work

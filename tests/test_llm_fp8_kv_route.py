@@ -20,6 +20,7 @@ from sglang_fa4.kernels.fp8_paged_kv import (
 )
 from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
 from sglang_harness import run_with_sglang
+from test_fp8_paged_decode import _NoSync
 
 FP8 = torch.float8_e4m3fn
 
@@ -72,7 +73,9 @@ def test_gather_rejects_bad_metadata():
 def model_kernel(calls):
     """A torch model of fp8_varlen_attention's contract (what the CUDA kernel computes)."""
 
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out, vt=None):
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out, vt=None,
+             q_descale=None, k_descale=None, v_descale=None):
+        assert q_descale is k_descale is v_descale is None  # the route hands one (3, batch, Hkv) descale
         calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out, vt=vt is not None))
         if v is None:  # the route hands the kernel the permuted V^T: read V back through its layout
             assert vt.dtype == torch.uint8 and vt.shape[:2] == k.shape[1:] and vt.stride(1) % 16 == 0
@@ -110,9 +113,15 @@ def fake_kernel(monkeypatch):
     return calls
 
 
+@pytest.fixture()
+def gather_only(monkeypatch):
+    """SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0: every call takes the page gather + WGMMA kernel."""
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "0")
+
+
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("mode", ["prefill", "extend_with_prefix", "decode"])
-def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, page_size, mode):
+def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, gather_only, page_size, mode):
     torch.manual_seed(1)
     hq, hkv, d = 28, 4, 128
     lens = {"prefill": [200], "extend_with_prefix": [70, 300, 17], "decode": [33, 129, 64, 1]}[mode]
@@ -137,7 +146,7 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, page_siz
         assert fake_kernel[-1]["max_q"] == max(new) and fake_kernel[-1]["causal"] is True
 
 
-def test_decode_gqa_pack_roundtrip_and_when_it_applies(fake_kernel, monkeypatch):
+def test_decode_gqa_pack_roundtrip_and_when_it_applies(fake_kernel, gather_only, monkeypatch):
     q = torch.randn(5, 28, 16)
     packed, cu, g = fp8_paged_kv.decode_gqa_pack(q, 4)
     assert g == 7 and packed.shape == (35, 4, 16) and cu.tolist() == list(range(0, 36, 7))
@@ -150,17 +159,14 @@ def test_decode_gqa_pack_roundtrip_and_when_it_applies(fake_kernel, monkeypatch)
     assert not packable(q, 5, 4, None, (-1, -1), True)  # no host max_seqlen_q
     assert not packable(q, 5, 28, 1, (-1, -1), True)  # MHA: nothing to pack
     assert not packable(q, 5, 4, 1, (127, 0), True)  # a sliding window moves with the position
-    monkeypatch.setattr(fp8_paged_kv, "PACK_GQA_DECODE", False)
-    assert not packable(q, 5, 4, 1, (-1, -1), True)
-    # unpacked and packed decode agree (the same torch model of the kernel)
+    # unpacked (no host max_seqlen_q) and packed decode agree (the same torch model of the kernel)
     k_cache, v_cache, table, seqlens = make_pool([33, 129, 64, 1], 16, 4, 128)
     cu_q = torch.arange(5, dtype=torch.int32)
     q8 = torch.randn(4, 28, 128).to(FP8)
     kw = dict(k_descale=torch.tensor([0.7]), v_descale=torch.tensor([1.3]), causal=True)
-    plain = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, 1, **kw)
-    monkeypatch.setattr(fp8_paged_kv, "PACK_GQA_DECODE", True)
+    plain = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, None, **kw)
     packed_out = paged_fp8_attention(q8, k_cache, v_cache, table, seqlens, cu_q, 1, **kw)
-    assert [c["max_q"] for c in fake_kernel] == [1, 7]
+    assert [(c["max_q"], c["causal"]) for c in fake_kernel] == [(None, True), (7, False)]
     assert torch.allclose(plain.float(), packed_out.float(), atol=1e-2)
 
 
@@ -203,13 +209,131 @@ def test_route_dispatches_only_ver4_fp8_on_sm90(monkeypatch, fake_kernel):
     assert seen == [4, 3, 4]
     res = llm_fp8_kv.flash_attn_with_kvcache(original, q, k_cache, v_cache, ver=4, num_splits=0, **kw)
     assert res.shape == (40, 8, 128) and res.dtype == torch.bfloat16 and len(fake_kernel) == 1
-    for bad, match in ((dict(softcap=30.0), "softcap=30.0"), (dict(return_softmax_lse=True), "return_softmax_lse"),
-                       (dict(sinks=torch.zeros(8)), "sinks"), (dict(q_descale=torch.ones(1, 4)), "q_descale")):
+    for bad, match in ((dict(softcap=30.0), "softcap=30.0"), (dict(sinks=torch.zeros(8)), "sinks"),
+                       (dict(q_descale=torch.ones(1, 4)), "q_descale")):
         with pytest.raises(llm_fp8_kv.FP8KVRouteError, match=match):
             llm_fp8_kv.flash_attn_with_kvcache(original, q=q, k_cache=k_cache, v_cache=v_cache, ver=4, **kw, **bad)
     with pytest.raises(llm_fp8_kv.FP8KVRouteError, match="cast like SGLang's fa3 path"):
         llm_fp8_kv.flash_attn_with_kvcache(original, q=q.to(torch.bfloat16), k_cache=k_cache, v_cache=v_cache,
                                            ver=4, **kw)
+
+
+# ---- the split-KV decode kernel on the route -------------------------------------------------------
+
+
+def sglang_fa_call(q, k_cache, v_cache, k=None, v=None, page_table=None, cache_seqlens=None, cu_seqlens_q=None,
+                   max_seqlen_q=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                   return_softmax_lse=False, num_splits=0, k_descale=None, v_descale=None, q_descale=None,
+                   sinks=None, ver=3, out=None):
+    """SGLang's flash_attn_with_kvcache signature (the route binds to it); its body must not run."""
+    raise AssertionError("SGLang's own code must not run")
+
+
+@pytest.fixture()
+def split_kv_calls(monkeypatch):
+    """paged_decode_attention replaced by a recorder returning the fp32 reference (the kernel itself
+    runs in Triton's interpreter in tests/test_fp8_paged_decode.py and in the SGLang harness below)."""
+    from sglang_fa4.kernels import fp8_paged_decode
+
+    calls = []
+
+    def fake(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, *, k_descale=None, v_descale=None,
+             softmax_scale=None, causal=False, window_size=(-1, -1), out=None, return_lse=False, **kw):
+        calls.append(dict(max_q=max_q, causal=causal, window=window_size, lse=return_lse, kd=k_descale, out=out))
+        ref = paged_attention_reference(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale=k_descale,
+                                        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal)
+        o = ref.to(torch.bfloat16) if out is None else out.copy_(ref)
+        return (o, torch.zeros(q.shape[1], q.shape[0])) if return_lse else o
+
+    monkeypatch.setattr(fp8_paged_kv, "paged_decode_attention", fake)
+    monkeypatch.setattr(fp8_paged_decode, "paged_decode_attention", fake)
+    return calls
+
+
+@pytest.mark.parametrize("threshold", [None, "1", "17", "0"])
+def test_decode_and_short_extends_take_the_split_kv_kernel(fake_kernel, split_kv_calls, monkeypatch, threshold):
+    """max_seqlen_q <= SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q (default 16): the pool read in place; above
+    it (or with 0, or without a host max_seqlen_q) the gather + WGMMA kernel."""
+    if threshold is not None:
+        monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", threshold)
+    limit = 16 if threshold is None else int(threshold)
+    k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
+    kw = dict(k_descale=torch.tensor([0.7]).expand(2, 2), v_descale=torch.tensor([1.3]).expand(2, 2), causal=True)
+    routes = []
+    for max_q in (1, 16, 17, 40, None):
+        new = [1, 1] if max_q in (1, None) else [max_q - 1, max_q]
+        cu = torch.tensor([0, new[0], sum(new)], dtype=torch.int32)
+        q = torch.randn(sum(new), 8, 64).to(FP8)
+        before = (len(split_kv_calls), len(fake_kernel))
+        got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu, max_q, **kw)
+        ref = paged_attention_reference(q, k_cache, v_cache, table, seqlens, cu, k_descale=torch.tensor([0.7]),
+                                        v_descale=torch.tensor([1.3]), causal=True)
+        assert (got.float() - ref).norm() / ref.norm() < 1e-2
+        routes.append("split" if len(split_kv_calls) > before[0] else "gather" if len(fake_kernel) > before[1] else "?")
+    assert routes == ["split" if m is not None and m <= limit else "gather" for m in (1, 16, 17, 40, None)], routes
+    for c in split_kv_calls:  # SGLang's (batch, kv heads) descale passed through as it came
+        assert c["kd"].shape == (2, 2) and c["causal"] is True and c["lse"] is False
+
+
+def test_lse_request_takes_the_split_kv_kernel(fake_kernel, split_kv_calls, monkeypatch):
+    """return_softmax_lse (SGLang's cascade attention, verify/extend of speculative decoding): the
+    route returns (out, lse) from the split-KV kernel whatever the row count."""
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    original = sglang_fa_call
+    k_cache, v_cache, table, seqlens = make_pool([40], 1, 4, 128)
+    q = torch.randn(40, 8, 128).to(FP8)
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    o, lse = llm_fp8_kv.flash_attn_with_kvcache(original, q, k_cache, v_cache, page_table=table, cache_seqlens=seqlens,
+                                                cu_seqlens_q=cu, max_seqlen_q=40, causal=False, ver=4,
+                                                return_softmax_lse=True, window_size=(-1, -1))
+    assert o.shape == (40, 8, 128) and lse.shape == (8, 40) and fake_kernel == []
+    assert split_kv_calls[-1]["lse"] is True and split_kv_calls[-1]["max_q"] == 40
+
+
+def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
+    """SGLang's decode CUDA graphs (FlashAttentionBackend.init_cuda_graph_state): fixed buffers --
+    cache_seqlens (max_bs,), cu_seqlens_q arange, page_table (max_bs, ceil(max_context_len / P)) --
+    sliced [:bs] per captured batch size, lengths rewritten in place before each replay.  Through the
+    route's entry (flash_attn_with_kvcache, ver=4) with a capture in progress: no tensor reaches the
+    host, and each batch size's launches (grid, every host argument) are the same at capture and at
+    replays with other lengths."""
+    from sglang_fa4.kernels import fp8_paged_decode as D
+
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(D, "interpreting", lambda: True)  # the launch path a GPU call takes (launches recorded)
+    launches = []
+    for h in (D.SPLIT, D.COMBINE):
+        monkeypatch.setattr(h, "launch", lambda grid, args, index, _n=h.name, **o: launches.append(
+            (_n, grid, tuple(a for a in args if not isinstance(a, torch.Tensor)))))
+
+    original = sglang_fa_call
+    max_bs, P, max_context_len, hq, hkv, d = 8, 16, 32768, 28, 4, 128
+    pool_pages = 64
+    k_cache = torch.zeros(pool_pages, P, hkv, d).to(FP8)
+    graph = {"cache_seqlens": torch.zeros(max_bs, dtype=torch.int32),
+             "cu_seqlens_q": torch.arange(0, max_bs + 1, dtype=torch.int32),
+             "page_table": torch.zeros(max_bs, -(-max_context_len // P), dtype=torch.int32)}
+    per_bs = {}
+    for bs in (1, 4, 8):
+        for step, lens in enumerate(([1] * bs, [(977 * (b + 1)) % 1000 + 1 for b in range(bs)])):
+            graph["cache_seqlens"][:bs].copy_(torch.tensor(lens, dtype=torch.int32))  # replay's in-place update
+            q = torch.zeros(bs, hq, d).to(FP8)
+            kd = torch.tensor([0.5]).expand(bs, hkv)
+            launches.clear()
+            with _NoSync():
+                llm_fp8_kv.flash_attn_with_kvcache(
+                    original, q=q, k_cache=k_cache, v_cache=k_cache, page_table=graph["page_table"][:bs],
+                    cache_seqlens=graph["cache_seqlens"][:bs], cu_seqlens_q=graph["cu_seqlens_q"][:bs + 1],
+                    max_seqlen_q=1, softmax_scale=d ** -0.5, causal=True, window_size=(-1, -1), ver=4,
+                    k_descale=kd, v_descale=kd, num_splits=0, out=torch.empty(bs, hq, d, dtype=torch.bfloat16))
+            per_bs.setdefault(bs, []).append(list(launches))
+        assert per_bs[bs][0] == per_bs[bs][1] and per_bs[bs][0], bs  # capture == replay: the grid is fixed
+    grids = {bs: runs[0][0][1] for bs, runs in per_bs.items()}
+    from sglang_fa4.kernels.fp8_decode_splits import choose_splits
+
+    assert grids == {bs: (1, bs * hkv, choose_splits(bs, hkv, 1, max_context_len, D.DEFAULT_SM_COUNT))
+                     for bs in (1, 4, 8)}, grids
 
 
 # ---- SGLang's real FlashAttentionBackend methods and fp8 KV pool --------------------------------
@@ -231,6 +355,16 @@ from test_llm_fp8_kv_route import model_kernel
 from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
 llm_fp8_kv.is_sm90 = lambda device: True          # this CPU stands in for an H200
 calls = []; launch.fp8_varlen_attention = model_kernel(calls)
+# the split-KV decode kernel runs for real, in Triton's interpreter (TRITON_INTERPRET=1); count its calls
+import sglang_fa4.kernels.fp8_paged_decode as fpd, sglang_fa4.kernels.fp8_paged_kv as fpk
+split_calls = []
+def counted(*a, _real=fpd.paged_decode_attention, **k):
+    split_calls.append(k.get("return_lse", False)); return _real(*a, **k)
+fpd.paged_decode_attention = fpk.paged_decode_attention = counted
+launches = []; _launch = fpd.SPLIT.launch
+fpd.SPLIT.launch = lambda *a, **k: (launches.append(a[0]), _launch(*a, **k))
+import sglang_fa4.kernels.fp8_paged_gather as fpg
+fpg.interpreting = lambda: False   # the gather's own kernel is interpreted in test_fp8_paged_gather.py
 res = {"hooked_dispatch": fab.flash_attn_with_kvcache is fa.flash_attn_with_kvcache
        and getattr(fab.flash_attn_with_kvcache, "__wrapped__", None) is not None,
        "hooked_prepare": getattr(fab.FlashAttentionBackend.prepare_paged_mha_query, "__wrapped__", None) is not None}
@@ -244,7 +378,11 @@ class Layer:   # the RadixAttention fields the backend and the pool read
 torch.manual_seed(0)
 hq, hkv, d = 28, 4, 128
 for P in (1, 16, 64):
-    for mode, lens, new in (("extend", [90, 257], [40, 257]), ("decode", [33, 130, 64], [1, 1, 1])):
+    # the split-KV kernel interpreted at page 16 (its arithmetic at every page size: test_fp8_paged_decode.py);
+    # its torch contract at pages 1 and 64 (CI time)
+    fpd.interpreting = (lambda: True) if P == 16 else (lambda: False)
+    for mode, lens, new in (("extend", [90, 257], [40, 257]), ("extend-short", [90, 257], [5, 16]),
+                            ("decode", [33, 130, 64], [1, 1, 1])):
         B = len(lens)
         pool = MHATokenToKVPool(size=4096, page_size=P, dtype=torch.float8_e4m3fn, head_num=hkv, head_dim=d,
                                 layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
@@ -267,7 +405,7 @@ for P in (1, 16, 64):
         be.kv_cache_is_mxfp8, be.use_mla, be.device, be.page_size, be.token_to_kv_pool = False, False, "cpu", P, pool
         q_bf16 = torch.randn(sum(new), hq * d, dtype=torch.bfloat16)
         q, _, _, kd, vd = be.prepare_paged_mha_query(q_bf16, None, None, layer, logical_batch_size=B,
-                                                     kv_head_num=hkv, is_prefill=(mode == "extend"))
+                                                     kv_head_num=hkv, is_prefill=(mode != "decode"))
         key_cache, value_cache = be.get_paged_mha_kv_cache(layer)
         page_table = (req_to_token[:, ::P] // P).to(torch.int32)     # FlashAttentionBackend's page table
         cache_seqlens = torch.tensor(lens, dtype=torch.int32)
@@ -279,12 +417,22 @@ for P in (1, 16, 64):
             return_softmax_lse=False, num_splits=0, out=None, ver=4, k_descale=kd, v_descale=vd)
         ref = paged_attention_reference(q.view(-1, hq, d), key_cache, value_cache, page_table, cache_seqlens, cu_q,
                                         k_descale=layer.k_scale, v_descale=layer.v_scale, causal=True)
-        # and against the bf16 k/v SGLang was given (fp8 rounding of K/V/Q only)
         res[f"{mode}-P{P}"] = {
             "q_dtype": str(q.dtype), "descale": None if kd is None else [float(kd[0, 0]), float(vd[0, 0]), list(kd.shape)],
             "err": float((out.float() - ref).norm() / ref.norm()), "shape": list(out.shape),
+            "finite": bool(torch.isfinite(out.float()).all()),
         }
+        if mode == "decode":  # cascade attention's LSE request through SGLang's dispatcher
+            o2, lse = fab.flash_attn_with_kvcache(
+                q=q.contiguous().view(-1, hq, d), k_cache=key_cache, v_cache=value_cache, page_table=page_table,
+                cache_seqlens=cache_seqlens, cu_seqlens_q=cu_q, max_seqlen_q=1, softmax_scale=layer.scaling,
+                causal=False, window_size=(-1, -1), softcap=0.0, return_softmax_lse=True, num_splits=0, ver=4,
+                k_descale=kd, v_descale=vd)
+            res[f"{mode}-P{P}"].update(lse_shape=list(lse.shape), lse_same_out=bool(torch.equal(o2, out)),
+                                        lse_finite=bool(torch.isfinite(lse).all()))
 res["kernel_calls"] = len(calls)
+res["split_calls"] = split_calls
+res["interpreted_launches"] = len(launches)
 emit(res)
 """
 
@@ -294,19 +442,25 @@ def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
 
     root = Path(__file__).resolve().parents[1]
     out = run_with_sglang(sglang_version, SNIPPET, env={
-        "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_FP8_KV_ROUTE": "1",
+        "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_FP8_KV_ROUTE": "1", "TRITON_INTERPRET": "1",
         "FP8KV_STUBS": str(root / "benchmark" / "sglang_on_gpu"), "FP8KV_TESTS": str(root / "tests"),
     }, timeout=600)
     assert out["hooked_dispatch"] and out["hooked_prepare"]
-    assert out["kernel_calls"] == 6
+    # the long extend gathers for the WGMMA kernel (modelled); the short extend, decode and the LSE
+    # request run the split-KV kernel itself (interpreted), per page size
+    assert out["kernel_calls"] == 3
+    assert out["split_calls"] == [False, False, True] * 3
+    assert out["interpreted_launches"] == 3  # page 16: the kernel itself ran (interpreter) for each of them
     for P in (1, 16, 64):
-        for mode in ("extend", "decode"):
+        for mode in ("extend", "extend-short", "decode"):
             r = out[f"{mode}-P{P}"]
             # extend (SGLang's fa4 leaves q bf16 and passes no descales there) now casts q and passes the
             # pool's scales, as decode and SGLang's fa3 path do
             assert r["q_dtype"] == "torch.float8_e4m3fn", (mode, P, r)
-            assert r["descale"][:2] == pytest.approx([0.05, 0.04]) and r["descale"][2] == [2 if mode == "extend" else 3, 4]
-            assert r["err"] < 1e-2, (mode, P, r)
+            assert r["descale"][:2] == pytest.approx([0.05, 0.04]) and r["descale"][2] == [3 if mode == "decode" else 2, 4]
+            assert r["err"] < 1e-2 and r["finite"], (mode, P, r)
+        r = out[f"decode-P{P}"]
+        assert r["lse_shape"] == [28, 3] and r["lse_same_out"] and r["lse_finite"], r
 
 
 def test_backend_init_warms_the_fp8_variants(monkeypatch):
@@ -319,14 +473,25 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
     warmed = []
     monkeypatch.setattr(warmup, "warm_fp8_kv_route", lambda variants, shapes, device: warmed.append(
         (list(variants), list(shapes), device)))
+    from sglang_fa4.kernels import fp8_paged_decode
+
+    split_kv = []
+    monkeypatch.setattr(fp8_paged_decode, "warm", lambda *a: split_kv.append(a))
     backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
                                     device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095,
                                     num_attention_heads=28, num_kv_heads=4, page_size=16)
     assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
-    # causal (extend), non-causal (GQA decode, the group packed), local (the sliding window), and the
-    # page gather for this head dim, kv heads and page size
+    # decode takes the split-KV kernel (default): causal (extend), local (the sliding window), the gather
+    assert warmed.pop() == ([Fp8Variant(128, True, False), Fp8Variant(128, False, True)], [GatherShape(128, 4, 16)],
+                            torch.device("cuda"))
+    assert split_kv.pop() == (128, 28, 4, 16, torch.device("cuda"))  # the split-KV kernel's variants too
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "0")
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
+    assert split_kv == []  # no split-KV kernel to warm
+    # decode through the gather: causal (extend), non-causal (GQA decode, the group packed), local (the
+    # sliding window), and the page gather for this head dim, kv heads and page size
     assert warmed == [([Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)],
                        [GatherShape(128, 4, 16)], torch.device("cuda"))]
     for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=80)):
@@ -339,7 +504,7 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
 
 def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     """warm_fp8_kv_route: the gather's compiles are warmup work; afterwards one is flagged."""
-    from sglang_fa4.kernels import fp8_paged_gather, triton_handles
+    from sglang_fa4.kernels import compile_events, fp8_paged_gather, triton_handles
     from sglang_fa4.kernels.fp8_paged_gather import GatherShape
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.startup import jit_monitor, warmup
@@ -350,8 +515,7 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     event = triton_handles.CompileEvent("fp8_paged_gather", ("key",), 0.5, False, False)
 
     def fake_warm(shape, device):  # a compile inside the warmup: expected
-        for fn in list(triton_handles._listeners):
-            fn(event)
+        compile_events.record("triton", event)
         return 1
 
     monkeypatch.setattr(fp8_paged_gather, "warm", fake_warm)
@@ -360,7 +524,6 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
         assert report.triton["resolved"] == 1 and not report.triton["failures"]
         assert jit_monitor.warmup_finished() and jit_monitor.compiles_after_warmup() == 0
         with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="fp8_paged_gather"):
-            for fn in list(triton_handles._listeners):  # the same compile on the request path
-                fn(event)
+            compile_events.record("triton", event)  # the same compile on the request path
     finally:
         jit_monitor.reset_state()

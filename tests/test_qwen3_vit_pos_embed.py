@@ -1,6 +1,6 @@
 """Qwen3-VL's graph-path position embeddings against the REAL SGLang 0.5.20 / 0.5.23 (CPU).
 
-One subprocess per version builds SGLang's ``Qwen3VLMoeVisionModel`` without ``__init__`` (its
+One subprocess per version (tests/sglang_scripts/qwen3_pos_embed_checks.py) builds SGLang's ``Qwen3VLMoeVisionModel`` without ``__init__`` (its
 rotary needs a GPU op; the position embeddings need only ``pos_embed``, ``patch_embed``'s dtype and
 the grid geometry: Qwen3-VL's 48 x 48 table, merge 2) and runs upstream's real ``forward`` (eager)
 and ``_prepare_graph_inputs`` (graph mode) up to the rotary, recording the position embeddings each
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_fa4.integration.qwen3_vit_pos_embed import checked_grid, eager_pos_embeds
-from sglang_harness import run_with_sglang
+from sglang_harness import run_script
 
 GRIDS = {
     "1 image": [[1, 16, 20]],
@@ -34,117 +34,19 @@ GRIDS = {
     "videos, 6": [[2, 8, 8]] * 4 + [[3, 20, 10], [1, 4, 4]],
 }
 
-SNIPPET = r"""
-import warnings, types; warnings.simplefilter("ignore")
-import torch, torch.nn as nn
-from sglang.srt.models import qwen3_vl as q
-Tower = q.Qwen3VLMoeVisionModel
-UPSTREAM = {"graph": Tower.fast_pos_embed_interpolate}   # in a dict: applying a hook rebinds module globals
-import sglang.srt.plugins as plugins
-from sglang.srt.plugins.hook_registry import HookRegistry
-plugins.load_plugins()
-import sglang_fa4.plugin
-GRIDS = __GRIDS__
-C = 32
+_results: dict = {}
 
-class Stop(Exception):
-    pass
 
-class PatchEmbed(nn.Module):   # dtype/device come from patch_embed.proj.weight; x is already embedded
-    def __init__(self, device):
-        super().__init__(); self.proj = nn.Linear(2, C, dtype=torch.bfloat16, device=device)
-    def forward(self, x):
-        return x.to(torch.bfloat16)
-
-def tower(align, device="cpu"):
-    t = Tower.__new__(Tower); nn.Module.__init__(t)
-    t.num_grid_per_side, t.spatial_merge_size, t.align_corners = 48, 2, align
-    t.pos_embed = nn.Embedding(48 * 48, C, dtype=torch.bfloat16, device=device)
-    if device != "meta":
-        torch.manual_seed(0); nn.init.normal_(t.pos_embed.weight)
-    t.patch_embed = PatchEmbed(device)
-    return t
-
-def recorded(t, run, names):
-    got = {}
-    for name in names:
-        fn = getattr(t, name)
-        def rec(*a, _fn=fn, _name=name, **k):
-            got[_name] = _fn(*a, **k); return got[_name]
-        setattr(t, name, rec)
-    def stop(*a, **k):
-        raise Stop
-    t.rot_pos_emb = stop
-    try:
-        run()
-    except Stop:
-        pass
-    for name in list(names) + ["rot_pos_emb"]:
-        delattr(t, name)
-    (name, value), = got.items()
-    return name, value
-
-def tokens(grid):
-    return sum(a * b * c for a, b, c in grid)
-
-out = {"patched": Tower.fast_pos_embed_interpolate is not UPSTREAM["graph"]
-                  and "sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel.fast_pos_embed_interpolate" in HookRegistry._patched,
-       "plan": sglang_fa4.plugin._registered_plan.hooked, "cases": {}}
-for align in (False, True):
-    t = tower(align)
-    for label, grid in GRIDS.items():
-        x = torch.randn(tokens(grid), C).to(torch.bfloat16)
-        g = torch.tensor(grid, dtype=torch.int32)
-        eager_fn, eager = recorded(t, lambda: t.forward(x.clone(), g),
-                                   ["fast_pos_embed_interpolate_from_list", "fast_pos_embed_interpolate_vectorized"])
-        graph_names = ["fast_pos_embed_interpolate", "fast_pos_embed_interpolate_vectorized"]
-        _, graph = recorded(t, lambda: t._prepare_graph_inputs(x.clone(), g), graph_names)
-        t.fast_pos_embed_interpolate = types.MethodType(UPSTREAM["graph"], t)   # the hook bypassed
-        _, bare = recorded(t, lambda: t._prepare_graph_inputs(x.clone(), g), graph_names)
-        ref = eager.float()
-        out["cases"][f"{label}, align_corners={align}"] = {
-            "eager_fn": eager_fn, "shape": list(graph.shape), "tokens": tokens(grid),
-            "dtype": [str(graph.dtype), str(bare.dtype)], "device": str(graph.device),
-            "hooked_equal": torch.equal(graph, eager), "bare_equal": torch.equal(bare, eager),
-            "bare_rel_err": float((bare.float() - ref).norm() / ref.norm())}
-
-# SGLang's batch-invariant mode (--enable-deterministic-inference): per image in any batch
-import sglang.srt.batch_invariant_ops.batch_invariant_ops as bio
-out["vectorized_hooked"] = ("sglang.srt.models.qwen3_vl.Qwen3VLMoeVisionModel._use_vectorized_pos_embed"
-                            in HookRegistry._patched)
-grid = GRIDS["7 images"]
-t = tower(False)
-x = torch.randn(tokens(grid), C).to(torch.bfloat16)
-names = ["fast_pos_embed_interpolate_from_list", "fast_pos_embed_interpolate_vectorized"]
-bio._batch_invariant_MODE = True
-try:
-    eager_fn, eager = recorded(t, lambda: t.forward(x.clone(), torch.tensor(grid, dtype=torch.int32)), names)
-    _, graph = recorded(t, lambda: t._prepare_graph_inputs(x.clone(), torch.tensor(grid, dtype=torch.int32)),
-                        ["fast_pos_embed_interpolate", "fast_pos_embed_interpolate_vectorized"])
-    alone, start = [], 0
-    for g1 in grid:
-        n = tokens([g1])
-        _, one = recorded(t, lambda: t.forward(x[start:start + n].clone(), torch.tensor([g1], dtype=torch.int32)), names)
-        alone.append(torch.equal(one, eager[start:start + n])); start += n
-finally:
-    bio._batch_invariant_MODE = False
-off_fn, _ = recorded(t, lambda: t.forward(x.clone(), torch.tensor(grid, dtype=torch.int32)), names)
-out["batch_invariant"] = {"eager_fn": eager_fn, "graph_equal": torch.equal(graph, eager), "alone_equal": alone,
-                          "mode_off_eager_fn": off_fn}
-
-meta = tower(False, "meta")
-out["meta"] = {label: list(meta.fast_pos_embed_interpolate(torch.tensor(grid)).shape) for label, grid in GRIDS.items()}
-try:
-    Tower.fast_pos_embed_interpolate_vectorized(meta, GRIDS["7 images"])
-    out["meta_upstream_vectorized"] = "ran"
-except Exception as e:
-    out["meta_upstream_vectorized"] = type(e).__name__
-emit(out)
-"""
+def checks(version: str) -> dict:
+    """tests/sglang_scripts/qwen3_pos_embed_checks.py's results, one run per version for the module."""
+    if version not in _results:
+        _results[version] = run_script(version, "qwen3_pos_embed_checks", f"run({GRIDS!r})",
+                                       env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": None})
+    return _results[version]
 
 
 def test_graph_pos_embeds_equal_eager(sglang_version):
-    out = run_with_sglang(sglang_version, SNIPPET.replace("__GRIDS__", repr(GRIDS)), env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": None})
+    out = checks(sglang_version)
     assert out["patched"] and "vit_graph_eager_pos_embed" in out["plan"]
     cases = out["cases"]
     assert len(cases) == 2 * len(GRIDS)
@@ -165,7 +67,7 @@ def test_batch_invariant_mode_computes_each_image_alone(sglang_version):
     """Under --enable-deterministic-inference a 7-image call takes the per-image loop (upstream:
     vectorized from 6 images, other bf16 rounding), in the eager forward and the graph path alike,
     so each image's rows equal the image alone, bitwise; with the mode off upstream's rule stays."""
-    out = run_with_sglang(sglang_version, SNIPPET.replace("__GRIDS__", repr(GRIDS)), env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": None})
+    out = checks(sglang_version)
     assert out["vectorized_hooked"] and "vit_pos_embed_batch_invariant" in out["plan"]
     bi = out["batch_invariant"]
     assert bi["eager_fn"].endswith("from_list") and bi["mode_off_eager_fn"].endswith("vectorized")

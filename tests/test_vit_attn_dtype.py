@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sglang_fa4.integration import vision_fa4
-from sglang_fa4.kernels import dispatch, vit_attn_dtype
+from sglang_fa4.kernels import compile_events, dispatch, short_segments, vit_attn_dtype
 from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import warmup
@@ -95,23 +95,39 @@ def test_set_table_checks_entries_and_restores():
     assert vit_attn_dtype.min_segment_table() == vit_attn_dtype.FP8_MIN_SEGMENT
 
 
-# -- routing through the fa4 ViT backend ---------------------------------------------------------
+# -- routing through the fa4 ViT backend and the one entry point (dispatch) ----------------------
 
 
 class Calls(list):
     arch = 90
 
 
+class FakeCache:
+    """dispatch's kernel cache: records the bf16 FA4 calls and each architecture query."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    @property
+    def arch(self):
+        self.calls.append("arch")
+        return self.calls.arch
+
+    def __call__(self, q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out):
+        self.calls.append(("bf16", max_seqlen, window_size))
+        return q
+
+
 @pytest.fixture
 def recorders(monkeypatch):
     calls = Calls()
     monkeypatch.setattr(vit_attn_dtype, "on_cuda", lambda q: True)
-    monkeypatch.setattr(vision_fa4, "_arch", lambda: calls.append("arch") or calls.arch)
-    monkeypatch.setattr(dispatch, "fa4_varlen_attention",
-                        lambda q, k, v, c, m, **kw: calls.append(("bf16", m, kw["window_size"])) or q)
+    monkeypatch.setattr(short_segments, "should_route", lambda *a: False)
+    previous = dispatch.install_kernel_cache(FakeCache(calls))
     monkeypatch.setattr(vit_attn_dtype, "fp8_attention",
                         lambda q, k, v, c, m, scale=None: calls.append(("fp8", m, scale)) or q)
-    return calls
+    yield calls
+    dispatch.install_kernel_cache(previous)
 
 
 def forward(lens, d=80, dtype=torch.bfloat16, **kw):
@@ -164,10 +180,10 @@ def test_off_sm90_one_log_line_and_bf16(monkeypatch, recorders, caplog, arch):
 @pytest.fixture
 def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_warmup
     compiled = []
-    monkeypatch.setattr(launch, "compile_variant", lambda v, options="", debug=frozenset(): compiled.append(v))
+    monkeypatch.setattr(launch, "compile_variant", lambda v, options="", config=None: compiled.append(v))
     monkeypatch.setattr(launch, "_compiled", {})
-    monkeypatch.setattr(launch, "_compile_events", [])
-    monkeypatch.setattr(launch, "_listeners", [])
+    monkeypatch.setattr(compile_events, "_events", [])
+    monkeypatch.setattr(compile_events, "_listeners", [])
     monkeypatch.setattr("sglang_fa4.kernels.fa4_b36.fa4_available", lambda: True)
     return compiled
 
@@ -267,8 +283,8 @@ def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, c
     from sglang_fa4.startup import jit_monitor
 
     monkeypatch.setattr(quantize_chunked, "_seen", {})
-    monkeypatch.setattr(quantize_chunked, "_events", [])
-    monkeypatch.setattr(quantize_chunked, "_listeners", [])
+    monkeypatch.setattr(compile_events, "_events", [])
+    monkeypatch.setattr(compile_events, "_listeners", [])
     kernel = object()
     with jit_monitor.expected_compiles(finishes_warmup=True):
         quantize_chunked._note_launch(kernel, "quantize", 80, torch.bfloat16, 0.0)  # startup work

@@ -5,56 +5,17 @@ interpreter, TRITON_INTERPRET=1, in a child process)."""
 import pytest
 import torch
 
-from sglang_harness import run_with_sglang
+from sglang_harness import run_file, run_with_sglang
 from sglang_fa4.kernels import triton_handles, vit_rotary
 
 # Qwen2.5-VL (d=80, bf16 tables, q/k views into one qkv projection) and Qwen3-VL (d=72, fp32 or bf16
 # tables), fp16 q/k (the interpreter rounds fp32 -> fp16 to nearest, as the GPU does; its
 # fp32 -> bf16 conversion truncates, so bf16 outputs are checked to one bf16 step there)
-NUMERICS = """
-import torch
-from sglang.srt.layers.rotary_embedding.utils import apply_rotary_pos_emb_native_eager as native
-from sglang_fa4.kernels import vit_rotary
-
-out = {}
-g = torch.Generator().manual_seed(0)
-for name, d, heads, kv, tokens, dtype, table, strided in [
-        ("qwen2_5_bf16", 80, 4, 4, 37, torch.bfloat16, torch.bfloat16, True),
-        ("qwen3_bf16_fp32_tables", 72, 3, 3, 21, torch.bfloat16, torch.float32, False),
-        ("fp16_gqa", 64, 4, 2, 19, torch.float16, torch.float16, True),
-        ("fp16_fp32_tables", 80, 2, 2, 33, torch.float16, torch.float32, False)]:
-    qkv = (torch.randn(tokens, (heads + 2 * kv) * d, generator=g) * 3).to(dtype)
-    if strided:
-        q = qkv[:, : heads * d].view(tokens, heads, d)
-        k = qkv[:, heads * d: (heads + kv) * d].view(tokens, kv, d)
-    else:
-        q = qkv[:, : heads * d].reshape(tokens, heads, d).contiguous()
-        k = qkv[:, heads * d: (heads + kv) * d].reshape(tokens, kv, d).contiguous()
-    ang = torch.rand(tokens, d // 2, generator=g) * 40
-    cos = torch.cat([ang.cos(), ang.cos()], -1).to(table)
-    sin = torch.cat([ang.sin(), ang.sin()], -1).to(table)
-    q0, k0 = q.clone(), k.clone()
-    fq, fk = vit_rotary.apply_rotary(q, k, cos, sin)
-    nq, nk = native(q, k, cos, sin)
-    row = {"shape_ok": fq.shape == nq.shape and fk.shape == nk.shape and fq.dtype == dtype,
-           "inputs_unchanged": torch.equal(q, q0) and torch.equal(k, k0),
-           "finite": bool(torch.isfinite(fq).all() and torch.isfinite(fk).all()),
-           "bitwise": torch.equal(fq, nq) and torch.equal(fk, nk)}
-    # one step of the output dtype at each element's magnitude
-    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-    worst = 0.0
-    for f, n in ((fq, nq), (fk, nk)):
-        bound = n.float().abs().clamp_min(2.0 ** -14) * step * 1.01
-        worst = max(worst, float(((f.float() - n.float()).abs() / bound).max()))
-    row["worst_in_steps"] = worst
-    out[name] = row
-emit(out)
-"""
 
 
 @pytest.mark.parametrize("version", ["0.5.23"])
 def test_fused_rotary_matches_sglang_native_in_the_interpreter(version):
-    out = run_with_sglang(version, NUMERICS, env={"TRITON_INTERPRET": "1"}, timeout=600)
+    out = run_file(version, "vit_rotary_numerics.py", env={"TRITON_INTERPRET": "1"}, timeout=600)
     for name, row in out.items():
         assert row["shape_ok"] and row["inputs_unchanged"] and row["finite"], (name, row)
         if "fp16" in name:
@@ -62,50 +23,10 @@ def test_fused_rotary_matches_sglang_native_in_the_interpreter(version):
         assert row["worst_in_steps"] <= 1.0, (name, row)
 
 
-HOOK = """
-import torch
-from unittest import mock
-import sglang.srt.plugins as plugins
-plugins.load_plugins()
-from sglang.srt.layers.attention import vision
-from sglang.srt.layers.rotary_embedding import utils as rope_utils
-from sglang_fa4.kernels import vit_rotary
-
-calls = []
-real_apply = vit_rotary.apply_rotary
-def spy(*a, **kw):
-    calls.append(1)
-    return real_apply(*a, **kw)
-vit_rotary.apply_rotary = spy
-
-d, heads = 8, 2
-g = torch.Generator().manual_seed(1)
-q, k = (torch.randn(5, heads, d, generator=g).half() for _ in range(2))
-cos, sin = (torch.randn(5, d, generator=g).half() for _ in range(2))
-ref = rope_utils.apply_rotary_pos_emb_native_eager.__wrapped__(q, k, cos, sin)
-
-res = {"wrapped": hasattr(vision.apply_rotary_pos_emb_native_eager, "__wrapped__"),
-       "compiled_rotary_sees_wrapper": rope_utils.apply_rotary_pos_emb_native_eager is vision.apply_rotary_pos_emb_native_eager}
-vision.apply_rotary_pos_emb_native_eager(q, k, cos, sin)
-res["calls_before_warm"] = len(calls)  # not warmed: the original
-vit_rotary.warm(d, heads, heads, "float16", table_dtypes=("float16",), device="cpu")
-calls.clear()
-got = vision.apply_rotary_pos_emb_native_eager(q, k, cos, sin)
-res["calls_after_warm"] = len(calls)
-res["equal_to_native"] = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-calls.clear()
-vision.apply_rotary_pos_emb_native_eager(q.unsqueeze(0), k.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0), 2)
-res["calls_other_shape"] = len(calls)
-calls.clear()
-with mock.patch("torch.compiler.is_compiling", return_value=True):  # traced by torch.compile
-    vision.apply_rotary_pos_emb_native_eager(q, k, cos, sin)
-res["calls_compiling"] = len(calls)
-emit(res)
-"""
 
 
 def test_hook_routes_sglang_graph_rotary_to_the_fused_kernel(sglang_version):
-    res = run_with_sglang(sglang_version, HOOK, env={"TRITON_INTERPRET": "1", "SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"},
+    res = run_file(sglang_version, "vit_rotary_hook.py", env={"TRITON_INTERPRET": "1", "SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"},
                           timeout=600)
     assert res["wrapped"] and res["compiled_rotary_sees_wrapper"], res
     assert res["calls_before_warm"] == 0, res  # never a kernel the warmup did not resolve
@@ -241,30 +162,10 @@ def test_handle_resolves_once_per_specialization(fake_handles):
         remove()
 
 
-TRACED = """
-import torch
-import sglang.srt.plugins as plugins
-plugins.load_plugins()
-from sglang.srt.layers.rotary_embedding import utils as rope_utils
-from sglang_fa4.kernels import vit_rotary
-
-calls = []
-real = vit_rotary.apply_rotary
-vit_rotary.apply_rotary = lambda *a, **k: calls.append(1) or real(*a, **k)
-# SGLang's compiled rotary calls the rebound name: dynamo must trace through the hook in one graph
-traced = torch.compile(rope_utils.apply_rotary_pos_emb_native_eager, backend="eager", fullgraph=True, dynamic=True)
-g = torch.Generator().manual_seed(2)
-q, k = (torch.randn(5, 2, 8, generator=g).half() for _ in range(2))
-cos, sin = (torch.randn(5, 8, generator=g).half() for _ in range(2))
-vit_rotary._warmed.add(vit_rotary.launch_key(q, k, cos, sin))  # as if warmed: a traced call must still be SGLang's
-out = traced(q, k, cos, sin)
-ref = rope_utils.apply_rotary_pos_emb_native_eager.__wrapped__(q, k, cos, sin)
-emit({"equal": bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])), "fused_calls": len(calls)})
-"""
 
 
 def test_torch_compile_traces_sglang_rotary_through_the_hook(sglang_version):
-    res = run_with_sglang(sglang_version, TRACED, env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}, timeout=600)
+    res = run_file(sglang_version, "vit_rotary_traced.py", env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}, timeout=600)
     assert res == {"equal": True, "fused_calls": 0}
 
 

@@ -24,88 +24,13 @@ from sglang_fa4.kernels.fa4_config import FA4Config, config_for
 from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 from sglang_fa4.startup import fa4_env, jit_monitor, warmup
 from sglang_fa4.startup.variants import enumerate_variants
+from sglang_fa4.testing import cu_seqlens
+from fake_vision_models import (  # noqa: F401 - re-exported: other tests import them from here
+    VLM, Block, FakeVisionAttention, InternEmbeddings, InternViT, MiMoTower, QwenTower, internvl, qwen3_vl, qwen25_vl,
+)
 from test_fa4_kernel_cache import FakeBackend
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-# ---- fake SGLang vision models --------------------------------------------------------------
-
-
-class FakeVisionAttention(nn.Module):
-    """The attributes of SGLang's VisionAttention that the warmup reads."""
-
-    def __init__(self, d, heads, kv_heads=None, backend="fa4", dtype=torch.bfloat16,
-                 window_size=(-1, -1), use_sink=False):
-        super().__init__()
-        kv_heads = heads if kv_heads is None else kv_heads
-        self.head_size = d
-        self.num_attention_heads_per_partition = heads
-        self.num_attention_kv_heads_per_partition = kv_heads
-        self.qkv_backend_name = backend
-        self.qkv_proj = nn.Linear(4, 4).to(dtype)
-        self.window_size = window_size
-        self.sinks = nn.Parameter(torch.zeros(heads, dtype=torch.bfloat16), requires_grad=False) if use_sink else None
-
-
-class Block(nn.Module):
-    def __init__(self, attn):
-        super().__init__()
-        self.attn = attn
-        self.mlp = nn.Linear(4, 4)
-
-
-class QwenTower(nn.Module):
-    def __init__(self, d, depth=8, heads=16, fullatt=None, window_size=112, patch_size=14, **attn_kw):
-        super().__init__()
-        if fullatt is not None:
-            self.fullatt_block_indexes = fullatt
-            self.window_size = window_size
-        self.patch_size = patch_size
-        self.blocks = nn.ModuleList(Block(FakeVisionAttention(d, heads, **attn_kw)) for _ in range(depth))
-
-
-class VLM(nn.Module):
-    def __init__(self, visual, attr="visual"):
-        super().__init__()
-        setattr(self, attr, visual)
-        self.language_model = nn.Linear(4, 4)  # no VisionAttention in the LLM
-
-
-def qwen25_vl(**kw):  # windows of 64 tokens, full blocks 3 and 7, d=80
-    return VLM(QwenTower(80, fullatt=[3, 7], **kw))
-
-
-def qwen3_vl(**kw):  # full attention only, d=72
-    return VLM(QwenTower(72, **kw))
-
-
-class InternEmbeddings(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.num_positions = 1025  # 448 px / 14 px = 32 x 32 patches + class token
-
-
-class InternViT(nn.Module):
-    def __init__(self, d=64, heads=16, backend="fa4"):
-        super().__init__()
-        self.embeddings = InternEmbeddings()
-        self.encoder = nn.ModuleList(Block(FakeVisionAttention(d, heads, backend=backend)) for _ in range(4))
-
-
-def internvl(**kw):
-    return VLM(InternViT(**kw), attr="vision_model")
-
-
-class MiMoTower(nn.Module):
-    def __init__(self, d=64, heads=16, depth=4, fullatt=(3,)):
-        super().__init__()
-        self.fullatt_block_indexes = list(fullatt)
-        self.window_size = 128
-        self.patch_size = 14
-        self.blocks = nn.ModuleList(
-            Block(FakeVisionAttention(d, heads, window_size=(64, 64), use_sink=i not in fullatt)) for i in range(depth)
-        )
 
 
 def configs(variants):
@@ -202,11 +127,11 @@ def test_config_for_is_the_kernel_cache_key():
             window = [(None, None), (-1, -1), (32, 32), (None, 0), (16, None)][i % 5]
             sinks = torch.zeros(16, dtype=torch.float32) if (i % 7 == 0 and arch // 10 not in (8, 12)) else None
             lens = [max_len] + [1] * (nseg - 1)
-            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+            cu = cu_seqlens(lens)
             total = sum(lens)
             dtype = torch.float16 if i % 2 else torch.bfloat16
-            q = torch.randn(total, 16, d).to(dtype)
-            k = torch.randn(total, nkv, d).to(dtype)
+            q = torch.empty(total, 16, d, dtype=dtype)  # the key reads shapes and dtypes only
+            k = torch.empty(total, nkv, d, dtype=dtype)
             ms = None if i % 11 == 0 else max_len
             cache(q, k, k.clone(), cu, ms, None, window, sinks, None)
             c = config_for(arch, dtype, d, d, 16 // nkv, ms, total, window,
@@ -305,7 +230,7 @@ def test_load_model_hook_warms_and_arms(fake_fa4, monkeypatch):
     sentinel = object()
     assert hooks.warm_fa4_after_load_model(sentinel, Runner()) is None  # AFTER hook: keep load_model's result
     assert len(fake_fa4.compiles) == 2  # arch from the kernel cache (the fake says sm_90)
-    assert jit_monitor.warmup_finished() and jit_monitor._monitor is not None
+    assert jit_monitor.warmup_finished() and jit_monitor.armed()
 
 
 def test_env_opt_out(fake_fa4, monkeypatch):

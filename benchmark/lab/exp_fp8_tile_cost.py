@@ -74,7 +74,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default="default=", help="name=flags;name=flags (Fp8AttentionForwardSm90 switches)")
+    ap.add_argument("--variants", default="default=", help="name=changes;name=changes (kernel config changes of the "
+                                                           "d=128 non-causal kernel, FIELD=VALUE,...)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--shapes", default="", help="BxQxK,... (sequences x q tokens x keys each; default: SHAPES)")
@@ -95,18 +96,19 @@ def main() -> None:
     # rounds outermost, shapes and variants rotated within a round: the GPU's drift within a
     # process (10-15%) lands on every shape alike instead of on the shapes timed last
     times = [{n: [] for n, _ in variants} for _ in shapes]
-    kernels: dict = {}
+    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+
+    configs = {name: config_for(Fp8Variant(d, False, False), flags) for name, flags in variants}
     for rnd in range(args.rounds):
         order = list(range(len(shapes)))
         for si in order[rnd % len(order):] + order[:rnd % len(order)]:
             batch, sq, sk, cq, ck, q, k, v, out = data[si]
             for name, flags in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
-                launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
-                launch._compiled.clear()
-                launch._compiled.update(kernels.get(name, {}))  # each variant compiled once
-                us = graph_replay_ms(lambda: launch.fp8_varlen_attention(q, k, v, cq, ck, sq, sk, out=out),
+                config = configs[name]  # (launch compiles each (variant, config) once)
+                us = graph_replay_ms(lambda: launch.fp8_varlen_attention(q, k, v, cq, ck, sq, sk, out=out,
+                                                                         kernel_config=config),
                                      replays=20) * 1000
-                kernels[name] = dict(launch._compiled)
                 times[si][name].append(us)
     rows = []
     for (batch, sq, sk), t in zip(shapes, times):

@@ -3,7 +3,7 @@
 
 Two modes:
 
-* ``workload --which fp8|bf16 [--flags a,b]``: the launch to profile.  Builds fresh random inputs,
+* ``workload --which fp8|bf16 [--flags FIELD=VALUE,...]`` (kernel config changes): the launch to profile.  Builds fresh random inputs,
   runs the kernel a few times (compile, warmup), then once more between
   ``torch.cuda.profiler.start()/stop()``, so ``ncu --profile-from-start off -c 1`` sees exactly one
   warm launch.  Run on the GPU machine under ncu (benchmark/lab/ncu_fp8_attention.sh).
@@ -54,13 +54,16 @@ def workload(which: str, flags: str, warmup: int, shape: dict = SHAPE) -> None:
     q, k, v = (torch.randn(b * n, h, d, device="cuda").bfloat16() for _ in range(3))
     if which == "fp8":
         from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+        from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+        from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
-        launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
+        config = config_for(Fp8Variant(d, False, False), flags)
         res = quantize.quantize_qkv(q, k, v, cu)
         out = torch.empty_like(q)
 
         def fn():
-            launch.fp8_varlen_attention(res.q, res.k, None, cu, cu, n, n, descale=res.descale, out=out, vt=res.vt)
+            launch.fp8_varlen_attention(res.q, res.k, None, cu, cu, n, n, descale=res.descale, out=out, vt=res.vt,
+                                        kernel_config=config)
     else:
         from flash_attn.cute import flash_attn_varlen_func
 
@@ -85,6 +88,8 @@ def time_variants(variants: str, out: str) -> None:
 
     from sglang_fa4.bench.timing import graph_replay_ms
     from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
     rows = []
     shapes = [("8x4096", 8, 4096), ("1x16384", 1, 16384)]
@@ -94,11 +99,11 @@ def time_variants(variants: str, out: str) -> None:
         q, k, v = (torch.randn(b * n, 16, 128, device="cuda").bfloat16() for _ in range(3))
         data[name] = (cu, n, q, k, v, quantize.quantize_qkv(q, k, v, cu), torch.empty_like(q), 4 * b * n * n * 16 * 128)
     for vname, flags in [tuple(x.split("=", 1)) for x in variants.split(";") if x]:
-        launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
-        launch._compiled.clear()
+        config = config_for(Fp8Variant(128, False, False), flags)
         for name, (cu, n, q, k, v, res, out8, flops) in data.items():
             us = graph_replay_ms(lambda: launch.fp8_varlen_attention(
-                res.q, res.k, None, cu, cu, n, n, descale=res.descale, out=out8, vt=res.vt), replays=30) * 1000
+                res.q, res.k, None, cu, cu, n, n, descale=res.descale, out=out8, vt=res.vt, kernel_config=config),
+                replays=30) * 1000
             rows.append({"variant": vname, "flags": flags, "shape": name, "us": us, "tflops": flops / us / 1e6})
             print(rows[-1], flush=True)
     for name, (cu, n, q, k, v, res, out8, flops) in data.items():

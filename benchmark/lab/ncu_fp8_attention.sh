@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on the GPU machine: the FP8 attention kernel and FA4 bf16 at d128 non-causal
 # 8x4096 (16 heads), one warm launch each (benchmark/lab/ncu_fp8_attention.py workload), written as
-# --csv pages (details, raw, source with SASS) under $OUT/ncu.  Extra FP8 flags: $1 (comma list);
+# --csv pages (details, raw, source with SASS) under $OUT/ncu.  FP8 kernel config changes: $1 (FIELD=VALUE,...);
 # NCU_WHICH=fp8 profiles the FP8 kernel alone (default: fp8 bf16); NCU_SHAPE=BxN another shape.
 # Summarize afterwards, on any machine:
 #   python benchmark/lab/ncu_fp8_attention.py summarize --raw DIR --out benchmark/results/h200/fp8_attention_ncu

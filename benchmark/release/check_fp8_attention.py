@@ -185,7 +185,7 @@ def markdown() -> str:
     if var:
         rounds = RESULT["sections"].get("variant_rounds")
         lines += ["## Kernel variants side by side (same process; fp8 us, speedup vs FA4 bf16 of the same run)", "",
-                  "Variant flags are `Fp8AttentionForwardSm90` switches (see forward.py). Quick correctness: "
+                  "Variant flags are kernel config changes (`FIELD=VALUE` of `kernel_config.Fp8KernelConfig`, applied to every kernel the variant's cases compile). Quick correctness: "
                   "rel. err vs fp32 on dequantized inputs, worst of the variant's cases."
                   + (f" Timing: {rounds} interleaved rounds per shape (FA4 bf16, then each variant, their order rotated); fp8 us = median "
                      "of the rounds, speedup = median of the per-round ratios to the same round's FA4 bf16." if rounds else ""), ""]
@@ -231,13 +231,6 @@ def markdown() -> str:
                 f"{s.get('bf16_tflops', float('nan')):.0f} | {s.get('speedup', float('nan')):.2f} |"
             )
         lines.append("")
-    sp_parts = RESULT["sections"].get("speed_parts", [])
-    if sp_parts:
-        lines += ["## Where the time goes (d128 non-causal 1x16384, 16 heads; one stage left out per row)", "",
-                  "| left out | us | TFLOP/s equivalent |", "|---|---|---|"]
-        for r in sp_parts:
-            lines.append(f"| {r['flags']} | {r.get('us', float('nan')):.1f} | {r.get('tflops_equiv', float('nan')):.0f} |")
-        lines.append("")
     other = RESULT["sections"].get("other", {})
     if other:
         lines += ["## Other", "", "```", json.dumps(other, indent=1, default=str), "```"]
@@ -279,6 +272,7 @@ def run_case(case, lens_q, lens_k, hq, hkv, d, causal=False, window=(None, None)
         launch.fp8_varlen_attention(
             res.q, res.k, None, cu_q, cu_k, max(lens_q), max(lens_k), descale=res.descale,
             softmax_scale=scale, causal=causal, window_size=window, out=out, vt=res.vt,
+            kernel_config=kcfg(res.q.shape[2], causal, window),
         )
         v8 = vt_to_v(res.vt, cu_k, tk).view(torch.float8_e4m3fn)
     else:  # v path: dequantizable v8 given directly, the wrapper packs V^T itself
@@ -287,6 +281,7 @@ def run_case(case, lens_q, lens_k, hq, hkv, d, causal=False, window=(None, None)
             res.q, res.k, v8, cu_q, cu_k, max(lens_q), max(lens_k),
             q_descale=res.descale[0], k_descale=res.descale[1], v_descale=res.descale[2],
             softmax_scale=scale, causal=causal, window_size=window, out=out,
+            kernel_config=kcfg(res.q.shape[2], causal, window),
         )
     fault_guard("fp8", case)
     g = hq // hkv
@@ -320,61 +315,43 @@ def run_case(case, lens_q, lens_k, hq, hkv, d, causal=False, window=(None, None)
     return row
 
 
-BASELINE = "no_overlap"  # the one-tile-at-a-time main loop (H200 run 4: passed every case it ran)
 BRINGUP_CORE = [
-    # the proven loop first: if the default kernel faults or hangs, the run falls back to it
-    ("1000,3000 h16 baseline loop", [1000, 3000], 16, 128, False, BASELINE),
-    ("1000 causal baseline loop", [1000], 2, 128, True, BASELINE),
-    ("256", [256], 2, 128, False, ""), ("1000 mask+wrap", [1000], 2, 128, False, ""),
-    ("256,128 early-exit CTAs", [256, 128], 2, 128, False, ""),
-    ("24,1000 unaligned key offset", [24, 1000], 2, 128, False, ""),
-    ("256,56 Q half past the end", [256, 56], 2, 128, False, ""),
-    ("4096 h16 multi-wave (512 CTAs)", [4096], 16, 128, False, ""),
-    ("1000,3000 h16", [1000, 3000], 16, 128, False, ""),
-    ("1000 causal", [1000], 2, 128, True, ""),
-    ("100,1,130 causal (1-tile CTAs)", [100, 1, 130], 4, 128, True, ""),
-    ("1000,3000 h16 ping-pong", [1000, 3000], 16, 128, False, "pingpong"),
-]
-# only run when a core step faulted: the same layout without parts, to place the fault
-BRINGUP_BISECT = [
-    ("1000,3000 h16, no setmaxnreg", [1000, 3000], 16, 128, False, "no_setmaxnreg"),
-    ("1000,3000 h16, no QK/PV", [1000, 3000], 16, 128, False, "skip_qk,skip_pv"),
-    ("1000,3000 h16, no K/V loads", [1000, 3000], 16, 128, False, "skip_kv"),
-    ("1000,3000 h16, no store", [1000, 3000], 16, 128, False, "skip_store"),
+    ("256", [256], 2, 128, False), ("1000 mask+wrap", [1000], 2, 128, False),
+    ("256,128 early-exit CTAs", [256, 128], 2, 128, False),
+    ("24,1000 unaligned key offset", [24, 1000], 2, 128, False),
+    ("256,56 Q half past the end", [256, 56], 2, 128, False),
+    ("4096 h16 multi-wave (512 CTAs)", [4096], 16, 128, False),
+    ("1000,3000 h16", [1000, 3000], 16, 128, False),
+    ("1000 causal", [1000], 2, 128, True),
+    ("100,1,130 causal (1-tile CTAs)", [100, 1, 130], 4, 128, True),
 ]
 
 
-def section_bringup(start=0, stop=None, bisect=False):
+def section_bringup(start=0, stop=None):
     """The kernel alone on torch-made E4M3 inputs (no Triton, no FA4), growing one feature at a time."""
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt_reference
 
-    steps = BRINGUP_BISECT if bisect else BRINGUP_CORE
     rows = RESULT["sections"].setdefault("bringup", [])
-    base_flags = launch.DEBUG_FLAGS
-    for idx, (name, lens, h, d, causal, flags) in enumerate(steps):
+    for idx, (name, lens, h, d, causal) in enumerate(BRINGUP_CORE):
         if idx < start or (stop is not None and idx >= stop):
             continue
-        want = base_flags | frozenset(f for f in flags.split(",") if f)
-        if want != launch.DEBUG_FLAGS:
-            launch.DEBUG_FLAGS = want
-            launch._compiled.clear()
         print(f"CASESTART {idx} {name}", flush=True)
         cu = make_cu(lens)
         t = sum(lens)
         q, k, v = (torch.randn(t, h, d, device=DEV).to(torch.float8_e4m3fn) for _ in range(3))
         vt = pack_vt_reference(v.view(torch.uint8), cu)
         out = torch.full((t, h, d), float("nan"), dtype=torch.bfloat16, device=DEV)
-        launch.fp8_varlen_attention(q, k, None, cu, cu, max(lens), max(lens), out=out, vt=vt, causal=causal)
-        fault_guard("fp8", f"bringup {name} [{flags}]")
+        launch.fp8_varlen_attention(q, k, None, cu, cu, max(lens), max(lens), out=out, vt=vt, causal=causal,
+                                    kernel_config=kcfg(d, causal))
+        fault_guard("fp8", f"bringup {name}")
         ref = ref_attention(q.float(), k.float(), v.float(), cu, cu, d ** -0.5, causal)
         o = out.float()
-        rows.append({"case": name, "flags": flags, "finite": bool(torch.isfinite(o).all()), "err_ref": rel_err(o, ref)})
+        rows.append({"case": name, "flags": KERNEL_CHANGES, "finite": bool(torch.isfinite(o).all()),
+                     "err_ref": rel_err(o, ref)})
         log("bringup", rows[-1])
         save(OUT_DIR)
         print(f"CASEDONE {idx}", flush=True)
-    launch.DEBUG_FLAGS = base_flags
-    launch._compiled.clear()
 
 
 def _code_diff(a, b) -> dict:
@@ -505,7 +482,8 @@ def section_correctness(quick=False, start=0):
     k8 = (sign((t, 4, 128)) * 448).to(torch.float8_e4m3fn)
     v8 = (sign((t, 4, 128)) * 448).to(torch.float8_e4m3fn)
     out = torch.full((t, 4, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
-    launch.fp8_varlen_attention(q8, k8, v8, cu, cu, max(lens), max(lens), out=out, causal=True)
+    launch.fp8_varlen_attention(q8, k8, v8, cu, cu, max(lens), max(lens), out=out, causal=True,
+                                kernel_config=kcfg(128, True))
     ref = ref_attention(q8.float(), k8.float(), v8.float(), cu, cu, 128 ** -0.5, True)
     o = out.float()
     fault_guard("fp8", "+-448 fp8 inputs")
@@ -563,7 +541,8 @@ def section_speed():
             if SPEED_WHAT in ("both", "fp8") and "fp8_error" not in row:
                 try:
                     fp8_r.append(bench_graph(lambda: launch.fp8_varlen_attention(
-                        res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8, vt=res.vt)))
+                        res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8, vt=res.vt,
+                        kernel_config=kcfg(d, causal))))
                 except Exception as e:  # noqa: BLE001
                     row["fp8_error"] = f"{type(e).__name__}: {e}"[:300]
                 fault_guard("fp8", f"speed {name} d{d} causal={causal}")
@@ -609,7 +588,20 @@ def section_speed():
 
 
 ROUNDS = 1  # --rounds: interleaved timing rounds (variants, speed)
-VARIANTS = "base="  # name=flags;name=flags (flags: comma list of Fp8AttentionForwardSm90 switches)
+VARIANTS = "base="  # name=flags;name=flags (flags: FIELD=VALUE,... kernel config changes, kcfg)
+#: --kernel-config / a variant's flags: changes to the table's kernel config (kernel_config.parse_changes),
+#: passed with every call this run makes (kcfg); "" = the product's configs.
+KERNEL_CHANGES = ""
+
+
+def kcfg(d: int, causal: bool = False, window=(None, None)):
+    """The kernel config this run passes for a (head dim, causal, window) kernel: the table's with
+    KERNEL_CHANGES, or None (the table's, as in use)."""
+    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+    from sglang_fa4.kernels.fp8_sm90.layout import variant_for
+
+    return config_for(variant_for(d, causal, window), KERNEL_CHANGES) if KERNEL_CHANGES else None
+
 def _many_segments():
     """The correctness section's >256-segment layout (0- and 1-token segments among them)."""
     rng = torch.Generator().manual_seed(0)
@@ -686,7 +678,8 @@ def section_variants():
     time moves by ~10% between processes and by a few % within one), each variant's time the
     median of its rounds and its speedup the median of its per-round ratios to the bf16 time of the
     same round.  The fastest variant that passes (geometric mean of the speedups) becomes
-    launch.DEBUG_FLAGS for the later sections."""
+    KERNEL_CHANGES for the later sections."""
+    global KERNEL_CHANGES
     from flash_attn.cute import flash_attn_varlen_func
 
     from sglang_fa4.kernels.fp8_sm90 import launch, quantize
@@ -697,11 +690,9 @@ def section_variants():
     left = [f"{sh[0]} d{sh[4]}" for sh in VARIANT_SHAPES if sh[4] in VARIANT_DIMS and sh not in shapes]
     if left:
         log("variants: not timed (no case compiles their kernel):", left)
-    kernels = {}  # flags -> that variant's compiled kernels, so the winner is not compiled again
     rows = RESULT["sections"].setdefault("variants", [])
     for name, flags in specs:
-        launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
-        launch._compiled.clear()
+        KERNEL_CHANGES = flags  # (launch caches each (variant, config) compile: none compiled twice)
         v = {"name": name, "flags": flags, "cases": [], "speed": []}
         print(f"VARIANTSTART {name}", flush=True)  # --isolate: names the variant that hung or faulted
         for cname, lens_q, lens_k, h, hkv, d, causal, data in cases:
@@ -712,16 +703,14 @@ def section_variants():
             v["cases"].append(r)
         v["ok"] = all(r.get("ok") for r in v["cases"])
         v["worst_err"] = max((r.get("err_ref", float("nan")) for r in v["cases"]), default=float("nan"))
-        kernels[flags] = dict(launch._compiled)
         rows.append(v)
         log("variant", name, flags, "ok", v["ok"], "worst", round(v["worst_err"], 5))
         RESULT["sections"]["variants"] = rows
         save(OUT_DIR)
 
     def use(flags):
-        launch.DEBUG_FLAGS = frozenset(f for f in flags.split(",") if f)
-        launch._compiled.clear()
-        launch._compiled.update(kernels[flags])
+        global KERNEL_CHANGES
+        KERNEL_CHANGES = flags
 
     timed = [v for v in rows if v["ok"]]
     for sname, lens, h, hkv, d, causal in shapes:
@@ -744,9 +733,10 @@ def section_variants():
                 use(v["flags"])
                 print(f"VARIANTTIME {v['name']}", flush=True)
                 try:
+                    config = kcfg(d, causal)
                     us = bench_graph(lambda: launch.fp8_varlen_attention(
                         res.q, res.k, None, cu, cu, m, m, descale=res.descale, causal=causal, out=out8,
-                        vt=res.vt), iters=30)
+                        vt=res.vt, kernel_config=config), iters=30)
                 except Exception as e:  # noqa: BLE001
                     row["fp8_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue
@@ -778,43 +768,10 @@ def section_variants():
         best = max(good, key=lambda v: v["geomean_speedup"])
         RESULT["winner"] = {"name": best["name"], "flags": best["flags"]}
         use(best["flags"])
-        RESULT["debug_flags"] = sorted(launch.DEBUG_FLAGS)
+        RESULT["kernel_config"] = KERNEL_CHANGES
     else:
-        launch.DEBUG_FLAGS = frozenset()
-        launch._compiled.clear()
+        use("")
     log("winner", RESULT.get("winner"))
-
-
-def section_speed_parts():
-    """Where the fp8 kernel's time goes, without counters: the same launch with one stage left out
-    (bring-up switches, compiled separately), d128 non-causal 1x16384 16 heads."""
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
-
-    lens, h, d = [16384], 16, 128
-    cu = make_cu(lens)
-    t = sum(lens)
-    q = torch.randn(t, h, d, device=DEV).bfloat16()
-    res = quantize.quantize_qkv(q, q, q, cu)
-    out8 = torch.empty(t, h, d, dtype=torch.bfloat16, device=DEV)
-    flops = 4 * sum(n * n for n in lens) * h * d
-    rows = []
-    base = launch.DEBUG_FLAGS
-    for flags in ("", BASELINE, "pingpong", "tree_reduce", "skip_softmax", "skip_qk,skip_pv",
-                  "skip_qk,skip_pv,skip_softmax"):
-        launch.DEBUG_FLAGS = base | frozenset(f for f in flags.split(",") if f)
-        launch._compiled.clear()
-        try:
-            us = bench_graph(lambda: launch.fp8_varlen_attention(
-                res.q, res.k, None, cu, cu, lens[0], lens[0], descale=res.descale, out=out8, vt=res.vt))
-            rows.append({"flags": flags or "-", "us": us, "tflops_equiv": flops / us / 1e6})
-        except Exception as e:  # noqa: BLE001
-            rows.append({"flags": flags or "-", "error": f"{type(e).__name__}: {e}"[:200]})
-        fault_guard("fp8", f"speed parts [{flags}]")
-        log("speed parts", rows[-1])
-        RESULT["sections"]["speed_parts"] = rows
-        save(OUT_DIR)
-    launch.DEBUG_FLAGS = base
-    launch._compiled.clear()
 
 
 def section_host():
@@ -828,7 +785,9 @@ def section_host():
     q = torch.randn(t, 16, 128, device=DEV).bfloat16()
     res = quantize.quantize_qkv(q, q, q, cu)
     out = torch.empty_like(q)
-    fn = lambda: launch.fp8_varlen_attention(res.q, res.k, None, cu, cu, 1024, 1024, descale=res.descale, out=out, vt=res.vt)  # noqa: E731
+    config = kcfg(128)
+    fn = lambda: launch.fp8_varlen_attention(res.q, res.k, None, cu, cu, 1024, 1024, descale=res.descale, out=out,  # noqa: E731
+                                             vt=res.vt, kernel_config=config)
     fa = lambda: flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024,  # noqa: E731
                                         max_seqlen_k=1024)
     for _ in range(5):  # both warmed up (compiled) before timing
@@ -993,11 +952,13 @@ def run_variants_isolated(out_dir: Path, budget_end: float, argv: list[str]) -> 
 
 def main():
     global SPEED_WHAT, JSON_NAME, OUT_DIR, VARIANTS, ARGS_CHILD, VARIANT_DIMS, CASE_FILTER, ROUNDS, VARIANT_CASES
+    global KERNEL_CHANGES
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmark/results/h200"))
-    ap.add_argument("--sections", default="bringup,speed,speed_parts,host,quantize,correctness")
+    ap.add_argument("--sections", default="bringup,speed,host,quantize,correctness")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--debug-flags", default="", help="bring-up switches for the kernel (comma list)")
+    ap.add_argument("--kernel-config", default="", help="kernel config changes for every kernel, FIELD=VALUE,... "
+                                                        "(kernel_config.Fp8KernelConfig)")
     ap.add_argument("--isolate", action="store_true",
                     help="run each part in a child process, resuming after device faults (needs a budget)")
     ap.add_argument("--budget", type=float, default=220.0, help="seconds for --isolate")
@@ -1035,19 +996,16 @@ def main():
     if args.note:
         RESULT["analysis_after_run"] = list(args.note)
     out_dir = OUT_DIR = Path(args.out_dir)
-    if args.debug_flags:
-        from sglang_fa4.kernels.fp8_sm90 import launch
-
-        launch.DEBUG_FLAGS = frozenset(args.debug_flags.split(","))
-        RESULT["debug_flags"] = sorted(launch.DEBUG_FLAGS)
+    if args.kernel_config:
+        KERNEL_CHANGES = args.kernel_config
+        RESULT["kernel_config"] = KERNEL_CHANGES
     RESULT["command"] = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
     if args.isolate:
         end = T0 + args.budget
-        extra = ["--debug-flags", args.debug_flags] if args.debug_flags else []
+        extra = ["--kernel-config", args.kernel_config] if args.kernel_config else []
         parts = [
             ("bringup", ["--sections", "bringup"], True),
-            ("bringup_bisect", ["--sections", "bringup_bisect"], True),
-            ("speed_fp8", ["--sections", "speed,speed_parts,host", "--speed-what", "fp8"], False),
+            ("speed_fp8", ["--sections", "speed,host", "--speed-what", "fp8"], False),
             ("speed_bf16", ["--sections", "speed", "--speed-what", "bf16"], False),
             ("quantize", ["--sections", "quantize"], False),
             ("correct", ["--sections", "correctness"], True),
@@ -1057,15 +1015,11 @@ def main():
             run_variants_isolated(out_dir, end, ["--rounds", str(ROUNDS), "--variant-dims", args.variant_dims,
                                                  "--variant-cases", args.variant_cases, *extra])
             save(out_dir)
-            if RESULT.get("winner") and not args.debug_flags:
+            if RESULT.get("winner") and not args.kernel_config:
                 # the later parts run with the winner, as in one process (section_variants)
-                extra = ["--debug-flags", RESULT["winner"]["flags"]] if RESULT["winner"]["flags"] else []
-        faulted = False
+                extra = ["--kernel-config", RESULT["winner"]["flags"]] if RESULT["winner"]["flags"] else []
         for name, argv, resumable in parts:
-            if name == "bringup_bisect":
-                if not faulted:
-                    continue
-            elif not (set(argv[1].split(",")) & wanted):
+            if not (set(argv[1].split(",")) & wanted):
                 continue
             child = run_child(argv + extra, out_dir, name, end, resumable)
             for key, val in child.get("sections", {}).items():
@@ -1090,27 +1044,10 @@ def main():
             save(out_dir)
             if name == "bringup":
                 fails = [f for f in child.get("sections", {}).get("child_failures", []) if "case" in f]
-                bad = [r for r in RESULT["sections"].get("bringup", []) if not r.get("flags")
-                       and not (r.get("finite") and r.get("err_ref", 1) <= BAR)]
-                base_ok = [r for r in RESULT["sections"].get("bringup", []) if r.get("flags") == BASELINE
-                           and r.get("finite") and r.get("err_ref", 1) <= BAR]
-                if (bad or fails) and len(base_ok) == 2 and not args.debug_flags:
-                    log("the default kernel failed a bring-up step; the baseline loop passed: using it")
-                    extra = ["--debug-flags", BASELINE]
-                    RESULT["fallback_debug_flags"] = BASELINE
-                faulted = bool(fails) and "fallback_debug_flags" not in RESULT
-                if faulted and args.sanitize > 0 and end - time.perf_counter() > args.sanitize + 30:
-                    sanitize(fails[0]["case"], out_dir, args.sanitize)
-            if name == "bringup_bisect" and faulted:
-                good = [r for r in RESULT["sections"].get("bringup", [])
-                        if r.get("flags") == "no_setmaxnreg" and r["case"].startswith("1000,3000")
-                        and r.get("finite") and r.get("err_ref", 1) <= BAR]
-                if good:
-                    log("the full kernel faulted in bring-up; the no-setmaxnreg variant passed: using it")
-                    extra = ["--debug-flags", "no_setmaxnreg"]
-                    RESULT["fallback_debug_flags"] = "no_setmaxnreg"
-                else:
-                    log("the full kernel faulted in bring-up: skipping the parts that would fault again")
+                if fails:
+                    if args.sanitize > 0 and end - time.perf_counter() > args.sanitize + 30:
+                        sanitize(fails[0]["case"], out_dir, args.sanitize)
+                    log("the kernel faulted in bring-up: skipping the parts that would fault again")
                     RESULT["sections"]["skipped_after_bringup_fault"] = True
                     wanted &= {"bringup", "quantize"}
         print(markdown())
@@ -1124,8 +1061,7 @@ def main():
         t = time.perf_counter()
         try:
             {"compile": section_compile, "quantize": section_quantize_exact, "bringup": lambda: section_bringup(args.start, args.stop),
-             "bringup_bisect": lambda: section_bringup(args.start, args.stop, bisect=True),
-             "speed_parts": section_speed_parts, "variants": section_variants,
+             "variants": section_variants,
              "correctness": lambda: section_correctness(args.quick, args.start), "speed": section_speed,
              "host": section_host}[sec]()
         except Exception as e:  # noqa: BLE001

@@ -165,23 +165,14 @@ def timed(label, fn, row):
 
 def time_gathers(row, kc, vc, table, seqlens, q8, cu_q, max_q, kd, vd, out, cu_kg, bound, copy_gbps):
     """Before/after of the page gather, interleaved: the fused kernel vs the torch index ops + V^T
-    pack, alone and inside the routed call; bytes moved and the floor at the measured copy rate."""
-    from sglang_fa4.kernels import fp8_paged_kv
+    pack it replaced (the route itself has only the fused one), and the routed call; bytes moved
+    and the floor at the measured copy rate."""
     from sglang_fa4.kernels.fp8_paged_gather import bytes_moved, gather_paged_kv, gather_paged_kv_vt
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 
-    def routed(fused):
-        def call():
-            fp8_paged_kv.FUSED_GATHER = fused
-            try:
-                return sglang_call(q8, kc, vc, table, seqlens, cu_q, max_q, kd, vd, out=out)
-            finally:
-                fp8_paged_kv.FUSED_GATHER = True
-        return call
-
     calls = {"gather_fused_ms": lambda: gather_paged_kv_vt(kc, vc, table, seqlens),
              "gather_pack_ms": lambda: pack_vt(gather_paged_kv(kc, vc, table, seqlens)[1], cu_kg, bound),
-             "fa4_fp8_routed_ms": routed(True), "fa4_fp8_routed_torch_gather_ms": routed(False)}
+             "fa4_fp8_routed_ms": lambda: sglang_call(q8, kc, vc, table, seqlens, cu_q, max_q, kd, vd, out=out)}
     for label, t in interleaved_ms(calls, rounds=5, replays=10).items():
         row[label] = t.get("ms")
         row.update({f"{label}_{k}": v for k, v in t.items() if k != "ms"})
@@ -264,12 +255,10 @@ def section_speed(budget_s):
                 qp, k.view(FP8), None, cu_qp, cu_kg, g, bound, descale=desc, softmax_scale=D ** -0.5,
                 causal=False, vt=vt), row)
         if max(new) == 1 and not GATHER_ONLY:  # one CTA per q head: the causal variant, another compile
-            fp8_paged_kv.PACK_GQA_DECODE = False
-            try:
-                timed("fa4_fp8_routed_unpacked_ms", lambda: sglang_call(
-                    q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out), row)
-            finally:
-                fp8_paged_kv.PACK_GQA_DECODE = True
+            # (the route packs decode-shaped calls; without a host max_seqlen_q it cannot tell one)
+            timed("fa4_fp8_routed_unpacked_ms", lambda: fp8_paged_kv.paged_fp8_attention(
+                q8, kc, vc, table, seqlens, cu_q, None, k_descale=kd, v_descale=vd, softmax_scale=D ** -0.5,
+                causal=True, out=out), row)
         if not GATHER_ONLY:
             fa4_bf16(row, tq, tk, cu_q, cu_k, new, lens, kc, vc, seqlens, table, budget_s)
         flops = 4 * HQ * D * sum((n * (c - n) + n * (n + 1) / 2) for n, c in zip(new, lens))

@@ -150,9 +150,9 @@ def scale_like_trained(tower, gain: float = 2.5, outlier: float = 3.0, modules=N
     import torch
 
     if modules is None:
-        from sglang_fa4.startup import towers
+        from sglang_fa4 import sglang_model
 
-        modules = [m for _name, m in towers.find_fa4_attention(tower)]
+        modules = [m for _name, m in sglang_model.find_fa4_attention(tower)]
     n = 0
     with torch.no_grad():
         for m in modules:
@@ -252,7 +252,8 @@ def towers_section(model: str, args, table: dict, seed: int, layer_errors: Layer
     from sglang_fa4.bench.layouts import PICTURES as SIZES
     from sglang_fa4.integration import vit_budgets
     from sglang_fa4.kernels import vit_attn_dtype
-    from sglang_fa4.startup import jit_monitor, towers, warmup
+    from sglang_fa4 import sglang_model
+    from sglang_fa4.startup import jit_monitor, warmup
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     jit_monitor.reset_state()
@@ -264,7 +265,7 @@ def towers_section(model: str, args, table: dict, seed: int, layer_errors: Layer
         res["scaling"] = scale_like_trained(pair[mode])
         holders[mode] = torch.nn.Module()
         holders[mode].visual = pair[mode]
-    d = int(towers.find_fa4_attention(pair["fp8"])[0][1].head_size)
+    d = int(sglang_model.find_fa4_attention(pair["fp8"])[0][1].head_size)
     x, grid = pixels(pair["bf16"], [grid_of(model, 448, 448)], seed=1)
     set_mode("bf16")
     set_graph_mode(pair["bf16"], False)

@@ -57,10 +57,17 @@ def _vit(args) -> int:
     return 0
 
 
-def add_parser(subparsers) -> None:
-    from . import kernels, vit
+def _decode(args) -> int:
+    from . import decode
 
-    bench = subparsers.add_parser("bench", help="benchmarks on a CUDA GPU (kernels, vit)")
+    decode.run(args)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    from . import decode, kernels, vit
+
+    bench = subparsers.add_parser("bench", help="benchmarks on a CUDA GPU (kernels, vit, decode)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     pk = sub.add_parser(
         "kernels",
@@ -78,3 +85,11 @@ def add_parser(subparsers) -> None:
     vit.add_arguments(pv)
     _common(pv)
     pv.set_defaults(handler=_vit)
+    pd = sub.add_parser(
+        "decode",
+        help="paged FP8-KV decode: the split-KV kernel vs FA3-FP8, SGLang's triton fp8, fa4 bf16",
+        description=(decode.__doc__ or "").split("\n\n")[0],
+    )
+    decode.add_arguments(pd)
+    _common(pd)
+    pd.set_defaults(handler=_decode)

@@ -11,8 +11,11 @@
   call site of FA for paged MHA in ``flashattention_backend``, extend and decode): ``ver=4`` with an
   E4M3 cache on an SM90 GPU goes to :func:`sglang_fa4.kernels.fp8_paged_kv.paged_fp8_attention`;
   everything else (other versions, bf16 caches, other GPUs) calls SGLang's code unchanged.
-  A feature the FP8 kernel lacks (softcap, sinks, LSE for cascade attention, score/mask mods, ...)
-  raises :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
+  Decode and short extends run the paged split-KV kernel that reads the pool in place
+  (:mod:`sglang_fa4.kernels.fp8_paged_decode`), which also returns the LSE SGLang's cascade
+  attention asks for (``return_softmax_lse``: such a call always takes that kernel).
+  A feature the FP8 kernels lack (softcap, sinks, score/mask mods, ...) raises
+  :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
 """
 
 from __future__ import annotations
@@ -139,11 +142,12 @@ def prepare_paged_mha_query(original, self, q, q_rope, k_rope, layer, *, logical
 
 # Arguments the route honours; any other argument must keep its default (checked by value).
 _USED = {"q", "k_cache", "v_cache", "page_table", "cache_seqlens", "cu_seqlens_q", "max_seqlen_q",
-         "k_descale", "v_descale", "q_descale", "softmax_scale", "causal", "window_size", "out", "ver"}
+         "k_descale", "v_descale", "q_descale", "softmax_scale", "causal", "window_size", "out", "ver",
+         "return_softmax_lse"}
 # Accepted and ignored: split/scheduling hints of FA3/FA4 that do not change the result.
 _IGNORED = {"cu_seqlens_k_new", "num_splits", "pack_gqa", "scheduler_metadata", "sm_margin", "max_seqlen_k",
             "rotary_interleaved", "only_qv"}
-_NEUTRAL = {"softcap": (0.0, None), "return_softmax_lse": (False,), "attention_chunk": (None, 0)}
+_NEUTRAL = {"softcap": (0.0, None), "attention_chunk": (None, 0)}
 
 _signatures: dict = {}
 
@@ -196,13 +200,17 @@ def route_fp8(call: dict):
     from sglang_fa4.kernels.fp8_paged_kv import paged_fp8_attention
 
     max_q = call.get("max_seqlen_q")
-    return paged_fp8_attention(
-        q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
-        None if max_q is None else int(max_q),
-        k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
-        softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
-        window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
-    )
+    args = (q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
+            None if max_q is None else int(max_q))
+    kw = dict(k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
+              softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
+              window_size=call.get("window_size", (-1, -1)), out=call.get("out"))
+    if call.get("return_softmax_lse"):
+        # (out, lse (Hq, total_q)) as FA's varlen call returns them; only the split-KV kernel has the LSE
+        from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention
+
+        return paged_decode_attention(*args, **kw, return_lse=True)
+    return paged_fp8_attention(*args, **kw)
 
 
 def _short(value) -> str:
@@ -216,7 +224,8 @@ BACKEND_INIT = f"{FA_BACKEND}.__init__"
 def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = False) -> list:
     """The FP8 kernel variants a FlashAttentionBackend on the route will launch: causal (extend and
     decode, bottom-right aligned), the non-causal one for GQA decode (the group packed into the
-    tile: kernels.fp8_paged_kv.decode_gqa_pack), and the local one for sliding-window layers."""
+    tile: kernels.fp8_paged_kv.decode_gqa_pack; only when decode takes the gather, i.e.
+    SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0), and the local one for sliding-window layers."""
     from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, variant_for
 
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -229,18 +238,32 @@ def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = F
     return variants
 
 
+def warm_split_kv(head_dim: int, hq: int, hkv: int, page: int, device) -> None:
+    """The split-KV decode kernel's variants for this layer shape (kernels.fp8_paged_decode.warm);
+    a failure is logged, never fatal (the first decode would compile, flagged by the JIT monitor)."""
+    from sglang_fa4.kernels import fp8_paged_decode
+
+    try:
+        fp8_paged_decode.warm(head_dim, hq, hkv, page, device)
+    except Exception as exc:  # noqa: BLE001 - startup goes on; the request path compiles instead
+        logger.warning("sglang-fa4: warming the FP8 split-KV decode kernel (d=%d, %d/%d heads, page %d) failed: %s",
+                       head_dim, hq, hkv, page, exc)
+
+
 def warm_fp8_after_backend_init(result, self, *args, **kwargs):
     """AFTER FlashAttentionBackend.__init__ (every scheduler process, before CUDA-graph capture and
     serving): on the FP8 route, compile its kernel variants (10-20 s each on an H200, otherwise
-    paid by the first request with --disable-cuda-graph) and its page gather's Triton kernel now,
-    as startup work for the JIT monitor."""
+    paid by the first request with --disable-cuda-graph), the split-KV decode kernel's and the page
+    gather's Triton kernels now, as startup work for the JIT monitor."""
     from sglang_fa4.environ import envs
 
     if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
         return None
     window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
     hkv = int(getattr(self, "num_kv_heads", 0) or 0)
-    gqa = int(getattr(self, "num_attention_heads", 0) or 0) > hkv > 0
+    # the packed-GQA decode variant only serves decode when the split-KV kernel does not take it
+    gqa = (int(getattr(self, "num_attention_heads", 0) or 0) > hkv > 0
+           and envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get() == 0)
     head_dim = int(getattr(self, "head_dim", 0) or 0)
     variants = fp8_variants_for(head_dim, window, gqa)
     if variants:
@@ -249,6 +272,11 @@ def warm_fp8_after_backend_init(result, self, *args, **kwargs):
         from sglang_fa4.kernels.fp8_paged_gather import GatherShape
         from sglang_fa4.startup import warmup
 
-        shapes = [GatherShape(head_dim, hkv, int(getattr(self, "page_size", 1) or 1))] if hkv > 0 else []
-        warmup.warm_fp8_kv_route(variants, shapes, torch.device(getattr(self, "device", "cuda")))
+        page = int(getattr(self, "page_size", 1) or 1)
+        device = torch.device(getattr(self, "device", "cuda"))
+        shapes = [GatherShape(head_dim, hkv, page)] if hkv > 0 else []
+        hq = int(getattr(self, "num_attention_heads", 0) or 0)
+        if hkv > 0 and hq >= hkv and envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get() > 0:
+            warm_split_kv(head_dim, hq, hkv, page, device)  # before the monitors are armed below
+        warmup.warm_fp8_kv_route(variants, shapes, device)
     return None

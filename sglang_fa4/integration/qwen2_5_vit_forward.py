@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from sglang_fa4.integration import vit_host_metadata
-from sglang_fa4.startup.towers import full_attention_blocks
+from sglang_fa4.sglang_model import full_attention_blocks
 
 
 def eager_forward(vit, x: torch.Tensor, grid_thw, metadata_cls) -> torch.Tensor:

@@ -16,7 +16,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from sglang_fa4.kernels import dispatch, vit_attn_dtype
+from sglang_fa4.kernels import dispatch
 from sglang_fa4.kernels.fa4_config import window_bounds
 
 
@@ -127,10 +127,6 @@ def resolve_seqlens(
     return Seqlens(cu, max_seqlen)
 
 
-def _arch() -> int:
-    return dispatch.kernel_cache().arch
-
-
 def vision_fa4_forward(
     q,
     k,
@@ -155,9 +151,7 @@ def vision_fa4_forward(
     )
     window = window_bounds(kwargs.get("window_size"))
     sinks = kwargs.get("s_aux")
-    # SGLANG_FA4_VIT_ATTN_DTYPE=fp8: FP8 where the measured table says so (host-only decision)
-    if vit_attn_dtype.use_fp8(_arch, q, seqlens.cu_seqlens, seqlens.max_seqlen, window, sinks):
-        return vit_attn_dtype.fp8_attention(q, k, v, seqlens.cu_seqlens, seqlens.max_seqlen, softmax_scale)
+    # every route, SGLANG_FA4_VIT_ATTN_DTYPE=fp8's included, is chosen inside the one entry point
     return dispatch.fa4_varlen_attention(
         q,
         k,

@@ -16,7 +16,8 @@ from sglang_fa4.integration import vit_budget_memory
 from sglang_fa4.integration.vit_budget_layouts import budgets_from_env, capture_layout, full_capacity, segment_capacity
 from sglang_fa4.integration.vit_budget_routing import route_fastest, time_budgets
 from sglang_fa4.selection import FA4
-from sglang_fa4.startup import jit_monitor, towers
+from sglang_fa4 import sglang_model
+from sglang_fa4.startup import jit_monitor
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -140,7 +141,7 @@ def capture_budgets(runner, *, hidden: int, rope_dim: int, rope_kind: Optional[s
     if runner._attn_backend != FA4:
         raise ValueError(f"ViT graph budgets need the fa4 backend, the runner has {runner._attn_backend!r}")
     asked = tuple(sorted(budgets)) if budgets is not None else budgets_from_env()
-    window = towers.window_tokens(runner.vit) if runner._fullatt_block_indexes else None
+    window = sglang_model.window_tokens(runner.vit) if runner._fullatt_block_indexes else None
     if rope_kind is None:
         rope_kind = "position_embeddings" if runner._fullatt_block_indexes else "rotary"
     if rope_kind not in ("position_embeddings", "rotary"):

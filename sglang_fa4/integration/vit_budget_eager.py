@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sglang_fa4.startup import towers
+from sglang_fa4 import sglang_model
 
 
 def host_layout(cu) -> list[int]:
@@ -38,7 +38,7 @@ def eager_run(runner, x, cu_seqlens, cu_window_seqlens, position_embeddings=None
         rope = {"rotary_pos_emb_cos": rotary_pos_emb_cos, "rotary_pos_emb_sin": rotary_pos_emb_sin}
     deep = []
     deep_idx = 0
-    full_blocks = towers.full_attention_blocks(vit)
+    full_blocks = sglang_model.full_attention_blocks(vit)
     with torch.no_grad():
         y = x.unsqueeze(1)
         for layer_num, blk in enumerate(vit.blocks):

@@ -1,4 +1,7 @@
-"""The one place that calls FlashAttention-4 for ViT attention.
+"""The one attention entry point: every route -- FA4 (bf16/fp16 ViT attention), the short-window
+Triton kernel and FA2 (:mod:`.short_segments`), the FP8 ViT path (:mod:`.vit_attn_dtype`) and the
+SM90 FP8 forward itself (E4M3 q/k/v, also for the paged FP8 KV cache, :mod:`.fp8_paged_kv`) -- is
+taken inside :func:`fa4_varlen_attention`.
 
 Contract (everything else in sglang_fa4 calls only this):
     fa4_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, softmax_scale=None,
@@ -11,6 +14,12 @@ float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_12
 float8_e4m3fn q/k/v (SM90) with ``q_descale``/``k_descale``/``v_descale`` (float32, per (batch, kv
 head) or a scalar; all three or none) go to the native FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`),
 bf16 output; E4M3 k/v with another q dtype, or descales with non-FP8 q/k/v, raise FA4InputError.
+The FP8 forward also takes (keyword-only, E4M3 q only) ``cu_seqlens_k`` / ``max_seqlen_k`` (keys
+laid out apart from the queries), ``causal`` (bottom-right aligned), ``descale`` ((3, batch, Hkv)
+float32 instead of the three), ``vt`` (the permuted V^T instead of v) and ``kernel_config`` (a
+:class:`~sglang_fa4.kernels.fp8_sm90.kernel_config.Fp8KernelConfig` other than the table's:
+benchmarks). bf16/fp16 q/k/v go to the FP8 forward (quantized on the device) only where
+``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` and the measured table of :mod:`.vit_attn_dtype` say so.
 
 Every route checks the tensors' shapes, dtypes and devices on the host (``kernels.inputs``); what
 cannot be checked without reading device memory is the caller's contract, as it is FA4's: cu_seqlens
@@ -40,7 +49,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from sglang_fa4.kernels import short_segments
+from sglang_fa4.kernels import short_segments, vit_attn_dtype
 from sglang_fa4.kernels.fa4_b36 import FA4LayoutError
 from sglang_fa4.kernels.fa4_config import CompileEvent, FA4Config, FA4FeatureError, FA4InputError
 from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
@@ -99,23 +108,55 @@ def fa4_varlen_attention(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    causal: bool = False,
+    cu_seqlens_k=None,
+    max_seqlen_k: Optional[int] = None,
+    descale=None,
+    vt=None,
+    kernel_config=None,
 ):
     fp8 = _fp8 if _fp8 is not None else _float8_e4m3fn()
     if getattr(q, "dtype", None) is fp8:
         # E4M3 q/k/v (SM90): the native FP8 forward, see sglang_fa4.kernels.fp8_sm90
-        return _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out,
-                              q_descale, k_descale, v_descale)
+        if sinks is not None:
+            raise FA4FeatureError("attention sinks are not supported by the FP8 (E4M3) forward")
+        from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+
+        extra = {} if kernel_config is None else {"kernel_config": kernel_config}
+        return fp8_varlen_attention(
+            q, k, v, cu_seqlens, cu_seqlens if cu_seqlens_k is None else cu_seqlens_k, max_seqlen,
+            max_seqlen if cu_seqlens_k is None else max_seqlen_k, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, descale=descale, softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, out=out, vt=vt, **extra,
+        )
     if getattr(k, "dtype", None) is fp8 or getattr(v, "dtype", None) is fp8:
         raise FA4InputError(
             f"mixed dtypes: k/v are float8_e4m3fn but q is {getattr(q, 'dtype', None)} (FP8 attention "
             "needs q, k and v all float8_e4m3fn)"
         )
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        raise FA4InputError(f"q_descale/k_descale/v_descale apply to float8_e4m3fn q/k/v only; q is {q.dtype}")
+    fp8_only = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "descale": descale,
+                "vt": vt, "kernel_config": kernel_config, "cu_seqlens_k": cu_seqlens_k, "max_seqlen_k": max_seqlen_k}
+    given = [name for name, x in fp8_only.items() if x is not None]
+    if given:
+        raise FA4InputError(f"{', '.join(given)} apply to float8_e4m3fn q/k/v only; q is {getattr(q, 'dtype', None)}")
+    if causal:
+        window_size = _causal_window(window_size)
     cache = _cache if _cache is not None else kernel_cache()
+    if vit_attn_dtype.use_fp8(lambda: cache.arch, q, cu_seqlens, max_seqlen, window_size, sinks):
+        # SGLANG_FA4_VIT_ATTN_DTYPE=fp8 where the measured table says so (a host-only decision)
+        result = vit_attn_dtype.fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale)
+        return result if out is None else out.copy_(result)
     if short_segments.should_route(cache.arch if q.is_cuda else -1, q, max_seqlen, window_size, sinks):
         return short_segments.short_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out)
     return cache(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
+
+
+def _causal_window(window_size):
+    """``causal=True`` on the 16-bit routes: the window (left, 0)."""
+    left, right = (None, None) if window_size is None else window_size
+    if right is not None and right > 0:
+        raise FA4InputError(f"causal=True with a right window of {right}: use one or the other")
+    return (left, 0)
 
 
 _fp8 = None
@@ -127,17 +168,6 @@ def _float8_e4m3fn():
 
     _fp8 = torch.float8_e4m3fn
     return _fp8
-
-
-def _fp8_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out, qd, kd, vd):
-    if sinks is not None:
-        raise FA4FeatureError("attention sinks are not supported by the FP8 (E4M3) forward")
-    from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
-
-    return fp8_varlen_attention(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, q_descale=qd, k_descale=kd, v_descale=vd,
-        softmax_scale=softmax_scale, window_size=window_size, out=out,
-    )
 
 
 def compile_count() -> int:

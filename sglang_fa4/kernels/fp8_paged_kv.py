@@ -34,14 +34,9 @@ from sglang_fa4.kernels.fp8_paged_gather import (  # noqa: F401 (the route's nam
     gather_paged_kv_reference,
     gather_paged_kv_vt,
 )
+from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention, takes_split_kv
 
 FP8 = torch.float8_e4m3fn
-#: Pack the GQA group into the M tile on decode-shaped calls (see the module doc); False: one CTA
-#: per (sequence, q head), for side-by-side timing (benchmark/release/check_fp8_kv_route.py).
-PACK_GQA_DECODE = True
-#: Gather with the fused Triton kernel (fp8_paged_gather); False: the torch index ops + separate
-#: V^T pack it replaced, for side-by-side timing (benchmark/release/check_fp8_kv_route.py).
-FUSED_GATHER = True
 
 
 def descales(k_descale, v_descale, batch: int, hkv: int, device) -> torch.Tensor:
@@ -66,7 +61,7 @@ def decode_gqa_packable(q, batch: int, hkv: int, max_seqlen_q: Optional[int], wi
     from sglang_fa4.kernels.fp8_sm90.layout import normalize_window
 
     _, local, _, _ = normalize_window(causal, window_size)
-    return (PACK_GQA_DECODE and max_seqlen_q == 1 and q.shape[0] == batch and batch > 0
+    return (max_seqlen_q == 1 and q.shape[0] == batch and batch > 0
             and q.shape[1] > hkv and not local)
 
 
@@ -105,7 +100,9 @@ def paged_fp8_attention(
     """E4M3 q (total_q, Hq, d) against a paged E4M3 cache -> bf16 (total_q, Hq, d) (``out`` when it
     is a bf16 tensor of that shape; otherwise the result is copied into ``out``).  The causal
     diagonal is bottom-right aligned (query i of a sequence with n new tokens sees keys up to
-    ``cache_seqlens[b] - n + i``): extend with a cached prefix and decode alike."""
+    ``cache_seqlens[b] - n + i``): extend with a cached prefix and decode alike.  Decode-shaped
+    calls (``max_seqlen_q`` 1) pack the GQA group (decode_gqa_packable); ``max_seqlen_q`` None runs
+    one CTA per (sequence, q head) instead."""
     _need(isinstance(q, torch.Tensor) and q.dtype == FP8,
           f"q must be float8_e4m3fn (cast like SGLang's fa3 path), got {getattr(q, 'dtype', type(q).__name__)}")
     _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
@@ -113,23 +110,22 @@ def paged_fp8_attention(
           "cu_seqlens_q must be an int32 tensor (batch + 1,)")
     _need(cu_seqlens_q.shape[0] == page_table.shape[0] + 1,
           f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries for a page table of {page_table.shape[0]} sequences")
+    if takes_split_kv(max_seqlen_q):  # decode / few new rows: the pool read in place, no gather
+        return paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,
+                                      k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale,
+                                      causal=causal, window_size=window_size, out=out)
     sizes = exact_sizes(cache_seqlens)
-    if FUSED_GATHER:
-        k, vt, cu_k, max_k = gather_paged_kv_vt(k_cache, v_cache, page_table, cache_seqlens, sizes)
-        v = None
-    else:
-        k, v, cu_k, max_k = gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens, sizes)
-        v, vt = v.view(FP8), None
+    k, vt, cu_k, max_k = gather_paged_kv_vt(k_cache, v_cache, page_table, cache_seqlens, sizes)
     batch, hkv = page_table.shape[0], k.shape[1]
-    from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
 
     want = (q.shape[0], q.shape[1], k.shape[2])
     desc = descales(k_descale, v_descale, batch, hkv, q.device)
     if decode_gqa_packable(q, batch, hkv, max_seqlen_q, window_size, causal):
         qp, cu_qp, g = decode_gqa_pack(q.contiguous(), hkv)
         # every packed row is the sequence's last token: it sees all keys, causal or not
-        o = fp8_varlen_attention(qp, k.view(FP8), v, cu_qp, cu_k, g, max_k, descale=desc,
-                                 softmax_scale=softmax_scale, causal=False, window_size=(-1, -1), out=None, vt=vt)
+        o = fa4_varlen_attention(qp, k.view(FP8), None, cu_qp, g, cu_seqlens_k=cu_k, max_seqlen_k=max_k,
+                                 descale=desc, softmax_scale=softmax_scale, causal=False, vt=vt)
         result = decode_gqa_unpack(o, batch, hkv, g)
         if out is not None:
             out.copy_(result.view(out.shape))
@@ -137,8 +133,8 @@ def paged_fp8_attention(
         return result
     direct = out if (out is not None and out.dtype == torch.bfloat16 and tuple(out.shape) == want
                      and out.stride(-1) == 1) else None
-    result = fp8_varlen_attention(
-        q.contiguous(), k.view(FP8), v, cu_seqlens_q, cu_k, max_seqlen_q, max_k,
+    result = fa4_varlen_attention(
+        q.contiguous(), k.view(FP8), None, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=cu_k, max_seqlen_k=max_k,
         descale=desc, softmax_scale=softmax_scale, causal=causal, window_size=window_size, out=direct, vt=vt,
     )
     if out is not None and direct is None:

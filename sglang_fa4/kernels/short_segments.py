@@ -26,7 +26,7 @@ from typing import Optional
 from sglang_fa4.kernels import short_window_kernel
 from sglang_fa4.environ import envs
 from sglang_fa4.kernels.fa4_config import normalize_window
-from sglang_fa4.kernels.inputs import check_out_shape, check_tensors
+from sglang_fa4.kernels.inputs import check_out_shape, check_scalars, check_tensors
 
 # compute capabilities (major*10+minor) where the route was measured faster than FA4 and triton_attn
 ROUTED_ARCHS = (90,)
@@ -61,6 +61,7 @@ def should_route(arch: int, q, max_seqlen: Optional[int], window_size, sinks) ->
 def short_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float], out=None):
     """The routed call: the Triton kernel where it was measured best, FA2 elsewhere. The same input
     checks as FA4's route: a malformed call fails the same way whichever kernel its layout picks."""
+    check_scalars(max_seqlen, softmax_scale, q)
     total_q, nheads, head_dim, _, nheads_k, head_dim_v, dtype = check_tensors(q, k, v, cu_seqlens, require_cuda=True)
     if out is not None:
         check_out_shape(out, total_q, nheads, head_dim_v, dtype, q)

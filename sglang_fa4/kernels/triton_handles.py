@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from sglang_fa4.kernels import compile_events as compile_events_registry
+
 logger = logging.getLogger("sglang_fa4")
 _INT32_MAX = 2**31 - 1
 #: remembered caller memos per kernel (distinct stride sets are few: a model's tensors keep theirs)
 MEMO_LIMIT = 256
 _lock = threading.Lock()
-_listeners: list[Callable[["CompileEvent"], None]] = []
-_events: list["CompileEvent"] = []
 
 
 def int_kind(v: int) -> int:
@@ -57,24 +57,17 @@ class CompileEvent:
 
 
 def add_compile_listener(fn: Callable[[CompileEvent], None]) -> Callable[[], None]:
-    """Call ``fn(event)`` after every resolve of any handle set; returns the remover."""
-    with _lock:
-        _listeners.append(fn)
-
-    def remove() -> None:
-        with _lock:
-            if fn in _listeners:
-                _listeners.remove(fn)
-
-    return remove
+    """Call ``fn(event)`` after every resolve of any handle set (the process registry,
+    :mod:`.compile_events`, source "triton"); returns the remover."""
+    return compile_events_registry.add_listener(lambda _source, event: fn(event), "triton")
 
 
 def compile_events() -> list[CompileEvent]:
-    return list(_events)
+    return compile_events_registry.events("triton")
 
 
 def compile_count() -> int:
-    return len(_events)
+    return compile_events_registry.count("triton")
 
 
 def interpreting() -> bool:
@@ -260,12 +253,7 @@ class KernelHandles:
             self._handles[key] = (kernel.run, kernel.function, kernel.packed_metadata, kernel)
         elif hit.cache_hit is None:
             return  # an i64 call Triton had already compiled: nothing resolved
-        event = CompileEvent(self.name, key, seconds, hit.cache_hit, capturing)
-        with _lock:
-            _events.append(event)
-            listeners = list(_listeners)
-        for fn in listeners:
-            fn(event)
+        compile_events_registry.record("triton", CompileEvent(self.name, key, seconds, hit.cache_hit, capturing))
 
     def resolved(self) -> int:
         return len(self._handles)

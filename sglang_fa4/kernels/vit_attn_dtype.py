@@ -139,16 +139,17 @@ def use_fp8(arch, q, cu_seqlens, max_seqlen: Optional[int], window_size=(None, N
 
 
 def fp8_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None):
-    """Quantize q/k/v on the device, run the SM90 FP8 forward, return bf16 (tokens, heads,
-    head_dim) (a view dropping the zero-padded head dims, e.g. 80 of 96)."""
-    from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
+    """Quantize q/k/v on the device, run the SM90 FP8 forward (through the one entry point,
+    ``dispatch.fa4_varlen_attention``, with E4M3 q/k), return bf16 (tokens, heads, head_dim) (a
+    view dropping the zero-padded head dims, e.g. 80 of 96)."""
+    from sglang_fa4.kernels import dispatch
     from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
 
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     head_dim = q.shape[-1]
     qkv = quantize_qkv_chunked(q, k, v, cu_seqlens, cu_seqlens, max_seqlen)
-    out = fp8_varlen_attention(
-        qkv.q, qkv.k, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, descale=qkv.descale, vt=qkv.vt,
+    out = dispatch.fa4_varlen_attention(
+        qkv.q, qkv.k, None, cu_seqlens, max_seqlen, descale=qkv.descale, vt=qkv.vt,
         softmax_scale=head_dim ** -0.5 if softmax_scale is None else softmax_scale,
     )
     return out if out.shape[-1] == head_dim else out[..., :head_dim]

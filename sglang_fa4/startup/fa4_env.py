@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from sglang_fa4.environ import envs
-from sglang_fa4.kernels import fa4_b36
+from sglang_fa4.kernels import fa4
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -38,7 +38,7 @@ def configure_fa4_disk_cache() -> Optional[str]:
             logger.warning("sglang-fa4: %s=%r: FA4 turns its persistent cache on only for '1'; FA4 kernels are "
                            "not cached on disk", enabled.name, enabled.raw())
         return None
-    loaded = fa4_b36.loaded_disk_cache()
+    loaded = fa4.loaded_disk_cache()
     if loaded is not None:
         was_enabled, path = loaded
         if was_enabled:

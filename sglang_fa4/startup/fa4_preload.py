@@ -77,10 +77,10 @@ def _spawn(module: str) -> None:
 
 def _store_is_warm() -> bool:
     try:
-        from sglang_fa4.kernels import fa4_b36, fa4_shared_libs
+        from sglang_fa4.kernels import fa4, fa4_shared_libs
 
         store = fa4_shared_libs.default_store()
-        return store is not None and store.has_entries(fa4_b36.device_arch())
+        return store is not None and store.has_entries(fa4.device_arch())
     except Exception as exc:  # noqa: BLE001 - no verdict: import as before
         logger.info("sglang-fa4: shared-library store not checked (%s: %s)", type(exc).__name__, exc)
         return False

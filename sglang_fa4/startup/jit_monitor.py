@@ -2,7 +2,8 @@
 request path or inside a graph capture): ``SGLANG_FA4_JIT_MONITOR`` = off / warn / raise.  The SM90
 FP8 forward's variants (``kernels/fp8_sm90/launch.py``, compiled once per head dim x causal/local)
 are counted and flagged the same way, and so are our Triton kernels (short-window attention, ViT
-rotary: ``kernels/triton_handles.py``, one event per specialization resolved).
+rotary: ``kernels/triton_handles.py``, one event per specialization resolved) and the FP8 quantize.
+All of them report to one registry, ``kernels/compile_events.py``; the monitor is one listener on it.
 
 Startup work that may compile (the warmup itself, the ViT budget-graph capture) runs inside
 :func:`expected_compiles`, so its compiles are not counted.
@@ -23,10 +24,10 @@ _state_lock = threading.Lock()
 _expected = 0  # startup phases in progress (their compiles are expected)
 _finished = False  # a warmup completed in this process
 _after = 0  # configurations resolved after a finished warmup
-_monitor: Optional[tuple[Any, Any]] = None  # (kernel cache, remover)
-_fp8_remover: Optional[Any] = None  # removes the listener on the FP8 forward's compile cache
-_triton_remover: Optional[Any] = None  # removes the listener on our Triton kernels' handles
-
+_remover: Optional[Any] = None  # removes the monitor's listener on the compile-event registry
+#: the registry's sources being watched (arm_jit_monitor: all; the startup warmup arms the FP8 and
+#: Triton ones even with the monitor off, for its own counts)
+_watched: set = set()
 
 class FA4CompileAfterWarmup(RuntimeError):
     """SGLANG_FA4_JIT_MONITOR=raise: an FA4 configuration was resolved after the warmup."""
@@ -132,69 +133,59 @@ def _on_triton_compile(event) -> None:
     )
 
 
-def arm_triton_monitor() -> None:
-    """Listen on our Triton kernels' handles (idempotent; :func:`arm_jit_monitor` calls it)."""
-    global _triton_remover
-    from sglang_fa4.kernels import triton_handles
+_FORMATS = {"fa4": _on_compile, "fp8_forward": _on_fp8_compile, "triton": _on_triton_compile,
+            "fp8_quantize": _on_quantize_compile}
+
+
+def _on_event(source: str, event) -> None:
+    """The monitor's one listener on the compile-event registry."""
+    if source in _watched:
+        _FORMATS[source](event)
+
+
+def _watch(*sources: str) -> None:
+    global _remover
+    from sglang_fa4.kernels import compile_events
 
     with _state_lock:
-        if _triton_remover is None:
-            _triton_remover = triton_handles.add_compile_listener(_on_triton_compile)
+        _watched.update(sources)
+        if _remover is None:
+            _remover = compile_events.add_listener(_on_event)
+
+
+def arm_triton_monitor() -> None:
+    """Watch our Triton kernels' compiles (idempotent; :func:`arm_jit_monitor` calls it)."""
+    _watch("triton")
 
 
 def arm_fp8_monitor() -> None:
-    """Listen on the FP8 forward's compile cache and the quantize kernels' compiles (idempotent;
-    :func:`arm_jit_monitor` calls it). Imports torch but not cutlass."""
-    global _fp8_remover
-    from sglang_fa4.kernels.fp8_sm90 import launch as fp8_launch
-    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked
-
-    with _state_lock:
-        if _fp8_remover is not None:
-            return
-        removers = (fp8_launch.add_compile_listener(_on_fp8_compile),
-                    quantize_chunked.add_compile_listener(_on_quantize_compile))
-        _fp8_remover = lambda: [remove() for remove in removers]  # noqa: E731
+    """Watch the FP8 forward's and the quantize kernels' compiles (idempotent; :func:`arm_jit_monitor`
+    calls it). Imports nothing heavy."""
+    _watch("fp8_forward", "fp8_quantize")
 
 
 def arm_jit_monitor() -> bool:
-    """Listen for FA4 configurations resolved, and FP8 forward variants compiled, after the warmup
-    (idempotent; follows a replaced kernel cache). False when SGLANG_FA4_JIT_MONITOR=off."""
-    global _monitor
+    """Watch every source of the compile-event registry -- FA4 configurations, FP8 forward
+    variants, Triton kernels, the FP8 quantize -- for compiles after the warmup (idempotent).
+    False when SGLANG_FA4_JIT_MONITOR=off."""
     if envs.SGLANG_FA4_JIT_MONITOR.get() == "off":
         return False
-    arm_fp8_monitor()
-    arm_triton_monitor()
-    from sglang_fa4.kernels import dispatch
-
-    cache = dispatch.kernel_cache()
-    with _state_lock:
-        if _monitor is not None and _monitor[0] is cache:
-            return True
-        previous = _monitor
-        _monitor = (cache, cache.add_compile_listener(_on_compile))
-    if previous is not None:
-        previous[1]()
+    _watch("fa4", "fp8_forward", "fp8_quantize", "triton")
     return True
 
 
 def armed() -> bool:
-    return _monitor is not None
+    return "fa4" in _watched
 
 
 def reset_state() -> None:
     """Forget warmup/monitor state (tests)."""
-    global _finished, _after, _monitor, _expected, _fp8_remover, _triton_remover
+    global _finished, _after, _expected, _remover
     with _state_lock:
-        if _monitor is not None:
-            _monitor[1]()
-        _monitor = None
-        if _fp8_remover is not None:
-            _fp8_remover()
-        _fp8_remover = None
-        if _triton_remover is not None:
-            _triton_remover()
-        _triton_remover = None
+        if _remover is not None:
+            _remover()
+        _remover = None
+        _watched.clear()
         _finished = False
         _after = 0
         _expected = 0

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from sglang_fa4.startup import towers
+from sglang_fa4 import sglang_model
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -24,8 +24,7 @@ def _shapes(modules) -> list[tuple[int, int, int, str]]:
     """Distinct (head_dim, heads, kv_heads, dtype) of the fa4 attention modules."""
     seen = []
     for _, m in modules:
-        s = (int(m.head_size), int(m.num_attention_heads_per_partition),
-             int(m.num_attention_kv_heads_per_partition), towers.module_dtype(m))
+        s = (*sglang_model.attention_shape(m), sglang_model.module_dtype(m))
         if s not in seen:
             seen.append(s)
     return seen
@@ -33,11 +32,11 @@ def _shapes(modules) -> list[tuple[int, int, int, str]]:
 
 def has_rotary_tower(model) -> bool:
     """A tower with a rotary position embedding (Qwen2.5-VL, Qwen3-VL: ``rotary_pos_emb``)."""
-    return any(hasattr(m, "rotary_pos_emb") and hasattr(m, "blocks") for m in model.modules())
+    return any(sglang_model.is_rotary_tower(m) for m in model.modules())
 
 
 def has_windowed_tower(model) -> bool:
-    return any(towers.full_attention_blocks(m) for m in model.modules())
+    return any(sglang_model.full_attention_blocks(m) for m in model.modules())
 
 
 def warm_triton(model, arch: Optional[int], device) -> dict[str, Any]:
@@ -45,7 +44,7 @@ def warm_triton(model, arch: Optional[int], device) -> dict[str, Any]:
     Returns what was warmed: kernel -> [shape, seconds, newly resolved] rows, and failures."""
     from sglang_fa4.kernels import short_segments, short_window_kernel, vit_rotary
 
-    modules = towers.find_fa4_attention(model)
+    modules = sglang_model.find_fa4_attention(model)
     report: dict[str, Any] = {"vit_rotary": [], "short_window_attention": [], "failures": []}
     if not modules or getattr(device, "type", "cuda") != "cuda":
         return report

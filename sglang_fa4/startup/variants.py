@@ -6,7 +6,7 @@ class), while what does matter (head dim, dtype, heads ratio, window/sink kinds,
 segments) is in the model:
 
 * every SGLang ``VisionAttention`` whose ``qkv_backend_name == "fa4"`` contributes its head dim,
-  heads ratio and dtype (:mod:`sglang_fa4.startup.towers`);
+  heads ratio and dtype (read by :mod:`sglang_fa4.sglang_model`);
 * a tower with ``fullatt_block_indexes`` and no attention sinks (Qwen2.5-VL) runs its other
   blocks on 64-token windows (``window_size // patch_size`` squared): layout "windowed", plus
   "full" for the listed blocks; a module with ``sinks`` and a bounded ``window_size`` (MiMo-VL)
@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
+from sglang_fa4.kernels.fa4 import MANY_SEGMENTS
 from sglang_fa4.kernels.fa4_config import FA4Config, FA4InputError, config_for, window_bounds
 from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS as FP8_HEAD_DIMS
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant, padded_head_dim
-from sglang_fa4.startup import towers
+from sglang_fa4 import sglang_model
 
 #: max_seqlen thresholds of FA4's SM100/SM110 key (tile_m 128: q_stage, static scheduler)
 _SEQLEN_PROBES = (1, 16, 64, 128, 129, 256, 257, 1024)
@@ -92,11 +92,6 @@ def _bounded_window(window) -> bool:
         return False
 
 
-def _windowed_towers(model) -> list[tuple[str, Any]]:
-    """Modules that lay their blocks out on windows + full attention (``fullatt_block_indexes``)."""
-    return [(name, m) for name, m in model.named_modules() if getattr(m, "fullatt_block_indexes", None) is not None]
-
-
 def _ancestors(name: str) -> list[str]:
     """'a.b.c' -> ['a.b', 'a', ''] (nearest first)."""
     parts = name.split(".")
@@ -129,11 +124,11 @@ def enumerate_variants(
     ``arch`` (e.g. 90, 100, 103). ``dtype`` overrides the modules' activation dtype;
     ``max_segments`` bounds the segments of one attention call (None: unbounded, so the
     >256-segment class is included)."""
-    modules = towers.find_fa4_attention(model)
+    modules = sglang_model.find_fa4_attention(model)
     if not modules:
         return []
-    windowed = _windowed_towers(model)
-    sinked = {name for name, m in modules if getattr(m, "sinks", None) is not None}
+    windowed = sglang_model.windowed_towers(model)
+    sinked = {name for name, m in modules if sglang_model.attention_sinks(m) is not None}
     many_classes = [False] if max_segments is not None and max_segments <= MANY_SEGMENTS else [False, True]
 
     def tower_of(name: str):
@@ -151,7 +146,7 @@ def enumerate_variants(
     def fixed_seqlen(name: str) -> Optional[int]:
         for anc in _ancestors(name):
             if anc in by_name:
-                fixed = towers.own_fixed_seqlen(by_name[anc])
+                fixed = sglang_model.own_fixed_seqlen(by_name[anc])
                 if fixed:
                     return fixed
         return None
@@ -168,15 +163,14 @@ def enumerate_variants(
                 users[config].append(name)
 
     for name, m in modules:
-        nh = int(m.num_attention_heads_per_partition)
-        nkv = int(m.num_attention_kv_heads_per_partition)
-        d = int(m.head_size)
-        dt = dtype or towers.module_dtype(m)
+        d, nh, nkv = sglang_model.attention_shape(m)
+        dt = dtype or sglang_model.module_dtype(m)
         fixed = fixed_seqlen(name)
         full_lo, full_hi = (fixed, fixed) if fixed else (1, None)
-        if name in sinked and _bounded_window(getattr(m, "window_size", None)):
-            sink_dtype = towers.dtype_name(m.sinks.dtype) or str(m.sinks.dtype).replace("torch.", "")
-            add(name, LAYOUT_SLIDING, nh, nkv, d, dt, full_lo, full_hi, window_bounds(m.window_size), sink_dtype)
+        window = sglang_model.attention_window(m)
+        if name in sinked and _bounded_window(window):
+            add(name, LAYOUT_SLIDING, nh, nkv, d, dt, full_lo, full_hi, window_bounds(window),
+                sglang_model.sink_dtype(m))
             continue
         layouts = [LAYOUT_FULL]
         tower = tower_of(name)
@@ -185,13 +179,11 @@ def enumerate_variants(
             prefix = f"{tname}." if tname else ""
             if not any(s.startswith(prefix) for s in sinked):  # sinks: MiMo-style, no window layout
                 layouts = [LAYOUT_WINDOWED, LAYOUT_FULL]
-                blocks = getattr(tmod, "blocks", None)
-                if blocks is not None and name.startswith(prefix + "blocks."):
-                    index = name[len(prefix + "blocks."):].split(".", 1)[0]
-                    if index.isdigit():
-                        in_full = int(index) in towers.full_attention_blocks(tmod)
-                        layouts = [LAYOUT_FULL] if in_full else [LAYOUT_WINDOWED]
-                wtok = towers.window_tokens(tmod)
+                index = sglang_model.block_index(tmod, tname, name)
+                if index is not None:
+                    in_full = index in sglang_model.full_attention_blocks(tmod)
+                    layouts = [LAYOUT_FULL] if in_full else [LAYOUT_WINDOWED]
+                wtok = sglang_model.window_tokens(tmod)
         for layout in layouts:
             if layout == LAYOUT_WINDOWED:
                 add(name, layout, nh, nkv, d, dt, 1, wtok, (None, None), None)
@@ -210,9 +202,9 @@ def enumerate_fp8_variants(model) -> list[Fp8Variant]:
     :func:`enumerate_variants`, only modules with sinks get a sliding window).  Modules the FP8
     kernel cannot serve are left out (they stay on FA4): attention sinks, head dims over 128."""
     dims = {
-        padded_head_dim(int(m.head_size))
-        for _name, m in towers.find_fa4_attention(model)
-        if getattr(m, "sinks", None) is None and int(m.head_size) <= FP8_HEAD_DIMS[-1]
+        padded_head_dim(d)
+        for d, m in ((sglang_model.attention_shape(m)[0], m) for _name, m in sglang_model.find_fa4_attention(model))
+        if sglang_model.attention_sinks(m) is None and d <= FP8_HEAD_DIMS[-1]
     }
     return [Fp8Variant(d, False, False) for d in sorted(dims)]
 
@@ -245,11 +237,10 @@ def enumerate_fp8_vit_shapes(model, head_dims) -> list[Fp8VitShape]:
     head dim is in ``head_dims`` (the dims the measured table routes to FP8; the others never run
     FP8), 16-bit dtypes only."""
     shapes = set()
-    for _name, m in towers.find_fa4_attention(model):
-        d = int(m.head_size)
-        dt = towers.module_dtype(m)
-        if getattr(m, "sinks", None) is None and d in head_dims and d <= FP8_HEAD_DIMS[-1] \
+    for _name, m in sglang_model.find_fa4_attention(model):
+        d, nh, nkv = sglang_model.attention_shape(m)
+        dt = sglang_model.module_dtype(m)
+        if sglang_model.attention_sinks(m) is None and d in head_dims and d <= FP8_HEAD_DIMS[-1] \
                 and dt in ("bfloat16", "float16"):
-            shapes.add(Fp8VitShape(d, int(m.num_attention_heads_per_partition),
-                                   int(m.num_attention_kv_heads_per_partition), dt))
+            shapes.add(Fp8VitShape(d, nh, nkv, dt))
     return sorted(shapes, key=lambda s: (s.head_dim, s.num_heads, s.num_kv_heads, s.dtype))

@@ -32,9 +32,10 @@ from itertools import accumulate
 from typing import Any, Optional
 
 from sglang_fa4.environ import envs
-from sglang_fa4.kernels import fa4_b36
+from sglang_fa4.kernels import fa4
 from sglang_fa4.kernels.fa4_config import FA4Config
-from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, towers, triton_warmup
+from sglang_fa4 import sglang_model
+from sglang_fa4.startup import fa4_env, fa4_preload, jit_monitor, triton_warmup
 from sglang_fa4.startup.variants import Variant, enumerate_variants
 
 logger = logging.getLogger("sglang_fa4")
@@ -254,10 +255,10 @@ def warm_model(model, *, arch: Optional[int] = None, fp8: Optional[bool] = None)
     setting logs one line), for the shapes the measured table routes to FP8."""
     if not envs.SGLANG_FA4_WARMUP.get():
         return None
-    modules = towers.find_fa4_attention(model)
+    modules = sglang_model.find_fa4_attention(model)
     if not modules:
         return None
-    if not fa4_b36.fa4_available():
+    if not fa4.available():
         logger.warning("sglang-fa4 warmup: the model uses fa4 ViT attention but flash_attn.cute "
                        "(flash-attn-4) is not installed; nothing warmed")
         return None
@@ -268,7 +269,7 @@ def warm_model(model, *, arch: Optional[int] = None, fp8: Optional[bool] = None)
     if arch is None:
         arch = dispatch.kernel_cache().arch
     variants = enumerate_variants(model, arch)
-    device = towers.module_device(modules[0][1])
+    device = sglang_model.module_device(modules[0][1])
     report = run_warmup(variants, device)
     with jit_monitor.expected_compiles():  # the short-window attention and ViT rotary Triton kernels
         report.triton = triton_warmup.warm_triton(model, arch, device)

@@ -1,6 +1,7 @@
 """Native FP8 (E4M3 Q/K/V) attention forward for SM90 (H100/H200), written in CuTe DSL.
 
 * :mod:`.layout`   -- pure-Python facts: supported shapes, the P/V key permutation, variant keys.
+* :mod:`.kernel_config` -- the compile-time config of each kernel: one table, one row per variant.
 * :mod:`.forward`  -- the CuTe DSL kernel's class and host side (imports cutlass), mixing in
   :mod:`.kernel_entry` (device entry, producer), :mod:`.consumer_mainloop` (GEMM main loop,
   epilogue), :mod:`.tile_softmax` (mask, online softmax, P -> E4M3); :mod:`.kernel_shape`.

@@ -1,8 +1,7 @@
 """The consumer warpgroups' main loop of the SM90 FP8 attention forward (mixed into
 :class:`.forward.Fp8AttentionForwardSm90`): S = Q K^T and O_tile = P V with FP8 WGMMA per key tile
-(one tile at a time, or FA3's intra-warpgroup overlap; optional ping-pong of the two warpgroups
-through named barriers), the two-level fp32 O accumulation, and the epilogue (O / rowsum *
-v_descale -> bf16).  Masking, softmax and P's conversion are :mod:`.tile_softmax`."""
+(FA3's intra-warpgroup overlap; optional ping-pong of the two warpgroups through named barriers),
+the two-level fp32 O accumulation, and the epilogue (O / rowsum * v_descale -> bf16).  Masking, softmax and P's conversion are :mod:`.tile_softmax`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import ISSUED_BAR, PINGPONG_BAR, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import PINGPONG_BAR, WG_ROWS
 
 
 class ConsumerMainLoop:
@@ -63,8 +62,6 @@ class ConsumerMainLoop:
         acc_st = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))  # this tile's
         acc_so.fill(0.0)
         acc_st.fill(0.0)
-        # mufu_gate: a word of the block of ones, read after the barrier (tile_softmax.softmax_tile)
-        ones32 = cute.make_tensor(cute.recast_ptr(sOnes_wg.iterator, dtype=Int32), cute.make_layout(1))
         # (m, n) coordinates of this thread's accumulator values, for masking
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         row_max = cute.make_rmem_tensor((2,), Float32)
@@ -84,160 +81,99 @@ class ConsumerMainLoop:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        if cutlass.const_expr("skip_kv" in self.debug):
-            n_iters = Int32(0)
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
         acc_t = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
-        if cutlass.const_expr(not self.overlap):
-            # one tile at a time: S = QK^T, wait, softmax, P -> E4M3, O_t = PV, wait, O = O*f + O_t
-            for i in cutlass.range(n_iters, unroll=1):
+        # FA3-style intra-warpgroup overlap: S_i = Q K_i^T and O_t = P_{i-1} V_{i-1} are issued
+        # together; the softmax of S_i runs while the PV GEMM of the previous tile is in flight.
+        f_prev = cute.make_rmem_tensor((2,), Float32)
+        # O += PV_{i-2} runs while S_i = Q K_i^T is in flight, just before PV_{i-1} is issued (same
+        # sums, same order), so that nothing but P's conversion waits for the PV GEMM
+        f_fold = cute.make_rmem_tensor((2,), Float32)
+        acc_t.fill(0.0)
+        for r in cutlass.range_constexpr(2):
+            f_fold[r] = 1.0
+        if n_iters > 0:
+            if cutlass.const_expr(self.pingpong):
+                # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
+                if wg == 1:
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+            pipe_kv.consumer_wait(kv_state)
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(d // 32):
+                tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+            warpgroup.commit_group()
+            if cutlass.const_expr(self.pass_after_issue):
+                self.pass_turn(wg, n_iters == 1)
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(self.pingpong_late):
+                self.pass_turn(wg, n_iters == 1)  # S ready: the other warpgroup's QK^T may start
+            self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
+            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+            self.p_to_operand(acc_s, tOrP)
+            for r in cutlass.range_constexpr(2):
+                f_prev[r] = factor[r]
+            prev_state = kv_state.clone()
+            kv_state.advance()
+            for i in cutlass.range(1, n_iters, unroll=1):
                 n_block = n_block_max - 1 - i
-                pipe_kv.consumer_wait(kv_state)
-                stage = kv_state.index
-                warpgroup.fence()
-                if cutlass.const_expr("skip_qk" in self.debug):
-                    acc_s.fill(0.0)
-                else:
-                    for kb in cutlass.range_constexpr(d // 32):
-                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_s)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-                self.p_to_operand(acc_s, tOrP)
-                warpgroup.fence()
-                if cutlass.const_expr("skip_pv" in self.debug):
-                    acc_t.fill(0.0)
-                else:
-                    for kb in cutlass.range_constexpr(tile_n // 32):
-                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, stage], acc_t)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                pipe_kv.consumer_release(kv_state)
-                kv_state.advance()
-                self.rescale_add(acc_o, acc_t, factor)
-        else:
-            # FA3-style intra-warpgroup overlap: S_i = Q K_i^T and O_t = P_{i-1} V_{i-1} are issued
-            # together; the softmax of S_i runs while the PV GEMM of the previous tile is in flight.
-            f_prev = cute.make_rmem_tensor((2,), Float32)
-            # fold_early: O += PV_{i-2} runs while S_i = Q K_i^T is in flight (see forward.fold_early)
-            f_fold = cute.make_rmem_tensor((2,), Float32)
-            if cutlass.const_expr(self.fold_early):
-                acc_t.fill(0.0)
-                for r in cutlass.range_constexpr(2):
-                    f_fold[r] = 1.0
-            if n_iters > 0:
-                if cutlass.const_expr(self.pingpong):
-                    # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once
-                    if wg == 1:
-                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
                 pipe_kv.consumer_wait(kv_state)
                 if cutlass.const_expr(self.pingpong):
                     cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
                 warpgroup.fence()
-                if cutlass.const_expr("skip_qk" in self.debug):
-                    acc_s.fill(0.0)
-                else:
-                    for kb in cutlass.range_constexpr(d // 32):
-                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
+                for kb in cutlass.range_constexpr(d // 32):
+                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.mufu_gate):
-                    if wg == 1:  # issue #0 (warpgroup 0 counts its issues from #1; see signal_issued)
-                        self.signal_issued(wg)
-                if cutlass.const_expr(self.pass_after_issue):
-                    self.pass_turn(wg, n_iters == 1)
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(self.pingpong_late):
-                    self.pass_turn(wg, n_iters == 1)  # S ready: the other warpgroup's QK^T may start
-                self.mask_tile(acc_s, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right)
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-                self.p_to_operand(acc_s, tOrP)
-                for r in cutlass.range_constexpr(2):
-                    f_prev[r] = factor[r]
-                prev_state = kv_state.clone()
-                kv_state.advance()
-                for i in cutlass.range(1, n_iters, unroll=1):
-                    n_block = n_block_max - 1 - i
-                    pipe_kv.consumer_wait(kv_state)
-                    if cutlass.const_expr(self.pingpong):
-                        cute.arch.barrier(barrier_id=PINGPONG_BAR + wg, number_of_threads=2 * 128)
-                    warpgroup.fence()
-                    if cutlass.const_expr("skip_qk" in self.debug):
-                        acc_s.fill(0.0)
-                    else:
-                        for kb in cutlass.range_constexpr(d // 32):
-                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(tiled_mma_qk, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb, kv_state.index], acc_s)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(self.fold_early):
-                        self.rescale_add(acc_o, acc_t, f_fold)  # PV_{i-2}, waited for last iteration
-                        if cutlass.const_expr(self.rowsum_mma):
-                            self.rescale_add(acc_so, acc_st, f_fold)
-                        warpgroup.fence()  # acc_t read above, written by the PV GEMM below
-                    if cutlass.const_expr("skip_pv" in self.debug):
-                        acc_t.fill(0.0)
-                    else:
-                        for kb in cutlass.range_constexpr(tile_n // 32):
-                            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
-                    if cutlass.const_expr(self.rowsum_mma):
-                        for kb in cutlass.range_constexpr(tile_n // 32):
-                            tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(self.mufu_gate):
-                        self.signal_issued(wg)
-                    if cutlass.const_expr(self.pass_after_issue):
-                        self.pass_turn(wg, i == n_iters - 1)
-                    warpgroup.wait_group(1)  # S_i ready (groups complete in order)
-                    if cutlass.const_expr(self.pingpong_late):
-                        self.pass_turn(wg, i == n_iters - 1)
-                    self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-                    self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-                    if cutlass.const_expr(self.pin_wait):
-                        self.pin_below(acc_s[cute.size(acc_s) - 1])  # P's last value (>= 0)
-                    warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
-                    pipe_kv.consumer_release(prev_state)
-                    if cutlass.const_expr(self.fold_early):
-                        for r in cutlass.range_constexpr(2):
-                            f_fold[r] = f_prev[r]
-                    else:
-                        self.rescale_add(acc_o, acc_t, f_prev)
-                        if cutlass.const_expr(self.rowsum_mma):
-                            self.rescale_add(acc_so, acc_st, f_prev)
-                    for r in cutlass.range_constexpr(2):
-                        f_prev[r] = factor[r]
-                    self.p_to_operand(acc_s, tOrP)
-                    prev_state = kv_state.clone()
-                    kv_state.advance()
-                if cutlass.const_expr(self.fold_early):
-                    self.rescale_add(acc_o, acc_t, f_fold)
-                    if cutlass.const_expr(self.rowsum_mma):
-                        self.rescale_add(acc_so, acc_st, f_fold)
-                warpgroup.fence()
-                if cutlass.const_expr("skip_pv" in self.debug):
-                    acc_t.fill(0.0)
-                else:
-                    for kb in cutlass.range_constexpr(tile_n // 32):
-                        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+                self.rescale_add(acc_o, acc_t, f_fold)  # PV_{i-2}, waited for last iteration
+                if cutlass.const_expr(self.rowsum_mma):
+                    self.rescale_add(acc_so, acc_st, f_fold)
+                warpgroup.fence()  # acc_t read above, written by the PV GEMM below
+                for kb in cutlass.range_constexpr(tile_n // 32):
+                    tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
                 if cutlass.const_expr(self.rowsum_mma):
                     for kb in cutlass.range_constexpr(tile_n // 32):
                         tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
                         cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.mufu_gate):
-                    if wg == 0:  # warpgroup 1's last softmax waits for this last PV issue
-                        self.signal_issued(wg)
-                warpgroup.wait_group(0)
+                if cutlass.const_expr(self.pass_after_issue):
+                    self.pass_turn(wg, i == n_iters - 1)
+                warpgroup.wait_group(1)  # S_i ready (groups complete in order)
+                if cutlass.const_expr(self.pingpong_late):
+                    self.pass_turn(wg, i == n_iters - 1)
+                self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
+                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+                self.pin_below(acc_s[cute.size(acc_s) - 1])  # P's last value (>= 0)
+                warpgroup.wait_group(0)  # P_{i-1} V_{i-1} ready; tOrP free again
                 pipe_kv.consumer_release(prev_state)
-                self.rescale_add(acc_o, acc_t, f_prev)
-                if cutlass.const_expr(self.rowsum_mma):
-                    self.rescale_add(acc_so, acc_st, f_prev)
+                for r in cutlass.range_constexpr(2):
+                    f_fold[r] = f_prev[r]
+                for r in cutlass.range_constexpr(2):
+                    f_prev[r] = factor[r]
+                self.p_to_operand(acc_s, tOrP)
+                prev_state = kv_state.clone()
+                kv_state.advance()
+            self.rescale_add(acc_o, acc_t, f_fold)
+            if cutlass.const_expr(self.rowsum_mma):
+                self.rescale_add(acc_so, acc_st, f_fold)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(tile_n // 32):
+                tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(tiled_mma_pv, acc_t, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_t)
+            if cutlass.const_expr(self.rowsum_mma):
+                for kb in cutlass.range_constexpr(tile_n // 32):
+                    tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_kv.consumer_release(prev_state)
+            self.rescale_add(acc_o, acc_t, f_prev)
+            if cutlass.const_expr(self.rowsum_mma):
+                self.rescale_add(acc_so, acc_st, f_prev)
 
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         out_scale = cute.make_rmem_tensor((2,), Float32)
@@ -255,10 +191,9 @@ class ConsumerMainLoop:
             acc_o[v] = acc_o[v] * out_scale[(v // 2) % 2]
         r_out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
         r_out.store(acc_o.load().to(cutlass.BFloat16))
-        if cutlass.const_expr("skip_store" not in self.debug):
-            for v in cutlass.range_constexpr(cute.size(acc_o)):
-                if row_start + tOcO[v][0] < seqlen_q:
-                    tOgO[v] = r_out[v]
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            if row_start + tOcO[v][0] < seqlen_q:
+                tOgO[v] = r_out[v]
 
     # The GEMM issue blocks above stay written out at each use: moved into a helper (plain Python
     # or @cute.jit, both tried with cutlass-dsl 4.8.1), the MMA's ACCUMULATE field set inside the
@@ -274,7 +209,9 @@ class ConsumerMainLoop:
     def pin_below(self, x: Float32):
         """A branch on ``x`` (a late softmax result) around a no-op: it ends the basic block, and
         ptxas does not schedule the instructions after it (the PV GEMM's wait) above the softmax
-        (see forward.pin_wait).  The branch must be taken by every lane for every value a P can
+        (sm_90a SASS without it: the PV wait, WARPGROUP.DEPBAR, cheap in ptxas's model, placed in
+        the first latency gap of the row-max chain, i.e. before the softmax, so the PV GEMM never
+        overlapped it).  The branch must be taken by every lane for every value a P can
         hold (>= 0, +inf, NaN): ``x != -1`` is unordered, true for NaN.  ``x > -1`` skipped the
         warp sync in lanes whose P was NaN and ran it in lanes whose P was masked to 0: a NaN in q
         or k split the warp there and hung the d=256 96-key kernel on the H200."""
@@ -282,27 +219,11 @@ class ConsumerMainLoop:
             cute.arch.sync_warp()
 
     @cute.jit
-    def signal_issued(self, wg: Int32):
-        """mufu_gate: this warpgroup's GEMMs of the round are issued.  The softmax of round k of one
-        warpgroup waits for the other's next issue: warpgroup 0's for warpgroup 1's issue k (#0..),
-        warpgroup 1's for warpgroup 0's issue k+1 (#1.., the last being its PV-only issue after the
-        loop), so each barrier sees n_iters arrivals and n_iters waits."""
-        cute.arch.barrier_arrive(barrier_id=ISSUED_BAR + wg, number_of_threads=2 * 128)
-
-    @cute.jit
     def pass_turn(self, wg: Int32, last: cutlass.Boolean):
-        """Open the next warpgroup's GEMM turn (a ring: 0 -> 1 [-> 2] -> 0).  The last warpgroup
-        skips its last one: it opened warpgroup 0's first turn up front, so each barrier sees as many
-        arrivals as waits (barrier ids are immediates: wg3 branches once more)."""
+        """Open the other warpgroup's GEMM turn.  Warpgroup 1 skips its last one: it opened
+        warpgroup 0's first turn up front, so each barrier sees as many arrivals as waits."""
         if wg == 0:
             cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR + 1, number_of_threads=2 * 128)
         else:
-            if cutlass.const_expr(self.consumer_wgs == 3):
-                if wg == 1:
-                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR + 2, number_of_threads=2 * 128)
-                else:
-                    if not last:
-                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
-            else:
-                if not last:
-                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
+            if not last:
+                cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)

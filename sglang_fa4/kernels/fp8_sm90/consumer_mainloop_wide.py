@@ -11,7 +11,7 @@ the GEMM is issued (FA3's way for FP8 at every head dim): d/2 registers for O.  
 overlapped one of the d <= 128 loop: S_i = Q K_i^T is issued together with O += P_{i-1} V_{i-1},
 and the softmax of S_i runs while that PV GEMM is in flight.  Row sums are the softmax's own
 (``rowsum_mma`` is off: its ones block would cost shared memory the wide K/V stages need).
-With ``pingpong`` (the wide tile's default) the two consumer warpgroups take turns issuing their
+With ``pingpong`` (the persistent kernel's) the two consumer warpgroups take turns issuing their
 GEMMs (named barriers, as in the d <= 128 loop) and O's rescale runs before the turn is taken, so
 a turn is the QK^T and PV WGMMAs back to back.
 """
@@ -24,7 +24,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from sglang_fa4.kernels.fp8_sm90.kernel_shape import MUFU_BAR, PINGPONG_BAR, WG_ROWS
+from sglang_fa4.kernels.fp8_sm90.kernel_shape import PINGPONG_BAR, WG_ROWS
 
 
 class ConsumerMainLoopWide:
@@ -70,9 +70,6 @@ class ConsumerMainLoopWide:
         acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((WG_ROWS, d)))
         acc_o.fill(0.0)
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
-        # softmax_tile's mufu_gate operand (a word of the block of ones); mufu_gate needs rowsum_mma,
-        # a two-level-only flag, so it is never read here
-        ones32 = cute.make_tensor(cute.recast_ptr(sOnes_wg.iterator, dtype=Int32), cute.make_layout(1))
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         factor = cute.make_rmem_tensor((2,), Float32)
@@ -92,41 +89,22 @@ class ConsumerMainLoopWide:
         acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((WG_ROWS, tile_n)))
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, tile_n)))
         first_ops = self.first_tile_operands(tiled_mma_qk, sK, tid)
-        self.open_mufu_token(wg)
         self.one_level_tile(tiled_mma_qk, tiled_mma_pv, tSrQ, None, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS,
-                            ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag,
+                            row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag,
                             n_block_max, n_iters, scale_log2, window_left, window_right, first_ops=first_ops)
 
         # ---- epilogue: O / rowsum * v_descale -> bf16, rows < seqlen_q only ----
         r_out = self.finish_o(acc_o, row_sum, v_descale)
         self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
-        self.close_mufu_token(wg)
-
-    @cute.jit
-    def open_mufu_token(self, wg: Int32):
-        """mufu_token: warpgroup 0 takes the first exp2 turn (warpgroup 1 opens it once; the turns
-        then run on across a CTA's tiles)."""
-        if cutlass.const_expr(self.mufu_token):
-            if wg == 1:
-                cute.arch.barrier_arrive(barrier_id=MUFU_BAR, number_of_threads=2 * 128)
-
-    @cute.jit
-    def close_mufu_token(self, wg: Int32):
-        """mufu_token: warpgroup 0 takes the turn warpgroup 1 handed on after its last exp2s, so
-        that each barrier sees as many arrivals as waits."""
-        if cutlass.const_expr(self.mufu_token):
-            if wg == 0:
-                cute.arch.barrier(barrier_id=MUFU_BAR, number_of_threads=2 * 128)
 
     @cute.jit
     def finish_o(self, acc_o: cute.Tensor, row_sum: cute.Tensor, v_descale: Float32) -> cute.Tensor:
         """O / rowsum * v_descale as bf16 registers (a row without any weight gives 0)."""
         out_scale = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
-            s = row_sum[r]
-            if cutlass.const_expr(not self.sum_mma):  # this thread's share of the row: the quad holds the rest
-                s += cute.arch.shuffle_sync_bfly(s, offset=1)
-                s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            s = row_sum[r]  # this thread's share of the row: the quad holds the rest
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
             out_scale[r] = Float32(0.0)
             if s > 0.0:
                 out_scale[r] = v_descale * cute.arch.rcp_approx(s)
@@ -158,7 +136,6 @@ class ConsumerMainLoopWide:
         acc_s: cute.Tensor,
         tOrP: cute.Tensor,
         tScS: cute.Tensor,
-        ones32: cute.Tensor,
         row_max: cute.Tensor,
         row_sum: cute.Tensor,
         factor: cute.Tensor,
@@ -173,47 +150,34 @@ class ConsumerMainLoopWide:
         scale_log2: Float32,
         window_left: Int32,
         window_right: Int32,
-        sums=None,
-        acc_so=None,
-        acc_st=None,
-        row_bound=None,
         first_ops=None,
     ):
         """One q tile's key loop, from its first QK^T to its last PV GEMM (O in ``acc_o``, the
         softmax state in row_max / row_sum / factor), K/V^T stages from ``kv_state`` on; returns
         the state after them (the persistent kernel carries it to its next tile).  ``q_stage``:
-        None for a Q operand without a stage mode, else the stage (persistent Q ring).  sum_mma:
-        ``sums`` = (tiled_mma_sum, the ones block's B fragments), ``acc_so`` the fp32 row sums
-        (m64n8 layout), ``acc_st`` the tile's sums from the tensor cores, folded into acc_so
-        after each PV GEMM (plain arguments: the tracer threads a tensor updated in a staged loop
-        only as a plain local, not inside a tuple).  ``first_ops``: first_key_tile's narrow MMAs
+        None for a Q operand without a stage mode, else the stage (persistent Q ring).  ``first_ops``: first_key_tile's narrow MMAs
         (``first_tile_operands``; None: the first tile at full width)."""
         tile_n = self.tile_n
         if n_iters > 0:
-            if cutlass.const_expr(self.pingpong and not self.persistent):
-                # warpgroup 0 takes the first turn: warpgroup 1 opens its barrier once (a tile;
-                # the persistent kernel's turns run on across its tiles, opened once a CTA)
-                if wg == 1:
-                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
-            self.first_key_tile(tiled_mma_qk, first_ops, tSrQ, q_stage, tSrK, acc_s, tOrP, tScS, ones32, row_max,
+            # (ping-pong here is the persistent kernel's: its turns run on across its tiles, opened
+            # once a CTA, persistent_consumer)
+            self.first_key_tile(tiled_mma_qk, first_ops, tSrQ, q_stage, tSrK, acc_s, tOrP, tScS, row_max,
                                 row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k, diag, n_block_max,
                                 n_iters, scale_log2, window_left, window_right)
             prev_state = kv_state.clone()
             kv_state.advance()
             kv_state, prev_state = self.later_key_tiles(
-                tiled_mma_qk, tiled_mma_pv, tSrQ, q_stage, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, ones32, row_max,
+                tiled_mma_qk, tiled_mma_pv, tSrQ, q_stage, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, row_max,
                 row_sum, factor, pipe_kv, kv_state, prev_state, wg, row_start, seqlen_k, diag, n_block_max, n_iters,
-                scale_log2, window_left, window_right, sums, acc_so, acc_st, row_bound)
-            self.rescale_o_and_sums(acc_o, acc_so, factor)
+                scale_log2, window_left, window_right)
+            self.rescale_o(acc_o, factor)
             pipe_kv.wait_v(prev_state)  # kv_split: V^T of the last key tile
             warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
                 cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
-            self.sum_gemm(sums, acc_st, tOrP)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            self.fold_sums(acc_so, acc_st)
             pipe_kv.consumer_release(prev_state)
 
         return kv_state
@@ -231,7 +195,6 @@ class ConsumerMainLoopWide:
         acc_s: cute.Tensor,
         tOrP: cute.Tensor,
         tScS: cute.Tensor,
-        ones32: cute.Tensor,
         row_max: cute.Tensor,
         row_sum: cute.Tensor,
         factor: cute.Tensor,
@@ -247,15 +210,11 @@ class ConsumerMainLoopWide:
         scale_log2: Float32,
         window_left: Int32,
         window_right: Int32,
-        sums=None,
-        acc_so=None,
-        acc_st=None,
-        row_bound=None,
     ):
         """Key tiles 1 .. n_iters - 1 of a q tile, after its first QK^T and softmax (P in ``tOrP``,
         its K/V^T stage ``prev_state``): each issues S_i = Q K_i^T with O += P_{i-1} V_{i-1} and
         runs S_i's softmax while that PV GEMM is in flight.  Returns (kv_state, prev_state); the
-        last PV GEMM is the caller's (one_level_tile's, or the cross step of persistent_xover)."""
+        last PV GEMM is the caller's (one_level_tile's)."""
         d = self.head_dim
         tile_n = self.tile_n
         for i in cutlass.range(1, n_iters, unroll=1):
@@ -263,7 +222,7 @@ class ConsumerMainLoopWide:
             if cutlass.const_expr(self.pingpong):
                 # ping-pong: O's rescale before this warpgroup's turn, so that the turn holds
                 # the GEMM issues alone (the previous PV GEMM into O was waited for below)
-                self.rescale_o_and_sums(acc_o, acc_so, factor)
+                self.rescale_o(acc_o, factor)
             pipe_kv.consumer_wait(kv_state)
             pipe_kv.wait_v(prev_state)  # kv_split: V^T of the PV GEMM below
             if cutlass.const_expr(self.pingpong):
@@ -275,28 +234,21 @@ class ConsumerMainLoopWide:
             warpgroup.commit_group()
             # O (tiles < i-1, at tile i-2's max) -> tile i-1's max, then O += P_{i-1} V_{i-1}
             if cutlass.const_expr(not self.pingpong):
-                self.rescale_o_and_sums(acc_o, acc_so, factor)
+                self.rescale_o(acc_o, factor)
                 warpgroup.fence()
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(tile_n // 32):
                 cute.gemm(tiled_mma_pv, acc_o, tOrP[None, None, kb], tOrVt[None, None, kb, prev_state.index], acc_o)
-            self.sum_gemm(sums, acc_st, tOrP)
             warpgroup.commit_group()
-            if cutlass.const_expr(self.pass_after_issue):
-                self.pass_turn(wg, self.last_turn(i == n_iters - 1))
+            if cutlass.const_expr(self.pingpong):
+                # turns run on across the persistent kernel's tiles: never its last (persistent_consumer)
+                self.pass_turn(wg, cutlass.Boolean(False))
             warpgroup.wait_group(1)  # S_i ready (groups complete in order)
             pipe_kv.release_k(kv_state)  # kv_split: K_i read
-            if cutlass.const_expr(self.pingpong_late):
-                self.pass_turn(wg, self.last_turn(i == n_iters - 1))
             self.mask_tile(acc_s, tScS, row_start, n_block, seqlen_k, diag, window_left, window_right)
-            if cutlass.const_expr(self.stale_exp):
-                self.stale_softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, row_bound, wg, ones32)
-            else:
-                self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2, wg, ones32)
-            if cutlass.const_expr(self.pin_wait):
-                self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
+            self.softmax_tile(acc_s, row_max, row_sum, factor, scale_log2)
+            self.pin_below(acc_s[cute.size(acc_s) - 1])  # keep the PV wait below the softmax
             warpgroup.wait_group(0)  # P_{i-1} V_{i-1} done; tOrP free again
-            self.fold_sums(acc_so, acc_st)
             pipe_kv.consumer_release(prev_state)
             self.p_to_operand(acc_s, tOrP)
             prev_state = kv_state.clone()
@@ -309,50 +261,6 @@ class ConsumerMainLoopWide:
         for v in range(cute.size(acc_o)):
             acc_o[v] = acc_o[v] * factor[(v // 2) % 2]
 
-    def rescale_o_and_sums(self, acc_o, acc_so, factor):
-        """O (and sum_mma's row sums) times the factors; lazy_max: only if a row of the warp moved."""
-        if self.lazy_max:
-            self.rescale_if_moved(acc_o, factor)
-        else:
-            self.rescale_o(acc_o, factor)
-            self.rescale_sums(acc_so, factor)
-
-    @cute.jit
-    def rescale_if_moved(self, acc: cute.Tensor, factor: cute.Tensor):
-        """lazy_max: ``acc`` (O, or stale_exp's P: rows (v // 2) % 2 like O's) times the factors
-        unless both are exactly 1 in every thread of the warp."""
-        if cute.arch.vote_any_sync(factor[0] * factor[1] != Float32(1.0)):
-            self.rescale_o(acc, factor)
-
-    def rescale_sums(self, acc_so, factor):
-        """sum_mma: the row-sum accumulator rescaled with O (its values (v // 2) % 2 are rows too)."""
-        if self.sum_mma:
-            self.rescale_o(acc_so, factor)
-
-    def sum_gemm(self, sums, acc_st, tOrP):
-        """sum_mma: the tile's row sums, P x ones (an m64n8 WGMMA a k step) into ``acc_st`` (zero:
-        fold_sums), in the PV GEMM's commit group (its ACCUMULATE field is set once, before the
-        CTA's tiles: persistent_consumer)."""
-        if self.sum_mma:
-            tiled_mma_sum, tSrOnes = sums
-            for kb in range(self.tile_n // 32):
-                cute.gemm(tiled_mma_sum, acc_st, tOrP[None, None, kb], tSrOnes[None, None, kb], acc_st)
-
-    def fold_sums(self, acc_so, acc_st):
-        """sum_mma: acc_so += the tile's sums in fp32, acc_st zeroed for the next tile.  Why per
-        tile: Hopper's FP8 WGMMA accumulator keeps fewer bits than fp32 and drops the rest, so a
-        sum of all-positive P over a whole sequence in it runs low (0.32 rel. error at 16k keys on
-        the H200, growing with the length); over one tile's 192 keys it does not."""
-        if self.sum_mma:
-            for v in range(cute.size(acc_so)):
-                acc_so[v] = acc_so[v] + acc_st[v]
-                acc_st[v] = Float32(0.0)
-
     def q_operand(self, tSrQ, kb: int, q_stage):
         """The QK^T GEMM's A operand for k step ``kb``: of stage ``q_stage`` unless it is None."""
         return tSrQ[None, None, kb] if q_stage is None else tSrQ[None, None, kb, q_stage]
-
-    def last_turn(self, last):
-        """pass_turn's ``last``: warpgroup 1 skips its last turn of a tile, except in the persistent
-        kernel, whose turns run on across tiles (its warpgroup 0 takes the one left open at the end)."""
-        return cutlass.Boolean(False) if self.persistent else last

@@ -1,5 +1,5 @@
 """The first key tile of a q tile in the one-level loop (``consumer_mainloop_wide.one_level_tile``):
-its QK^T, masking, softmax and P, and their narrow forms (switch ``narrow``; mixed into
+its QK^T, masking, softmax and P, and their narrow forms (``narrow``, the persistent kernel's; mixed into
 :class:`.forward.Fp8AttentionForwardSm90`).
 
 Why narrow forms: a q tile's key loop runs from its last key tile down, so the tile it starts with
@@ -50,14 +50,12 @@ class FirstKeyTile:
 
     @cute.jit
     def first_key_tile(self, tiled_mma_qk: cute.TiledMma, first_ops, tSrQ: cute.Tensor, q_stage, tSrK: cute.Tensor,
-                       acc_s: cute.Tensor, tOrP: cute.Tensor, tScS: cute.Tensor, ones32: cute.Tensor,
-                       row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, pipe_kv, kv_state, wg: Int32,
+                       acc_s: cute.Tensor, tOrP: cute.Tensor, tScS: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, pipe_kv, kv_state, wg: Int32,
                        row_start: Int32, seqlen_k: Int32, diag: Int32, n_block_max: Int32, n_iters: Int32,
                        scale_log2: Float32, window_left: Int32, window_right: Int32):
         """Tile n_block_max - 1 from the K/V^T wait to P in ``tOrP``: at the full width (no
-        ``narrow``: exactly the loop's code before the switch existed), else at the least width
-        of ``first_ops`` that holds its keys."""
-        args = (tSrQ, q_stage, tOrP, tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start,
+        ``narrow``), else at the least width of ``first_ops`` that holds its keys."""
+        args = (tSrQ, q_stage, tOrP, tScS, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start,
                 seqlen_k, diag, n_block_max, n_iters, scale_log2, window_left, window_right)
         if cutlass.const_expr(first_ops is None):
             self.first_tile_at(tiled_mma_qk, tSrK, acc_s, 0, *args)
@@ -82,8 +80,7 @@ class FirstKeyTile:
 
     @cute.jit
     def first_tile_at(self, mma: cute.TiledMma, tSrK: cute.Tensor, acc: cute.Tensor, ncols: cutlass.Constexpr,
-                      tSrQ: cute.Tensor, q_stage, tOrP: cute.Tensor, tScS: cute.Tensor, ones32: cute.Tensor,
-                      row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, pipe_kv, kv_state, wg: Int32,
+                      tSrQ: cute.Tensor, q_stage, tOrP: cute.Tensor, tScS: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, factor: cute.Tensor, pipe_kv, kv_state, wg: Int32,
                       row_start: Int32, seqlen_k: Int32, diag: Int32, n_block_max: Int32, n_iters: Int32,
                       scale_log2: Float32, window_left: Int32, window_right: Int32):
         """The first tile with S of ``ncols`` columns (0: the key tile's) in ``acc``."""
@@ -95,12 +92,11 @@ class FirstKeyTile:
             mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
             cute.gemm(mma, acc, self.q_operand(tSrQ, kb, q_stage), tSrK[None, None, kb, kv_state.index], acc)
         warpgroup.commit_group()
-        if cutlass.const_expr(self.pass_after_issue):
-            self.pass_turn(wg, self.last_turn(n_iters == 1))
+        if cutlass.const_expr(self.pingpong):
+            # turns run on across the persistent kernel's tiles: never its last (persistent_consumer)
+            self.pass_turn(wg, cutlass.Boolean(False))
         warpgroup.wait_group(0)
         pipe_kv.release_k(kv_state)  # kv_split: K read
-        if cutlass.const_expr(self.pingpong_late):
-            self.pass_turn(wg, self.last_turn(n_iters == 1))  # S ready: the other warpgroup's QK^T may start
         self.mask_tile(acc, tScS, row_start, n_block_max - 1, seqlen_k, diag, window_left, window_right, ncols)
-        self.softmax_tile(acc, row_max, row_sum, factor, scale_log2, wg, ones32, ncols)
+        self.softmax_tile(acc, row_max, row_sum, factor, scale_log2, ncols)
         self.p_to_operand(acc, tOrP, ncols)

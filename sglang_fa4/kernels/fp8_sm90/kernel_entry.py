@@ -44,10 +44,10 @@ class KernelEntry:
 
     def make_pipelines(self, storage, q_stages: int):
         """The Q and K/V^T TMA pipelines on ``storage``'s barriers: one producer thread, the
-        consumer warps (8, or 12 with wg3; a plain method: traced inline into the kernel calling it;
+        consumer warps (8; a plain method: traced inline into the kernel calling it;
         the persistent kernel shares it with ``q_stages`` = 2).  K/V^T as :class:`.kv_pipes.KvPipes`
         (kv_split: V^T on ``storage.mbar_v``)."""
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumer_wgs)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(),
             num_stages=q_stages,
@@ -148,8 +148,7 @@ class KernelEntry:
         if m_start < seqlen_q:
             if wg_idx == 0:
                 # ------------------------------ producer ------------------------------
-                if cutlass.const_expr("no_setmaxnreg" not in self.debug):
-                    cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
                 if warp_idx == 0:
                     mQ_cur = cute.domain_offset((offset_q, 0), mQ_tma[None, None, head])
                     gQ = cute.local_tile(mQ_cur, (WG_ROWS, d), (None, 0))  # (64, d, m64 blocks)
@@ -187,10 +186,7 @@ class KernelEntry:
                             tma_bar_ptr=pipe_q.producer_get_barrier(q_state),
                         )
                     kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-                    n_loads = n_iters
-                    if cutlass.const_expr("skip_kv" in self.debug):
-                        n_loads = Int32(0)
-                    for i in cutlass.range(n_loads, unroll=1):
+                    for i in cutlass.range(n_iters, unroll=1):
                         n_block = n_block_max - 1 - i
                         pipe_kv.producer_acquire(kv_state)
                         cute.copy(
@@ -208,8 +204,7 @@ class KernelEntry:
                         kv_state.advance()
             else:
                 # ------------------------------ consumers ------------------------------
-                if cutlass.const_expr("no_setmaxnreg" not in self.debug):
-                    cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
                 wg = wg_idx - 1
                 tid = tidx - 128 * wg_idx
                 scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv] * mDescale[1, batch, head_kv]
@@ -217,8 +212,6 @@ class KernelEntry:
                 sOnes_wg = sVt[None, None, wg]  # unused unless rowsum_mma
                 if cutlass.const_expr(self.rowsum_mma):
                     sOnes_wg = self.fill_ones(storage, sOnes_layout, tid, wg)
-                if cutlass.const_expr(self.mufu_token):
-                    sOnes_wg = self.zero_words(storage, wg)[None, None, wg]  # consume_one_level's word operand
                 # d > 128: O accumulated by the PV GEMM itself (forward.two_level)
                 consume = self.consume if cutlass.const_expr(self.two_level) else self.consume_one_level
                 consume(
@@ -251,7 +244,7 @@ class KernelEntry:
 
     @cute.jit
     def fill_ones(self, storage, sOnes_layout: cute.ComposedLayout, tid: Int32, wg: Int32):
-        """rowsum_mma / sum_mma: this consumer warpgroup's 8 x tile_n block of E4M3 ones (0x38), made
+        """rowsum_mma: this consumer warpgroup's 8 x tile_n block of E4M3 ones (0x38), made
         visible to the tensor cores (async proxy) before its first WGMMA; returns the block."""
         ones32 = storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout) // 4), dtype=Int32)
         per_wg = cute.cosize(sOnes_layout) // 8

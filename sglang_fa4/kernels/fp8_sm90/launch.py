@@ -11,12 +11,16 @@ from torch's caching allocator, which graph capture also handles.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Callable, Optional
 
 import torch
 
+from sglang_fa4.kernels import compile_events as compile_events_registry
+from sglang_fa4.kernels.fa4_config import FA4InputError
+from sglang_fa4.kernels.inputs import check_scalars
 from sglang_fa4.kernels.fp8_sm90.layout import (
     SUPPORTED_HEAD_DIMS,
     Fp8Variant,
@@ -27,15 +31,12 @@ from sglang_fa4.kernels.fp8_sm90.layout import (
 )
 
 _lock = threading.Lock()
-_compiled: dict[Fp8Variant, Callable] = {}
-_compile_events: list[dict] = []
-_listeners: list[Callable[[dict], None]] = []
-#: Bring-up switches passed to every compile (see Fp8AttentionForwardSm90.debug); empty in use.
-DEBUG_FLAGS: frozenset = frozenset()
+_compiled: dict = {}  # variant, or (variant, config) for a config other than the table's -> kernel
 
 
-class Fp8AttentionError(ValueError):
-    """Arguments the SM90 FP8 forward cannot take (the message names what is wrong)."""
+class Fp8AttentionError(FA4InputError):
+    """Arguments the SM90 FP8 forward cannot take (the message names what is wrong); an
+    FA4InputError (and a ValueError) like every route's."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,8 +86,9 @@ def device_sm_count() -> int:
     return n
 
 
-def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", debug=frozenset()):
-    """cute.compile one variant (no GPU needed when CUTE_DSL_ARCH is set: cross-compiles)."""
+def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", config=None):
+    """cute.compile one variant with ``config`` (a kernel_config.Fp8KernelConfig; None: the table's
+    default).  No GPU needed when CUTE_DSL_ARCH is set: cross-compiles."""
     from sglang_fa4.kernels import dsl_versions
 
     dsl_versions.require("fp8_sm90")  # a DSL that cannot build it: our message, not the DSL's
@@ -94,29 +96,34 @@ def compile_variant(variant: Fp8Variant, options: str = "--enable-tvm-ffi", debu
 
     from sglang_fa4.kernels.fp8_sm90.forward import Fp8AttentionForwardSm90
 
-    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, debug=debug,
+    kernel = Fp8AttentionForwardSm90(variant.head_dim, causal=variant.causal, local=variant.local, config=config,
                                      num_sms=device_sm_count())
     return cute.compile(kernel, *_fake_args(variant), options=options)
 
 
-def compiled_kernel(variant: Fp8Variant) -> Callable:
-    fn = _compiled.get(variant)
+def compiled_kernel(variant: Fp8Variant, config=None) -> Callable:
+    """The compiled kernel of ``variant`` with ``config`` (kernel_config.Fp8KernelConfig; None: the
+    table's), compiled on first use (a compile event for the JIT monitor)."""
+    key = variant if config is None else (variant, config)
+    fn = _compiled.get(key)
     if fn is not None:
         return fn
+    event = None
     with _lock:
-        fn = _compiled.get(variant)
+        fn = _compiled.get(key)
         if fn is None:
             t0 = time.perf_counter()
-            fn = compile_variant(variant, debug=DEBUG_FLAGS)
+            fn = compile_variant(variant, config=config)
             event = {
                 "variant": variant.as_dict(),
                 "seconds": time.perf_counter() - t0,
                 "capturing": torch.cuda.is_available() and torch.cuda.is_current_stream_capturing(),
             }
-            _compile_events.append(event)
-            _compiled[variant] = fn
-            for cb in list(_listeners):
-                cb(event)
+            if config is not None:
+                event["config"] = dataclasses.asdict(config)
+            _compiled[key] = fn
+    if event is not None:  # outside the lock (a listener may raise: the kernel is kept)
+        compile_events_registry.record("fp8_forward", event)
     return fn
 
 
@@ -130,16 +137,16 @@ def warmup(variants=None) -> list[Fp8Variant]:
 
 
 def compile_count() -> int:
-    return len(_compile_events)
+    return compile_events_registry.count("fp8_forward")
 
 
 def compile_events() -> list[dict]:
-    return list(_compile_events)
+    """This process's FP8 forward compiles (the registry's "fp8_forward" events)."""
+    return compile_events_registry.events("fp8_forward")
 
 
 def add_compile_listener(callback: Callable[[dict], None]) -> Callable[[], None]:
-    _listeners.append(callback)
-    return lambda: _listeners.remove(callback) if callback in _listeners else None
+    return compile_events_registry.add_listener(lambda _source, event: callback(event), "fp8_forward")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,6 +183,7 @@ def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, vt=None) -> tupl
         f"head dim {d} is not supported by the SM90 FP8 kernel (supported {SUPPORTED_HEAD_DIMS}; "
         "zero-pad to the next one, quantize_qkv does it)",
     )
+    _need(hq > 0, f"q heads (0): q {tuple(q.shape)} must have at least one head")
     _need(hkv > 0 and hq % hkv == 0, f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _need(isinstance(cu, torch.Tensor), f"{name} must be a torch.Tensor")
@@ -308,17 +316,22 @@ def fp8_varlen_attention(
     window_size=(None, None),
     out: Optional[torch.Tensor] = None,
     vt: Optional[torch.Tensor] = None,
+    kernel_config=None,
 ) -> torch.Tensor:
     """Attention over E4M3 q (total_q, Hq, d), k/v (total_k, Hkv, d) -> bf16 (total_q, Hq, d).
 
     softmax(q k^T * softmax_scale * q_descale * k_descale) (v * v_descale), per (batch, kv head)
     descales.  ``vt`` (the permuted V^T from :func:`pack_vt` or ``quantize_qkv``) may replace ``v``;
     ``descale`` (3, batch, Hkv) float32 may replace the three descales; give all three, or
-    ``descale``, or none (unscaled E4M3).  SM90 only.  Bad arguments raise
+    ``descale``, or none (unscaled E4M3).  ``kernel_config``: a
+    :class:`~sglang_fa4.kernels.fp8_sm90.kernel_config.Fp8KernelConfig` other than the table's
+    (benchmarks; None in use).  SM90 only.  Bad arguments raise
     :class:`Fp8AttentionError` naming what is wrong.
     """
     # Host time matters (a ViT calls this 24-32 times per image): the full checks run once per
     # tensor-metadata signature; later calls with the same signature only re-check pointer alignment.
+    # Every check runs before the GPU is asked what it is (check_device).
+    check_scalars(max_seqlen_q, softmax_scale, q)
     sig = _signature(q, k, v, cu_seqlens_q, cu_seqlens_k, out, vt)
     checked = _checked.get(sig)
     if checked is None:
@@ -353,7 +366,7 @@ def fp8_varlen_attention(
         vt = pack_vt(v, cu_seqlens_k, max_seqlen_k)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    fn = compiled_kernel(variant)
+    fn = compiled_kernel(variant, kernel_config)
     fn(
         q.view(torch.uint8),
         k.view(torch.uint8),

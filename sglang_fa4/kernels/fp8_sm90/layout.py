@@ -14,13 +14,12 @@ contraction over keys does not care about their order as long as P and V agree.
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple, Optional
 
 #: Head dims (of q/k and of v, which must match) the kernel is compiled for.
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
-#: Rows of q per CTA (two consumer warpgroups of 64 rows) and keys per K/V tile (the d=128
-#: non-causal kernel's tile is 192 keys: forward.Fp8AttentionForwardSm90, "wide tile").
+#: Rows of q per CTA (two consumer warpgroups of 64 rows) and the usual keys per K/V tile (each
+#: kernel's own: kernel_config.DEFAULT_CONFIGS).
 TILE_M = 128
 TILE_N = 128
 #: Sequence b's V^T columns start at VT_ALIGN * ceil(cu_k[b] / VT_ALIGN) + VT_ALIGN * b: a multiple of
@@ -33,66 +32,21 @@ VT_ALIGN = 16
 #: probabilities stay normal numbers in E4M3 (FA3's Max_offset = 8); the row sum uses the same
 #: scaled P, so the factor cancels.
 P_LOG2_OFFSET = 8.0
-#: "lazy_max": a row's running max is raised only when a key tile's exceeds it by more than this
-#: (log2 units of the scaled scores); P then stays below 2^(8 + 0.75) = 430 < 448 (E4M3's largest)
-#: and most key tiles leave the rescale factors at exactly 1, so O's rescale is skipped (a warp vote).
-LAZY_MAX_LOG2 = 0.75
-#: "stale_exp": a key tile's exp2s take the running max from before the tile, the tile's own max is
-#: computed beside them and P rescaled afterwards if it moved (lazy_max).  Safe while that stale P
-#: cannot overflow fp32, nor its 48-term row sums: the row's score bound (|q| row sum x 448, E4M3's
-#: largest K) lies at most this far above the running max, else the tile takes the plain softmax.
-STALE_BOUND_LOG2 = 100.0
 #: Largest head dim whose O is accumulated in two levels (fp32 O + each tile's fp32 P V); above it
 #: the two accumulators (d registers a thread) do not fit a consumer's 240 beside S, and the PV
 #: GEMM accumulates into O itself (consumer_mainloop_wide).
 TWO_LEVEL_MAX_HEAD_DIM = 128
 #: Shared memory an SM90 CTA may use (227 KiB).
 SM90_SMEM_BYTES = 227 * 1024
-#: Switches the d=128 non-causal ("wide tile") kernel gets unless told otherwise, as if given as
-#: "w:X" (forward.Fp8AttentionForwardSm90; "w:no_X" drops X): the persistent kernel, faster than
-#: the non-persistent one in three H200 runs (8x4096 1.21-1.25x FA4 bf16 vs 1.17x, 1x16384
-#: 1.32-1.42x; results/h200/fp8_attention_speed5.md, _persist.md, _speed6.md), with a q tile's
-#: first key tile at the least width that holds its keys ("narrow", first_key_tile.py) and K / V^T
-#: behind their own barriers ("kv_split", kv_pipes.py): 8x4096 1.30x against the persistent
-#: kernel's 1.26x in the same 21 rounds (fp8_attention_kvsplit.md); 35/35 correct, 1.34x (8x4096)
-#: and 1.44x (1x16384) in the speed table (fp8_attention_default2.md).
-WIDE_DEFAULT_SWITCHES: frozenset = frozenset({"persist", "narrow", "kv_split"})
-#: Switches that ask for a main loop the persistent kernel does not have: given explicitly, they
-#: drop the default "persist" (an explicit "persist" with them is an error, forward.py).
-PERSIST_INCOMPATIBLE: frozenset = frozenset({"two_level", "no_overlap", "mufu_gate"})
-#: The wide kernel's key tile unless an "nN" switch says otherwise (96 with "wg3").
-WIDE_TILE_N = 192
-
-
 def narrow_widths(tile_n: int) -> tuple:
-    """First-tile QK^T widths below a key tile of ``tile_n`` ("narrow", first_key_tile.py): those
+    """First-tile QK^T widths below a key tile of ``tile_n`` (the narrow first tile, first_key_tile.py): those
     of 64 and 96 that divide it (an MMA of width W partitions the K stage into tile_n / W column
     blocks, the first one used)."""
     return tuple(w for w in (64, 96) if w < tile_n and tile_n % w == 0)
 
 
-def wide_defaults_for(switches: frozenset) -> frozenset:
-    """The defaults the d=128 non-causal kernel adds to ``switches``: WIDE_DEFAULT_SWITCHES less
-    those that ``switches`` rule out -- "persist" and "kv_split" with a loop the persistent kernel
-    lacks, "kv_split" also with "no_persist" or "xover", "narrow" with a loop other than the
-    one-level one, with "xover", or with a key tile that has no narrow width."""
-    switches = frozenset(switches)
-    drop = set()
-    if switches & PERSIST_INCOMPATIBLE:
-        drop |= {"persist", "kv_split", "narrow"}
-    if switches & {"no_persist", "xover"}:
-        drop.add("kv_split")
-    tile_n = numbered_switch(switches, "n", 96 if "wg3" in switches else WIDE_TILE_N)
-    if "xover" in switches or not narrow_widths(tile_n):
-        drop.add("narrow")
-    return WIDE_DEFAULT_SWITCHES - drop
-
-
-#: Switches the d=256 causal kernel without a window gets unless told otherwise (as "d256c:X"): 96-key
-#: tiles (3 K/V^T stages), 1.26x FA4 bf16 at 1x8192 causal GQA 16/4 and 1.07x at 4x2048 against
-#: 0.89-0.90x with 128-key tiles, same rounds (results/h200/fp8_attention_d256_tiles.md).
-D256_CAUSAL_DEFAULT_SWITCHES: frozenset = frozenset({"n96"})
-#: A window side this large or larger is "unbounded".
+#: The kernel's argument for an unbounded window side (a side this large or larger is unbounded);
+#: every API takes None (or SGLang's -1) instead: normalize_window.
 WINDOW_UNBOUNDED = 1 << 28
 
 
@@ -148,7 +102,7 @@ def stages_that_fit(head_dim: int, tile_n: int) -> int:
 
 
 def tile_stages(head_dim: int, tile_n: int) -> int:
-    """K/V^T stages for a key tile of ``tile_n`` keys (kernel option "nN"): as many as fit beside Q
+    """K/V^T stages for a key tile of ``tile_n`` keys: as many as fit beside Q
     and 4 KiB of barriers / spare, at most 4 -- 4 at d=128 for 192 keys (208 KiB), 3 for 224."""
     fits = stages_that_fit(head_dim, tile_n)
     if fits < 2:
@@ -156,70 +110,17 @@ def tile_stages(head_dim: int, tile_n: int) -> int:
     return min(4, fits)
 
 
-def explicit_stages(head_dim: int, tile_n: int, stages: int) -> int:
-    """``stages`` K/V^T stages (kernel option "sN"), checked: at least 2 (the overlapped loop holds
-    tile i-1's V^T while it waits for tile i's K) and no more than fit shared memory."""
-    fits = stages_that_fit(head_dim, tile_n)
-    if not 2 <= stages <= fits:
-        raise ValueError(f"{stages} K/V^T stages of {tile_n} keys at head dim {head_dim}: "
-                         f"2 to {fits} fit shared memory beside Q")
-    return stages
-
-
-def scoped_switches(switches, head_dim: int, causal: bool, local: bool, wide_tile: bool) -> frozenset:
-    """The switches one compiled kernel sees, so that one switch list can vary some kernels alone
-    (check_fp8_attention --variants runs one list over every kernel it compiles):
-
-    * "w:X": X for the d=128 non-causal "wide tile" kernel only;
-    * "dD:X": X for head dim D (e.g. "d256:n64"); "dDc:X" head dim D causal, "dDf:X" head dim D
-      without a mask (neither causal nor windowed), "dDl:X" head dim D with a window;
-    * anything else: every kernel.
-    """
-    kind = "c" if causal else "l" if local else "f"
-    out = set()
-    for f in switches:
-        scope, sep, rest = f.partition(":")
-        if not sep:
-            out.add(f)
-        elif scope == "w":
-            if wide_tile:
-                out.add(rest)
-        elif m := re.fullmatch(r"d(\d+)([cfl]?)", scope):
-            if int(m[1]) == head_dim and m[2] in ("", kind):
-                out.add(rest)
-        else:
-            raise ValueError(f"switch {f!r}: its scope {scope!r} is none of w:, dD:, dDc:, dDf:, dDl:")
-    return frozenset(out)
-
-
-def persistent_stages(head_dim: int, tile_n: int, q_buffers: int, o_staging: bool, tile_m: int = TILE_M) -> int:
-    """K/V^T stages of the persistent kernel (switch "persist"): as many as fit beside ``q_buffers``
-    Q buffers (tile_m x d bytes each), the bf16 O staging buffers (tile_m x d x 2 bytes, the
-    TMA-store epilogue) and 2 KiB of barriers + the longest-first table, at most 4 -- or, for key
-    tiles under 192, as many as hold 768 keys (what 4 stages of 192 keys hold).  3 at d=128 with
-    192-key tiles and two Q buffers, 4 without the O buffers ("o_direct"); 5 / 7 with the 192-row
-    tiles and 96-key tiles of "wg3"."""
-    spare = SM90_SMEM_BYTES - q_buffers * tile_m * head_dim - (2 * tile_m * head_dim if o_staging else 0) - 2048
+def persistent_stages(head_dim: int, tile_n: int, q_buffers: int = 2) -> int:
+    """K/V^T stages of the persistent kernel: as many as fit beside ``q_buffers`` Q buffers
+    (TILE_M x d bytes each), the bf16 O staging buffers (TILE_M x d x 2 bytes, the TMA-store
+    epilogue) and 2 KiB of barriers + the longest-first table, at most 4 -- or, for key tiles
+    under 192, as many as hold 768 keys (what 4 stages of 192 keys hold).  3 at d=128 with 192-key
+    tiles and two Q buffers."""
+    spare = SM90_SMEM_BYTES - q_buffers * TILE_M * head_dim - 2 * TILE_M * head_dim - 2048
     fits = spare // (2 * tile_n * head_dim)
     if fits < 2:
         raise ValueError(f"persistent kernel, key tile {tile_n} at head dim {head_dim}: two K/V^T stages do not fit")
     return min(max(4, 768 // tile_n), fits)
-
-
-def numbered_switch(switches, prefix: str, default=None):
-    """N of the first switch spelled ``prefix`` + digits ("n192": the key tile, "s3": stages,
-    "ilp2", "emu8"), else ``default``."""
-    return next((int(f[len(prefix):]) for f in switches
-                 if f.startswith(prefix) and f[len(prefix):].isdigit()), default)
-
-
-def with_wide_defaults(switches: frozenset, defaults: frozenset) -> frozenset:
-    """The wide-tile kernel's switches: ``switches`` plus each default not overridden -- "no_X"
-    drops X, an explicit key tile "nN" replaces a default one."""
-    explicit_tile = numbered_switch(switches, "n") is not None
-    keep = {f for f in defaults
-            if f"no_{f}" not in switches and not (explicit_tile and numbered_switch((f,), "n") is not None)}
-    return frozenset(switches) | keep
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -248,16 +149,16 @@ class Fp8Variant(NamedTuple):
 
 
 def normalize_window(causal: bool, window_size) -> tuple[bool, bool, int, int]:
-    """(causal, local, left, right) with unbounded sides as WINDOW_UNBOUNDED.
+    """(causal, local, left, right) for the kernel: unbounded sides as WINDOW_UNBOUNDED (its
+    argument encoding; nothing outside the launch sees it).
 
-    ``window_size`` is (left, right); None or a negative value means unbounded.  A window with an
-    unbounded left side and right side 0 is plain causal attention.
+    ``window_size`` is (left, right) in the one convention of every route
+    (``fa4_config.window_bounds``): None -- or SGLang's negative -1 -- is unbounded.  A window with
+    an unbounded left side and right side 0 is plain causal attention.
     """
-    if window_size is None:
-        window_size = (None, None)
-    if len(window_size) != 2:
-        raise ValueError(f"window_size must be (left, right), got {window_size!r}")
-    left, right = (None if w is None or int(w) < 0 else int(w) for w in window_size)
+    from sglang_fa4.kernels.fa4_config import window_bounds
+
+    left, right = window_bounds(window_size)
     if causal:
         if right not in (None, 0):
             raise ValueError(f"causal=True with a right window of {right}: use one or the other")

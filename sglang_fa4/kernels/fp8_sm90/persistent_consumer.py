@@ -7,12 +7,11 @@ through the one-level key loop of :mod:`.consumer_mainloop_wide` (``one_level_ti
 * the ping-pong turns running on across tiles: warpgroup 1 opens warpgroup 0's first turn once a
   CTA and never skips a turn, and warpgroup 0 takes the one left open after its last tile, so each
   named barrier sees as many arrivals as waits;
-* O through shared memory and a TMA store (``o_tma``, the default): the warpgroup writes its 64 rows
+* O through shared memory and a TMA store: the warpgroup writes its 64 rows
   with stmatrix into its own staging buffer, one warp issues the bulk store and the warpgroup goes
   on to its next tile; the buffer is reused once that store has read it (checked at the next
   tile's epilogue, a tile later).  A 64-row half that ends past its sequence is stored from the
-  registers, rows < seqlen_q only (a TMA box would write the next sequence's rows).  ``o_direct``:
-  every tile stored from the registers (no staging buffer: one more K/V^T stage fits).
+  registers, rows < seqlen_q only (a TMA box would write the next sequence's rows).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 
 from sglang_fa4.kernels.fp8_sm90.kernel_shape import EPILOGUE_BAR, PINGPONG_BAR, WG_ROWS
 from sglang_fa4.kernels.fp8_sm90.persistent_entry import Q_STAGES
@@ -35,8 +34,6 @@ class PersistentConsumer:
         self,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
-        tiled_mma_sum: cute.TiledMma,
-        s_ones: cute.Tensor,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sVt: cute.Tensor,
@@ -51,7 +48,6 @@ class PersistentConsumer:
         mDescale: cute.Tensor,
         s_first: cute.Tensor,
         s_perm: cute.Tensor,
-        s_zero: cute.Tensor,
         softmax_scale_log2: Float32,
         qhead_per_kvhead: Int32,
         tid: Int32,
@@ -76,107 +72,67 @@ class PersistentConsumer:
         tScS = thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, tile_n)))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((WG_ROWS, d)))
         first_ops = self.first_tile_operands(tiled_mma_qk, sK, tid)  # narrow first tiles
-        sums = acc_so = acc_st = None
-        if cutlass.const_expr(self.sum_mma):
-            # row sums as P x ones (m64n8: every column of a row holds its sum), accumulated like O
-            thr_sum = tiled_mma_sum.get_slice(tid)
-            acc_so = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))
-            acc_st = thr_sum.make_fragment_C(thr_sum.partition_shape_C((WG_ROWS, 8)))
-            sums = (tiled_mma_sum, thr_sum.make_fragment_B(thr_sum.partition_B(s_ones)))
-            # always accumulating (acc_st is zeroed after each fold): set here, outside every staged loop
-            tiled_mma_sum.set(warpgroup.Field.ACCUMULATE, True)
-        # softmax_tile's word operand: this warpgroup's zero word (mufu_token), else never read
-        ones32 = cute.make_tensor(cute.recast_ptr(s_zero.iterator, dtype=Int32), cute.make_layout(1))
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         factor = cute.make_rmem_tensor((2,), Float32)
-        row_bound = cute.make_rmem_tensor((2,), Float32)  # stale_exp: the rows' score bounds
         store_thread = tid == 0  # issues this warpgroup's TMA stores and waits for them
-        stsm = thr_stsm = tRS_sO = None
-        if cutlass.const_expr(self.o_tma):
-            # stmatrix of the bf16 O into this warpgroup's staging buffer
-            stsm = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                    cutlass.BFloat16),
-                tiled_mma_pv,
-            )
-            thr_stsm = stsm.get_slice(tid)
-            tRS_sO = thr_stsm.partition_D(sO[None, None, wg])
+        # stmatrix of the bf16 O into this warpgroup's staging buffer
+        stsm = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), cutlass.BFloat16),
+            tiled_mma_pv,
+        )
+        thr_stsm = stsm.get_slice(tid)
+        tRS_sO = thr_stsm.partition_D(sO[None, None, wg])
 
         if cutlass.const_expr(self.pingpong):
             # warpgroup 0 takes the CTA's first turn, opened by the last one (the turns then run on
             # across tiles)
-            if wg == self.consumer_wgs - 1:
+            if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
-        self.open_mufu_token(wg)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        if cutlass.const_expr(self.xover):
-            # the tile boundaries overlapped (persistent_xover.py)
-            self.xover_loop(
-                tiled_mma_qk, tiled_mma_pv, thr_pv, (tSrQ, tSrK, tOrVt, acc_o, acc_s, tOrP, tScS, tOcO, ones32),
-                (row_max, row_sum, factor), (stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, store_thread), pipe_q,
-                pipe_kv, q_state, kv_state, mO,
-                (num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2, qhead_per_kvhead),
-                wg, first_work, stride, num_work,
-            )
-        else:
-            # a tile's coordinates and the loads they need are fetched one tile ahead, while the tile
-            # before runs (their latency -- a search of the schedule table, then cu_seqlens and
-            # descales -- is otherwise paid at every tile start)
-            w = first_work
-            nxt = self.tile_info(w, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2,
-                                 qhead_per_kvhead)
-            while w < num_work:
-                valid, batch, m_block, head, offset_q, seqlen_q, seqlen_k, scale_log2, v_descale = nxt
-                nxt = self.tile_info(w + stride, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm,
-                                     softmax_scale_log2, qhead_per_kvhead)
-                if valid != 0:
-                    row_start = m_block * self.tile_m + wg * WG_ROWS
-                    m64_block = self.consumer_wgs * m_block + wg
-                    n_block_max = (seqlen_k + tile_n - 1) // tile_n
-                    acc_o.fill(0.0)
-                    if cutlass.const_expr(self.sum_mma):
-                        acc_so.fill(0.0)
-                        acc_st.fill(0.0)
-                    for r in cutlass.range_constexpr(2):
-                        row_max[r] = -Float32.inf
-                        row_sum[r] = 0.0
-                        factor[r] = 1.0
-                    mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
-                    tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
-                    pipe_q.consumer_wait(q_state)
-                    q_piece = self.consumer_wgs * q_state.index + wg  # this warpgroup's 64 Q rows
-                    if cutlass.const_expr(self.stale_exp):
-                        self.q_row_bounds(sQ[None, None, q_piece], tScS, tid, row_bound)
-                    kv_state = self.one_level_tile(
-                        tiled_mma_qk, tiled_mma_pv, tSrQ, q_piece, tSrK, tOrVt, acc_o, acc_s, tOrP,
-                        tScS, ones32, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
-                        seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0),
-                        sums, acc_so, acc_st, row_bound, first_ops,
-                    )
-                    pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
-                    q_state.advance()
-                    if cutlass.const_expr(self.sum_mma):
-                        for r in cutlass.range_constexpr(2):
-                            row_sum[r] = acc_so[2 * r]  # the whole row's (every column holds it)
-                    r_out = self.finish_o(acc_o, row_sum, v_descale)
-                    if cutlass.const_expr(self.o_tma):
-                        if row_start + WG_ROWS <= seqlen_q:
-                            self.store_o_tma(r_out, stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, offset_q, head,
-                                             m64_block, wg, store_thread)
-                        else:
-                            self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
-                    else:
-                        self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
-                w += stride
+        # a tile's coordinates and the loads they need are fetched one tile ahead, while the tile
+        # before runs (their latency -- a search of the schedule table, then cu_seqlens and
+        # descales -- is otherwise paid at every tile start)
+        w = first_work
+        nxt = self.tile_info(w, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm, softmax_scale_log2,
+                             qhead_per_kvhead)
+        while w < num_work:
+            valid, batch, m_block, head, offset_q, seqlen_q, seqlen_k, scale_log2, v_descale = nxt
+            nxt = self.tile_info(w + stride, num_work, num_slots, mCuQ, mCuK, mDescale, s_first, s_perm,
+                                 softmax_scale_log2, qhead_per_kvhead)
+            if valid != 0:
+                row_start = m_block * self.tile_m + wg * WG_ROWS
+                m64_block = 2 * m_block + wg
+                n_block_max = (seqlen_k + tile_n - 1) // tile_n
+                acc_o.fill(0.0)
+                for r in cutlass.range_constexpr(2):
+                    row_max[r] = -Float32.inf
+                    row_sum[r] = 0.0
+                    factor[r] = 1.0
+                mO_cur = cute.domain_offset((offset_q, 0), mO[None, head, None])
+                tOgO = thr_pv.partition_C(cute.local_tile(mO_cur, (WG_ROWS, d), (m64_block, 0)))
+                pipe_q.consumer_wait(q_state)
+                q_piece = 2 * q_state.index + wg  # this warpgroup's 64 Q rows
+                kv_state = self.one_level_tile(
+                    tiled_mma_qk, tiled_mma_pv, tSrQ, q_piece, tSrK, tOrVt, acc_o, acc_s, tOrP,
+                    tScS, row_max, row_sum, factor, pipe_kv, kv_state, wg, row_start, seqlen_k,
+                    seqlen_k - seqlen_q, n_block_max, n_block_max, scale_log2, Int32(0), Int32(0), first_ops,
+                )
+                pipe_q.consumer_release(q_state)  # every QK^T of this tile is complete
+                q_state.advance()
+                r_out = self.finish_o(acc_o, row_sum, v_descale)
+                if row_start + WG_ROWS <= seqlen_q:
+                    self.store_o_tma(r_out, stsm, thr_stsm, tRS_sO, sO, tma_o, mO_tma, offset_q, head,
+                                     m64_block, wg, store_thread)
+                else:
+                    self.store_o_rows(r_out, tOgO, tOcO, row_start, seqlen_q)
+            w += stride
         if cutlass.const_expr(self.pingpong):
             if wg == 0:  # the turn the last warpgroup passed after its last GEMMs
                 cute.arch.barrier(barrier_id=PINGPONG_BAR, number_of_threads=2 * 128)
-        self.close_mufu_token(wg)
-        if cutlass.const_expr(self.o_tma):
-            if store_thread:
-                cute.arch.cp_async_bulk_wait_group(0)  # the last stores, before shared memory goes
+        if store_thread:
+            cute.arch.cp_async_bulk_wait_group(0)  # the last stores, before shared memory goes
 
     @cute.jit
     def tile_info(self, w: Int32, num_work: Int32, num_slots: Int32, mCuQ: cute.Tensor, mCuK: cute.Tensor,

@@ -1,4 +1,4 @@
-"""Device entry of the persistent SM90 FP8 attention forward (switch ``persist``, d=128 non-causal;
+"""Device entry of the persistent SM90 FP8 attention forward (d=128 non-causal, kernel_config;
 mixed into :class:`.forward.Fp8AttentionForwardSm90`): at most one CTA per SM, each working through
 its share of the (q tile, head) work slots with a static stride (:mod:`.schedule` is the Python
 twin of the order: longest sequences first, neighbouring slots sharing K/V).
@@ -30,7 +30,7 @@ Q_STAGES = 2
 
 
 class PersistentEntry:
-    """``kernel_persistent`` and its launch (from ``Fp8AttentionForwardSm90.__call__`` under ``persist``)."""
+    """``kernel_persistent`` and its launch (from ``Fp8AttentionForwardSm90.__call__``)."""
 
     @cute.jit
     def launch_persistent(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, tma_q, mQ_tma, tma_k, mK_tma, tma_vt,
@@ -43,14 +43,11 @@ class PersistentEntry:
         d = self.head_dim
         _ROW_MAJOR = cutlass.utils.LayoutEnum.ROW_MAJOR
         # one (64, d) bf16 buffer per consumer warpgroup, laid out as the TMA store reads it
-        sO_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), cutlass.BFloat16,
-                                                  self.consumer_wgs)
-        tma_o, mO_tma = tma_q, mQ_tma  # placeholders (o_direct: no TMA store)
-        if cutlass.const_expr(self.o_tma):
-            mO_v = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[0, 2, 1]))  # (rows, d, head)
-            tma_o, mO_tma = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), mO_v, cute.slice_(sO_layout, (None, None, 0)), (WG_ROWS, d)
-            )
+        sO_layout = sm90_utils.make_smem_layout_a(_ROW_MAJOR, (WG_ROWS, self.tile_n, d), cutlass.BFloat16, 2)
+        mO_v = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[0, 2, 1]))  # (rows, d, head)
+        tma_o, mO_tma = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO_v, cute.slice_(sO_layout, (None, None, 0)), (WG_ROWS, d)
+        )
 
         @cute.struct
         class StoragePersistent:
@@ -60,15 +57,11 @@ class PersistentEntry:
                 mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sched_first: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
             sched_perm: cute.struct.MemRange[Int32, LPT_MAX_SEQS + 1]
-            if cutlass.const_expr(self.zero_words_used):  # per consumer warpgroup: 0.0, a scratch word
-                zero: cute.struct.MemRange[Float32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sK_layout)], 1024]
             sVt: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sVt_layout)], 1024]
-            if cutlass.const_expr(self.sum_mma):  # a block of E4M3 ones per consumer warpgroup
-                sOnes: cute.struct.Align[cute.struct.MemRange[F8, cute.cosize(sOnes_layout)], 1024]
-            if cutlass.const_expr(self.o_tma):  # the O staging buffers of the TMA-store epilogue
-                sO: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sO_layout)], 1024]
+            # the O staging buffers of the TMA-store epilogue
+            sO: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sO_layout)], 1024]
 
         if cutlass.const_expr(StoragePersistent.size_in_bytes() > SM90_SMEM_BYTES):
             raise ValueError(f"persistent kernel: {StoragePersistent.size_in_bytes()} bytes of shared memory "
@@ -193,8 +186,7 @@ class PersistentEntry:
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_vt)
-            if cutlass.const_expr(self.o_tma):
-                cpasync.prefetch_descriptor(tma_o)
+            cpasync.prefetch_descriptor(tma_o)
         s_first = storage.sched_first.get_tensor(cute.make_layout(LPT_MAX_SEQS + 1))
         s_perm = storage.sched_perm.get_tensor(cute.make_layout(LPT_MAX_SEQS + 1))
         self.init_schedule(mCuQ, mCuK, s_first, s_perm, tidx)
@@ -202,9 +194,7 @@ class PersistentEntry:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, pieces x Q_STAGES)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
-        sO = sQ  # unused unless o_tma
-        if cutlass.const_expr(self.o_tma):
-            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # (64, d, warpgroups)
+        sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # (64, d, warpgroups)
 
         if wg_idx == 0:
             # ------------------------------ producer ------------------------------
@@ -239,7 +229,7 @@ class PersistentEntry:
                             tma_vt, 0, cute.make_layout(1), cute.group_modes(sVt, 0, 2), cute.group_modes(gVt, 0, 2)
                         )
                         pipe_q.producer_acquire(q_state)
-                        n_wg = self.consumer_wgs
+                        n_wg = 2
                         for half in cutlass.range_constexpr(n_wg):  # a 64-row piece per consumer warpgroup
                             q_tile = n_wg * m_block + half
                             if cutlass.const_expr(half >= 1):
@@ -267,17 +257,9 @@ class PersistentEntry:
         else:
             # ------------------------------ consumers ------------------------------
             cute.arch.warpgroup_reg_alloc(self.consumer_regs)
-            s_zero = sQ  # softmax_tile's word operand: read by mufu_token / pp_max (mufu_gate needs rowsum_mma)
-            if cutlass.const_expr(self.zero_words_used):
-                s_zero = self.zero_words(storage, wg_idx - 1)[None, None, wg_idx - 1]
-            s_ones = sQ  # the sum MMA's B operand (sum_mma), else never read
-            if cutlass.const_expr(self.sum_mma):
-                s_ones = self.fill_ones(storage, sOnes_layout, tidx - 128 * wg_idx, wg_idx - 1)
             self.consume_persistent(
                 tiled_mma_qk,
                 tiled_mma_pv,
-                tiled_mma_sum,
-                s_ones,
                 sQ,
                 sK,
                 sVt,
@@ -292,7 +274,6 @@ class PersistentEntry:
                 mDescale,
                 s_first,
                 s_perm,
-                s_zero,
                 softmax_scale_log2,
                 qhead_per_kvhead,
                 tidx - 128 * wg_idx,

@@ -35,6 +35,8 @@ from typing import Optional
 
 import torch
 
+from sglang_fa4.kernels import compile_events as compile_events_registry
+
 from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN, padded_head_dim, pow2_at_least
 from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, _check, outputs
 
@@ -269,8 +271,6 @@ def quantize_qkv_chunked(
 # Compile bookkeeping for the JIT monitor: a Triton launch returns its compiled kernel, a new
 # object the first time a specialization is compiled (or loaded from Triton's disk cache).
 _seen: dict[int, object] = {}  # id -> kernel (kept alive, so ids are not reused)
-_events: list[dict] = []
-_listeners: list = []
 
 
 def _note_launch(kernel, name: str, head_dim: int, dtype, t0: float) -> None:
@@ -280,18 +280,15 @@ def _note_launch(kernel, name: str, head_dim: int, dtype, t0: float) -> None:
     event = {"kernel": name, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
              "seconds": time.perf_counter() - t0,
              "capturing": torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()}
-    _events.append(event)
-    for callback in list(_listeners):
-        callback(event)
+    compile_events_registry.record("fp8_quantize", event)
 
 
 def compile_events() -> list[dict]:
     """Specializations of the two launches first seen in this process (each a compile or a load
-    from Triton's cache), in order."""
-    return list(_events)
+    from Triton's cache), in order (the process registry's "fp8_quantize" events)."""
+    return compile_events_registry.events("fp8_quantize")
 
 
 def add_compile_listener(callback) -> "callable":
     """Call ``callback(event)`` on each new specialization; returns a remover."""
-    _listeners.append(callback)
-    return lambda: _listeners.remove(callback) if callback in _listeners else None
+    return compile_events_registry.add_listener(lambda _source, event: callback(event), "fp8_quantize")

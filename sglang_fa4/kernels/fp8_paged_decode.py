@@ -1,0 +1,376 @@
+"""Decode (and short extend) over SGLang's paged fp8_e4m3 KV pool, read in place: split-KV, no gather.
+
+The gather route (:mod:`sglang_fa4.kernels.fp8_paged_kv`) copies every used page into the WGMMA
+kernel's layout before attending -- twice the bytes the attention reads, which dominates decode.
+This kernel reads K and V straight from the pool through the page table: key ``t`` of sequence
+``b`` is token ``t % P`` of page ``page_table[b, t // P]`` (SGLang's layout, ``P`` any power of
+two), K/V converted to fp16 in registers (exact for E4M3), the two products on fp16 tensor-core
+inputs with fp32 accumulation, the softmax in fp32.  fp16 rather than bf16: P keeps three more
+mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrongly.
+
+* **Rows.** One program takes one kv head of one sequence and a block of its query rows: every
+  (new token i, q head j of the kv head's group) pair, flattened ``r = i * g + j`` -- all ``g`` q
+  heads of a GQA group share each K/V load, and ``g`` need not be a power of two (7: the rows are
+  masked).  Each row has its own key range: bottom-right causal (token ``i`` of ``n`` new tokens
+  sits at key position ``cache_seqlens[b] - n + i``) and SGLang's ``window_size`` (left, right)
+  around that position.  Decode is the case ``n = 1``; extend with a few new tokens runs through
+  the same code, so a decode step and the extend row at the same position compute the same thing.
+* **Split-KV.** The keys a row block can see are cut into ``num_splits`` ranges
+  (:func:`sglang_fa4.kernels.fp8_decode_splits.choose_splits`), one program each; each writes its
+  normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
+  them weighted by exp(lse - max).  With one split the first kernel writes the output itself.
+* **Off a GPU** (CPU tensors outside Triton's interpreter: the CPU harnesses) the same contract runs
+  in fp32 torch, as the page gather does.
+* **CUDA graphs.** Nothing reads a device value on the host: the grid and the scratch size come
+  from host facts only (batch, heads, ``max_seqlen_q``, the page table's width), every length is
+  read in the kernel; capturable as SGLang's decode graphs capture it (page table at full width).
+
+Descales: per (batch, kv head) or scalar, as SGLang passes them (``layer.k_scale.expand(...)``:
+strides honoured, no copy); k's folds into the score scale, v's into the output.  q is taken as
+E4M3 (SGLang's cast, no scale) or bf16 (converted to fp16: |q| beyond 65504 would overflow).  Head dims 64, 96, 128, 192, 256 (96 and 192 padded to the
+next power of two in registers, masked).  Imports nothing from SGLang.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sglang_fa4.kernels.fp8_decode_splits import (  # noqa: F401 (the launch plan, re-exported)
+    MAX_BLOCK_M,
+    DecodePlan,
+    block_m,
+    block_n,
+    plan,
+    pow2_at_least,
+)
+from sglang_fa4.kernels.fp8_paged_gather import PagedKVError, _need, check_paged  # noqa: F401 (PagedKVError re-exported)
+from sglang_fa4.kernels.triton_handles import KernelHandles, interpreting
+
+FP8 = torch.float8_e4m3fn
+HEAD_DIMS = (64, 96, 128, 192, 256)
+#: the SM count assumed off a GPU (interpreter tests): an H200's
+DEFAULT_SM_COUNT = 132
+#: a window side of "unbounded", as the kernel sees it
+UNBOUNDED = 1 << 30
+LOG2E = 1.4426950408889634
+
+
+def window_bounds(causal: bool, window_size) -> tuple[int, int]:
+    """(left, right) key distances a query may look back / ahead (UNBOUNDED for none), from
+    SGLang's ``window_size`` (left, right; -1 or None unbounded) and ``causal`` (right 0)."""
+    if window_size is None:
+        window_size = (-1, -1)
+    _need(len(window_size) == 2, f"window_size must be (left, right), got {window_size!r}")
+    left, right = (UNBOUNDED if w is None or int(w) < 0 else min(int(w), UNBOUNDED) for w in window_size)
+    if causal:
+        _need(right in (0, UNBOUNDED), f"causal=True with a right window of {right}: use one or the other")
+        right = 0
+    return left, right
+
+
+_sm_counts: dict = {}
+
+
+def sm_count(device) -> int:
+    """SMs of ``device`` (cached; a host fact), DEFAULT_SM_COUNT off a GPU."""
+    if getattr(device, "type", None) != "cuda":
+        return DEFAULT_SM_COUNT
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    hit = _sm_counts.get(index)
+    if hit is None:
+        hit = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return hit
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernels
+# ------------------------------------------------------------------------------------------------
+
+
+def _make_split_kernel():
+    import triton
+    import triton.language as tl
+
+    # integers that vary with the batch (row strides of the page table and the LSE buffers) or only
+    # address scalars (descale strides) are not specialized: fewer variants to compile and warm
+    @triton.jit(do_not_specialize=["num_splits", "width", "left", "right", "pt_stride", "lse_stride_h",
+                                   "lpart_stride_s", "kd_stride_b", "kd_stride_h", "vd_stride_b", "vd_stride_h"])
+    def fp8_paged_decode_split(
+        Q, K_CACHE, V_CACHE, PAGE_TABLE, SEQLENS, CU_Q, K_DESC, V_DESC,
+        OUT, LSE, O_PART, LSE_PART,
+        q_stride_t, q_stride_h, pt_stride, kd_stride_b, kd_stride_h, vd_stride_b, vd_stride_h,
+        o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
+        num_splits, width, page_size, tok_stride, hkv, qk_scale_log2, left, right,
+        G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
+    ):
+        rb = tl.program_id(0)
+        bh = tl.program_id(1)
+        split = tl.program_id(2)
+        b = bh // hkv
+        h = bh % hkv
+        q_start = tl.load(CU_Q + b)
+        n_q = tl.load(CU_Q + b + 1) - q_start
+        seqlen = tl.load(SEQLENS + b)
+        if rb * BLOCK_M < n_q * G:
+            r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = r < n_q * G
+            tok = r // G
+            head = h * G + r % G
+            dd = tl.arange(0, D_POW2)
+            d_ok = dd < D
+            # each row's visible keys [lo_row, hi_row): bottom-right causal position, window around it
+            pos = seqlen - n_q + tok
+            lo_row = tl.maximum(pos - left, 0)
+            hi_row = tl.minimum(pos + right + 1, seqlen)
+            lo = tl.min(tl.where(row_ok, lo_row, 1 << 30), axis=0)
+            hi = tl.max(tl.where(row_ok, hi_row, 0), axis=0)
+            lo = lo // BLOCK_N * BLOCK_N
+            span = tl.maximum(hi - lo, 0)
+            chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+            k_start = lo + split * chunk
+            k_end = tl.minimum(hi, k_start + chunk)
+
+            q_ptr = Q + (q_start + tok).to(tl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h + dd[None, :]
+            q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float16)
+            kd = tl.load(K_DESC + b * kd_stride_b + h * kd_stride_h)
+            vd = tl.load(V_DESC + b * vd_stride_b + h * vd_stride_h)
+            scale = qk_scale_log2 * kd
+            pt_row = PAGE_TABLE + b.to(tl.int64) * pt_stride
+            head_off = h * D + dd
+
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D_POW2], tl.float32)
+            for start in range(k_start, k_end, BLOCK_N):
+                kk = start + tl.arange(0, BLOCK_N)
+                k_ok = (kk < k_end) & (kk // page_size < width)
+                page = tl.load(pt_row + kk // page_size, mask=k_ok, other=0).to(tl.int64)
+                src = (page * page_size + kk % page_size) * tok_stride
+                kv_mask = k_ok[:, None] & d_ok[None, :]
+                # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
+                kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                s = tl.dot(q, tl.trans(kt)) * scale
+                vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
+                       & (kk[None, :] < hi_row[:, None]))
+                s = tl.where(vis, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
+                m_i = m_new
+            seen = l_i > 0.0
+            o = acc * (vd / tl.where(seen, l_i, 1.0))[:, None]
+            lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))  # log2 units
+            t64 = (q_start + tok).to(tl.int64)
+            if SINGLE:
+                o_ptr = OUT + t64[:, None] * o_stride_t + head[:, None] * o_stride_h + dd[None, :]
+                tl.store(o_ptr, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+                if WRITE_LSE:
+                    tl.store(LSE + head * lse_stride_h + t64, lse2 * 0.6931471805599453, mask=row_ok)
+            else:
+                p_ptr = (O_PART + split.to(tl.int64) * part_stride_s + t64[:, None] * part_stride_t
+                         + head[:, None] * D_POW2 + dd[None, :])
+                tl.store(p_ptr, o, mask=row_ok[:, None])
+                tl.store(LSE_PART + split.to(tl.int64) * lpart_stride_s + t64 * (hkv * G) + head, lse2, mask=row_ok)
+
+    return fp8_paged_decode_split
+
+
+def _make_combine_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["num_splits", "lpart_stride_s", "lse_stride_h"])
+    def fp8_paged_decode_combine(
+        O_PART, LSE_PART, OUT, LSE,
+        part_stride_s, part_stride_t, lpart_stride_s, o_stride_t, o_stride_h, lse_stride_h,
+        num_splits, hq,
+        G: tl.constexpr, G_POW2: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, WRITE_LSE: tl.constexpr,
+    ):
+        # one program per (query token, kv head): the group's g heads, every split's partial
+        t = tl.program_id(0).to(tl.int64)
+        jj = tl.arange(0, G_POW2)
+        head = tl.program_id(1) * G + jj
+        h_ok = jj < G
+        lse_row = LSE_PART + t * hq + head
+        m = tl.full([G_POW2], float("-inf"), tl.float32)
+        for s in range(num_splits):
+            m = tl.maximum(m, tl.load(lse_row + s * lpart_stride_s, mask=h_ok, other=float("-inf")))
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        dd = tl.arange(0, D_POW2)
+        total = tl.zeros([G_POW2], tl.float32)
+        acc = tl.zeros([G_POW2, D_POW2], tl.float32)
+        for s in range(num_splits):
+            # an empty split's lse is -inf: weight exp2(-inf) = 0
+            w = tl.exp2(tl.load(lse_row + s * lpart_stride_s, mask=h_ok, other=float("-inf")) - m_safe)
+            total += w
+            part = tl.load(O_PART + s * part_stride_s + t * part_stride_t + head[:, None] * D_POW2 + dd[None, :],
+                           mask=h_ok[:, None], other=0.0)
+            acc += w[:, None] * part
+        seen = total > 0.0
+        o = acc / tl.where(seen, total, 1.0)[:, None]
+        tl.store(OUT + t * o_stride_t + head[:, None] * o_stride_h + dd[None, :], o.to(OUT.dtype.element_ty),
+                 mask=h_ok[:, None] & (dd < D)[None, :])
+        if WRITE_LSE:
+            lse_out = tl.where(seen, m_safe + tl.log2(tl.where(seen, total, 1.0)), float("-inf"))
+            tl.store(LSE + head * lse_stride_h + t, lse_out * 0.6931471805599453, mask=h_ok)
+
+    return fp8_paged_decode_combine
+
+
+SPLIT = KernelHandles("fp8_paged_decode_split", _make_split_kernel)
+COMBINE = KernelHandles("fp8_paged_decode_combine", _make_combine_kernel)
+
+
+# ------------------------------------------------------------------------------------------------
+# The host side
+# ------------------------------------------------------------------------------------------------
+
+
+def _descale(x, name: str, batch: int, hkv: int, device):
+    """(tensor, batch stride, head stride) of a descale: SGLang's (batch, Hkv) -- often an expand
+    of a one-element scale, strides 0 -- or a scalar; 1 when None.  fp32 on the device, no copy
+    when it already is."""
+    if x is None:
+        return torch.ones(1, dtype=torch.float32, device=device), 0, 0
+    _need(isinstance(x, torch.Tensor), f"{name} must be a tensor, got {type(x).__name__}")
+    _need(x.device == device, f"{name} is on {x.device}, the cache on {device}")
+    if x.dtype != torch.float32:
+        x = x.float()
+    if x.numel() == 1:
+        return x.reshape(1), 0, 0
+    _need(tuple(x.shape) == (batch, hkv),
+          f"{name} must be a scalar or (batch, kv_heads) = {(batch, hkv)}, got {tuple(x.shape)}")
+    return x, x.stride(0), x.stride(1)
+
+
+def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q,
+                           max_seqlen_q: Optional[int], *, k_descale=None, v_descale=None,
+                           softmax_scale: Optional[float] = None, causal: bool = False, window_size=(-1, -1),
+                           out=None, return_lse: bool = False, num_splits: Optional[int] = None,
+                           sms: Optional[int] = None):
+    """q (total_q, Hq, d), E4M3 or bf16, against SGLang's paged E4M3 cache (pages, P, Hkv, d) ->
+    bf16 (total_q, Hq, d) (into ``out`` when given), and with ``return_lse`` also the log-sum-exp
+    of the scaled scores, natural log, (Hq, total_q) fp32 (FlashAttention's varlen layout; -inf for
+    a row that sees no key).  ``max_seqlen_q``: the host bound of new tokens per sequence (None:
+    total_q); the page table's width x P bounds the context.  Bottom-right causal, as the route."""
+    _need(isinstance(q, torch.Tensor) and q.dtype in (FP8, torch.bfloat16),
+          f"q must be float8_e4m3fn or bfloat16, got {getattr(q, 'dtype', type(q).__name__)}")
+    _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
+    _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
+    _need(d in HEAD_DIMS, f"head_dim {d} is not one the decode kernel runs ({', '.join(map(str, HEAD_DIMS))})")
+    _need(page_size & (page_size - 1) == 0, f"page size {page_size} must be a power of two")
+    total_q, hq, qd = q.shape
+    _need(qd == d, f"q's head_dim {qd} differs from the cache's {d}")
+    _need(hq % hkv == 0 and hq >= hkv, f"q heads {hq} must be a multiple of kv heads {hkv}")
+    _need(q.stride(-1) == 1, f"q's last dim must be contiguous, strides {q.stride()}")
+    _need(q.device == k_cache.device, f"q is on {q.device}, the cache on {k_cache.device}")
+    batch, width = page_table.shape
+    _need(isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dtype == torch.int32
+          and tuple(cu_seqlens_q.shape) == (batch + 1,),
+          f"cu_seqlens_q must be int32 ({batch + 1},), got "
+          f"{(getattr(cu_seqlens_q, 'dtype', None), tuple(getattr(cu_seqlens_q, 'shape', ())))}")
+    if max_seqlen_q is None:
+        max_seqlen_q = total_q
+    _need(isinstance(max_seqlen_q, int) and max_seqlen_q >= 0, f"max_seqlen_q must be a host int, got {max_seqlen_q!r}")
+    left, right = window_bounds(causal, window_size)
+    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    device = q.device
+    group = hq // hkv
+    p = plan(batch, hkv, group, d, max(max_seqlen_q, 1), width * page_size, sms or sm_count(device), num_splits)
+
+    if out is not None:
+        _need(isinstance(out, torch.Tensor) and out.numel() == total_q * hq * d,
+              f"out must hold {(total_q, hq, d)}, got {tuple(getattr(out, 'shape', ()))}")
+    direct = (out if out is not None and out.dtype == torch.bfloat16 and tuple(out.shape) == (total_q, hq, d)
+              and out.stride(-1) == 1 else None)
+    o = direct if direct is not None else torch.empty((total_q, hq, d), dtype=torch.bfloat16, device=device)
+    lse = torch.empty((hq, total_q), dtype=torch.float32, device=device) if return_lse else o
+    if total_q and batch and max_seqlen_q and not (q.is_cuda or interpreting()):
+        # a CPU tensor outside Triton's interpreter (CPU harnesses): the same arithmetic in torch
+        from sglang_fa4.kernels.fp8_paged_decode_torch import paged_decode_torch
+
+        paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale, scale,
+                    left, right, o, lse if return_lse else None)
+    elif total_q and batch and max_seqlen_q:
+        kd, kd_sb, kd_sh = _descale(k_descale, "k_descale", batch, hkv, device)
+        vd, vd_sb, vd_sh = _descale(v_descale, "v_descale", batch, hkv, device)
+        single = p.num_splits == 1
+        d_pow2 = pow2_at_least(d)
+        if single:
+            o_part = lse_part = o  # unused
+            part_s = part_t = lpart_s = 0
+        else:
+            o_part = torch.empty((p.num_splits, total_q, hq, d_pow2), dtype=torch.float32, device=device)
+            lse_part = torch.empty((p.num_splits, total_q, hq), dtype=torch.float32, device=device)
+            part_s, part_t, lpart_s = o_part.stride(0), o_part.stride(1), lse_part.stride(0)
+        lse_h = lse.stride(0) if return_lse else 0
+        args = (q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, kd, vd,
+                o, lse, o_part, lse_part,
+                q.stride(0), q.stride(1), page_table.stride(0), kd_sb, kd_sh, vd_sb, vd_sh,
+                o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
+                p.num_splits, width, page_size, hkv * d, hkv, scale * LOG2E, left, right,
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
+        index = device.index or 0
+        # 8 warps once the fp32 accumulator passes 16 rows x 256 (extend row blocks at large head dims)
+        warps = 4 if p.block_m * d_pow2 <= 16 * 256 else 8
+        SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=warps)
+        if not single:
+            COMBINE.launch((total_q, hkv), (o_part, lse_part, o, lse, part_s, part_t, lpart_s, o.stride(0),
+                                            o.stride(1), lse_h, p.num_splits, hq, group, pow2_at_least(group), d,
+                                            d_pow2, return_lse), index, num_warps=4)
+    elif return_lse:
+        lse.fill_(float("-inf"))
+    if out is not None and direct is None:
+        out.copy_(o.view(out.shape))
+        o = out
+    return (o, lse) if return_lse else o
+
+
+def takes_split_kv(max_seqlen_q) -> bool:
+    """The FP8 KV route's choice for one call: this kernel when every sequence brings at most
+    ``SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q`` new tokens (a host int SGLang passes: decode 1, verify
+    and short extends a few), else the page gather + WGMMA kernel.  No host value: the gather."""
+    from sglang_fa4.environ import envs
+
+    return isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
+
+
+def warm(head_dim: int, q_heads: int, kv_heads: int, page_size: int, device) -> int:
+    """Resolve (compile, or load from Triton's disk cache) the variants a server's route launches
+    for one layer shape: decode with one split and with several, with and without the LSE, and
+    the extend row blocks up to SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q new tokens; one small call each
+    on ``device``.  Returns how many were newly resolved."""
+    from sglang_fa4.environ import envs
+    from sglang_fa4.kernels import triton_handles
+
+    before = triton_handles.compile_count()
+    group = q_heads // kv_heads
+    limit = envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
+    # one max_seqlen_q per row block size the route can meet (rows = new tokens x group)
+    rows_for = {}
+    for max_q in range(1, limit + 1):
+        rows_for.setdefault(block_m(max_q * group), max_q)
+    cache = torch.zeros((4, page_size, kv_heads, head_dim), dtype=FP8, device=device)
+    table = torch.zeros((1, 2), dtype=torch.int32, device=device)
+    for max_q in sorted(rows_for.values()):
+        seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
+        cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
+        q = torch.zeros((max_q, q_heads, head_dim), dtype=FP8, device=device)
+        for splits in (1, 2):
+            for lse in ((False, True) if max_q == 1 else (False,)):
+                paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True, num_splits=splits,
+                                       return_lse=lse)
+    return triton_handles.compile_count() - before
+
+
+def kv_bytes_read(lens, hkv: int, d: int, page_size: int) -> int:
+    """K/V bytes one decode call reads (each cached token's K and V of every kv head once, E4M3)
+    plus its page-table entries: the numerator of the achieved bandwidth."""
+    return 2 * sum(int(n) for n in lens) * hkv * d + 4 * sum(-(-int(n) // page_size) for n in lens)

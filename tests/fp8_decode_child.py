@@ -1,0 +1,206 @@
+"""Child process of tests/test_fp8_paged_decode.py (and the GPU run's long-context check): runs the
+paged FP8 decode kernel on the cases given as JSON on stdin and prints one JSON result per case.
+
+Run under TRITON_INTERPRET=1 on the CPU (Triton must see the variable before it is imported, hence
+a child process), or on a GPU with ``--device cuda``.  Every pool is filled with NaN first (E4M3
+0x7F), then only the cached tokens are written: a read of free memory shows up as a NaN on a GPU
+(Triton's interpreter converts 0x7F to 480, which shows up as a large error instead)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention
+
+FP8 = torch.float8_e4m3fn
+ULP = {"cpu": 2.0 ** -7, "cuda": 2.0 ** -8}
+
+
+def make_pool(lens, page_size, hkv, d, seed, device, width=None):
+    """SGLang's layout: k_cache[page, offset, head, :]; pages shuffled; table rows as wide as the
+    longest sequence plus one, entries past a sequence's pages point nowhere valid."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // page_size) for n in lens]
+    total_pages = sum(need) + 2
+    k = torch.full((total_pages, page_size, hkv, d), float("nan")).to(FP8)
+    v = k.clone()
+    perm = torch.randperm(total_pages, generator=g)
+    width = width or max(max(need), 1) + 1
+    table = torch.full((len(lens), width), 2**30, dtype=torch.int32)  # garbage past the pages
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+        t = torch.arange(lens[b])
+        slots = table[b].long()[t // page_size] * page_size + t % page_size
+        k.view(-1, hkv, d)[slots] = (torch.randn(lens[b], hkv, d, generator=g) * 2).to(FP8)
+        v.view(-1, hkv, d)[slots] = torch.randn(lens[b], hkv, d, generator=g).to(FP8)
+    return k.to(device), v.to(device), table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, left, right):
+    """fp32 on the dequantized pool: out (total_q, Hq, d) and natural-log LSE (Hq, total_q);
+    key j visible to a query at position p (bottom-right) iff p - left <= j <= p + right."""
+    page_size, hkv, d = k.shape[1:]
+    hq = q.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=torch.float64)
+    cu = cu_q.tolist()
+    for b, n in enumerate(seqlens.tolist()):
+        t = torch.arange(n)
+        slots = table[b].long()[t // page_size] * page_size + t % page_size
+        kf = k.view(-1, hkv, d)[slots].double() * kd[b].double()[None, :, None]
+        vf = v.view(-1, hkv, d)[slots].double() * vd[b].double()[None, :, None]
+        kf, vf = kf.repeat_interleave(hq // hkv, 1), vf.repeat_interleave(hq // hkv, 1)
+        qb = q[cu[b]:cu[b + 1]].double()
+        nq = qb.shape[0]
+        s = torch.einsum("qhd,khd->hqk", qb, kf) * scale
+        pos = torch.arange(nq)[:, None] + n - nq
+        j = torch.arange(n)[None, :]
+        s = s.masked_fill((j < pos - left) | (j > pos + right), float("-inf"))
+        lse[:, cu[b]:cu[b + 1]] = torch.logsumexp(s, -1)
+        out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
+    return out, lse
+
+
+def run_case(c: dict, device: str) -> dict:
+    """One case: lens, page, hq, hkv, d, new (tokens per sequence), window (left, right or None),
+    causal, splits (None: the heuristic), descale (per | scalar | none), q (fp8 | bf16)."""
+    torch.manual_seed(c.get("seed", 0))
+    lens, P, hq, hkv, d = c["lens"], c["page"], c["hq"], c["hkv"], c["d"]
+    new = c.get("new", [1] * len(lens))
+    k, v, table, seqlens = make_pool(lens, P, hkv, d, c.get("seed", 0), "cpu")
+    cu_q = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(new), hq, d)
+    q = q.to(FP8) if c.get("q", "fp8") == "fp8" else q.to(torch.bfloat16)
+    kind = c.get("descale", "per")
+    if kind == "per":  # differs per (batch, kv head)
+        kd, vd = 0.5 + torch.rand(len(lens), hkv), 0.5 + torch.rand(len(lens), hkv)
+    elif kind == "scalar":  # as SGLang passes a layer scale: a (batch, kv head) expand of one value
+        kd, vd = torch.tensor([0.7]).expand(len(lens), hkv), torch.tensor([1.3]).expand(len(lens), hkv)
+    else:
+        kd = vd = torch.ones(len(lens), hkv)
+    window = c.get("window") or (-1, -1)
+    causal = c.get("causal", True)
+    left = window[0] if window[0] >= 0 else 1 << 40
+    right = 0 if causal else (window[1] if window[1] >= 0 else 1 << 40)
+    scale = c.get("scale", d ** -0.5)
+    dev = lambda x: x.to(device)  # noqa: E731
+    out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device=device)
+    got, lse = paged_decode_attention(
+        dev(q), dev(k), dev(v), dev(table), dev(seqlens), dev(cu_q), max(new),
+        k_descale=None if kind == "none" else dev(kd), v_descale=None if kind == "none" else dev(vd),
+        softmax_scale=scale, causal=causal, window_size=tuple(window), out=out, return_lse=True,
+        num_splits=c.get("splits"), sms=c.get("sms", 132 if device == "cpu" else None))
+    ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, left, right)
+    into_out = got is out
+    got = got.float().cpu().double()
+    diff = (got - ref).abs()
+    return {
+        "into_out": into_out,
+        "finite": bool(torch.isfinite(got).all()),
+        "rel_err": float((got - ref).norm() / ref.norm()),
+        # per element, against bf16 rounding of the value plus fp16 P's share: one ulp (2^-7 relative)
+        # in the interpreter, which truncates fp32 -> bf16; half of one (rounding) on a GPU
+        "max_excess": float((diff - (ref.abs() * ULP[device] + 2e-3)).max()),
+        "lse_err": float((lse.cpu().double() - ref_lse).abs().max()),
+    }
+
+
+def run_decode_vs_extend(c: dict, device: str) -> dict:
+    """One cache of ``L`` tokens; extend: the last ``n`` positions as ``n`` new rows of one sequence;
+    decode: ``n`` sequences sharing its page-table row, lengths L-n+1 .. L, one row each (position
+    t's decode step).  Row i of both must agree within bf16 rounding."""
+    L, n, P, hq, hkv, d = c["L"], c["n"], c["page"], c["hq"], c["hkv"], c["d"]
+    k, v, table, _ = make_pool([L], P, hkv, d, c.get("seed", 0), "cpu")
+    q = torch.randn(n, hq, d).to(FP8)
+    kd, vd = 0.5 + torch.rand(1, hkv), 0.5 + torch.rand(1, hkv)
+    window = tuple(c.get("window") or (-1, -1))
+    dev = lambda x: x.to(device)  # noqa: E731
+    ext = paged_decode_attention(dev(q), dev(k), dev(v), dev(table), dev(torch.tensor([L], dtype=torch.int32)),
+                                 dev(torch.tensor([0, n], dtype=torch.int32)), n, k_descale=dev(kd), v_descale=dev(vd),
+                                 causal=True, window_size=window, num_splits=c.get("extend_splits"),
+                                 sms=132 if device == "cpu" else None)
+    lens = torch.arange(L - n + 1, L + 1, dtype=torch.int32)
+    dec = paged_decode_attention(dev(q), dev(k), dev(v), dev(table.expand(n, -1).contiguous()), dev(lens),
+                                 dev(torch.arange(n + 1, dtype=torch.int32)), 1,
+                                 k_descale=dev(kd.expand(n, hkv)), v_descale=dev(vd.expand(n, hkv)), causal=True,
+                                 window_size=window, num_splits=c.get("decode_splits"),
+                                 sms=132 if device == "cpu" else None)
+    left = window[0] if window[0] >= 0 else 1 << 40
+    ref, _ = reference(q.float(), k, v, table, torch.tensor([L], dtype=torch.int32),
+                       torch.tensor([0, n], dtype=torch.int32), kd, vd, d ** -0.5, left, 0)
+    e, dd = ext.float().cpu().double(), dec.float().cpu().double()
+    return {
+        "finite": bool(torch.isfinite(e).all() and torch.isfinite(dd).all()),
+        "rel_err": float((e - ref).norm() / ref.norm()),
+        "decode_rel_err": float((dd - ref).norm() / ref.norm()),
+        # decode row t vs extend row t: at most one bf16 rounding step of the larger apart
+        "max_excess": float(((e - dd).abs() - torch.maximum(e.abs(), dd.abs()) * 2.0 ** -7 - 1e-3).max()),
+        "bitwise_rows": int(((e == dd).all(dim=(1, 2))).sum()),
+        "lse_err": 0.0,
+    }
+
+
+#: contexts the CPU interpreter cannot afford, for the GPU run (``--matrix gpu``): 32k and 128k tokens,
+#: every head dim's largest cases, windows, GQA 7, a batch of 8 at 32k, decode == extend at 32k
+GPU_CASES = {
+    "gpu-32k-d128-P16": dict(lens=[32768, 32767, 1, 16], page=16, hq=28, hkv=4, d=128),
+    "gpu-b8-32k-d128-P64": dict(lens=[32768] * 8, page=64, hq=28, hkv=4, d=128),
+    "gpu-128k-d128-P1": dict(lens=[131072, 65537], page=1, hq=28, hkv=4, d=128),
+    "gpu-128k-d256-P64": dict(lens=[131072], page=64, hq=16, hkv=4, d=256),
+    "gpu-32k-d256-window-P64": dict(lens=[32768, 20000], page=64, hq=16, hkv=4, d=256, window=(4095, 0)),
+    "gpu-128k-g7-d192-P32": dict(lens=[131072], page=32, hq=7, hkv=1, d=192),
+    "gpu-128k-d96-g8-bf16q": dict(lens=[131071], page=16, hq=8, hkv=1, d=96, q="bf16"),
+    "gpu-32k-d64-noncausal-splits64": dict(lens=[32768], page=16, hq=4, hkv=1, d=64, causal=False, splits=64),
+    "gpu-decode-vs-extend-32k": dict(L=32768, n=16, page=16, hq=28, hkv=4, d=128),
+}
+
+
+def passed(r: dict) -> bool:
+    """The thresholds tests/test_fp8_paged_decode.py asserts."""
+    return ("error" not in r and r["finite"] and r["rel_err"] < 5e-3 and r["max_excess"] <= 0
+            and r["lse_err"] < 1e-4 and r.get("decode_rel_err", 0.0) < 5e-3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--matrix", choices=["stdin", "ci", "gpu"], default="stdin",
+                    help="stdin: cases as JSON on stdin; ci: the CPU test's matrix; gpu: ci + GPU_CASES (32k / 128k)")
+    ap.add_argument("--out", default=None, help="also write the results (JSON) here")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
+    args = ap.parse_args()
+    if args.matrix == "stdin":
+        cases = json.load(sys.stdin)
+    else:
+        from test_fp8_paged_decode import CASES
+
+        cases = {**CASES, **(GPU_CASES if args.matrix == "gpu" else {})}
+    results = {}
+    for name, c in cases.items():
+        try:
+            run = run_decode_vs_extend if "L" in c else run_case
+            t0 = time.perf_counter()
+            results[name] = run(c, args.device)
+            results[name]["seconds"] = round(time.perf_counter() - t0, 2)
+        except Exception as exc:  # reported per case
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    print("RESULTS " + json.dumps(results))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": args.device, "matrix": args.matrix, "cases": cases, "results": results,
+                       "passed": {n: passed(r) for n, r in results.items()}}, f, indent=1)
+    if args.check:
+        failed = [n for n, r in results.items() if not passed(r)]
+        print(f"{len(results) - len(failed)} of {len(results)} cases pass" + (f"; FAILED: {failed}" if failed else ""))
+        sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""The paged FP8 decode kernel (kernels/fp8_paged_decode.py) in Triton's CPU interpreter, against an
+fp64 reference on the dequantized pool (pools NaN-poisoned first: tests/fp8_decode_child.py), plus
+its host side on the CPU: the split heuristic, the launch plan, input checks, and no host sync with
+a grid that depends on host facts only (what SGLang's decode CUDA graphs need).
+
+The interpreted matrix runs in ONE child process (Triton must see TRITON_INTERPRET before it is
+imported); its cost is programs x loop steps, so the cross product is cut: every head dim meets
+every GQA ratio once, page sizes / windows / split counts / descale kinds rotate over those 20
+cases, and only three cases have contexts in the thousands (one kv head)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_fa4.kernels import fp8_paged_decode as D
+from sglang_fa4.kernels.fp8_decode_splits import MAX_SPLITS, choose_splits
+
+ROOT = Path(__file__).resolve().parents[1]
+FP8 = torch.float8_e4m3fn
+
+
+def _matrix_cases() -> dict:
+    cases = {}
+    pages = (1, 16, 64, 32, 4)
+    for i, (d, g) in enumerate((d, g) for d in D.HEAD_DIMS for g in (1, 4, 7, 8)):
+        P = pages[i % len(pages)]
+        hkv = 2 if i % 4 == 1 else 1
+        # exactly one page, one token past it, a few pages and a bit; every other case a single token
+        lens = ([1] if i % 2 else []) + [P, P + 1, 2 * P + 37]
+        c = dict(lens=lens, page=P, hq=g * hkv, hkv=hkv, d=d, seed=i,
+                 window=(37, 0) if i % 3 == 0 else None, splits=(None, 2, 3)[i % 3],
+                 descale=("per", "per", "scalar", "none")[i % 4], q="bf16" if i % 5 == 4 else "fp8")
+        if i % 7 == 3:  # non-causal (SGLang's cascade / decode calls), a window open on both sides
+            c.update(causal=False, window=(20, 5) if i % 2 else None)
+        cases[f"d{d}-g{g}-P{P}-hkv{hkv}"] = c
+    # batch 64 (ragged lengths 1..300): the heuristic keeps one split (short contexts)
+    cases["batch64"] = dict(lens=[1 + (37 * b) % 300 for b in range(64)], page=16, hq=4, hkv=1, d=128)
+    # contexts in the thousands: the heuristic's own split counts (16; 19 over a window's range; 64)
+    cases["long-4097-P64"] = dict(lens=[4097], page=64, hq=8, hkv=1, d=128)
+    cases["long-5000-window-P1"] = dict(lens=[5000], page=1, hq=7, hkv=1, d=256, window=(700, 0), sms=8)
+    cases["long-2500-mha-noncausal"] = dict(lens=[2500], page=16, hq=1, hkv=1, d=64, causal=False, splits=MAX_SPLITS)
+    # more splits than keys (empty splits), one token, exactly one page split in two
+    cases["ctx3-splits8"] = dict(lens=[3, 1], page=16, hq=4, hkv=1, d=64, splits=8)
+    cases["ctx1-splits64"] = dict(lens=[1], page=1, hq=8, hkv=1, d=96, splits=64)
+    cases["one-page-P64-splits2"] = dict(lens=[64], page=64, hq=7, hkv=1, d=192, splits=2)
+    # extend with a few new rows per sequence through the same kernel (bottom-right causal)
+    cases["extend-few-rows"] = dict(lens=[70, 300, 17], new=[5, 16, 17], page=16, hq=4, hkv=1, d=128, splits=3)
+    # decode == extend for one cache: its last rows (window off / on, different split structures)
+    cases["decode-vs-extend"] = dict(L=200, n=24, page=16, hq=7, hkv=1, d=128, decode_splits=2)
+    cases["decode-vs-extend-window"] = dict(L=160, n=16, page=1, hq=4, hkv=1, d=64, window=(50, 0), extend_splits=2)
+    return cases
+
+
+CASES = _matrix_cases()
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_decode_child.py")], input=json.dumps(CASES),
+                       env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_kernel_matches_fp64_on_the_dequantized_pool(interpreted, name):
+    r = interpreted[name]
+    assert "error" not in r, r
+    assert r["finite"], r  # nothing of the NaN-poisoned free memory was read
+    assert r["rel_err"] < 5e-3, r
+    assert r["max_excess"] <= 0, r  # every element within bf16 rounding (+ fp16 P)
+    assert r["lse_err"] < 1e-4, r
+    if "L" in CASES[name]:
+        assert r["decode_rel_err"] < 5e-3, r
+    else:
+        assert r["into_out"], r  # a bf16 out of the right shape is written in place
+
+
+def test_the_matrix_covers_what_it_claims():
+    flat = [c for c in CASES.values() if "L" not in c]
+    assert {c["d"] for c in flat} == set(D.HEAD_DIMS)
+    assert {(c["d"], c["hq"] // c["hkv"]) for c in flat} >= {(d, g) for d in D.HEAD_DIMS for g in (1, 4, 7, 8)}
+    assert {c["page"] for c in flat} >= {1, 4, 16, 32, 64}
+    assert max(len(c["lens"]) for c in flat) == 64 and max(max(c["lens"]) for c in flat) > 4096
+    assert any(c.get("window") for c in flat) and any(not c.get("window") for c in flat)
+    for P in (1, 4, 16, 32, 64):  # a length of exactly one page and one off it, per page size
+        assert any(c["page"] == P and P in c["lens"] and P + 1 in c["lens"] for c in flat), P
+    # splits > 1 forced, more splits than keys, and the heuristic's own choice on the long contexts
+    assert any((c.get("splits") or 0) > max(c["lens"]) for c in flat)
+    long = CASES["long-4097-P64"]
+    width = -(-4097 // 64) + 1
+    assert D.plan(1, 1, 8, 128, 1, width * 64, 132).num_splits == 16 and long.get("splits") is None
+
+
+def test_decode_equals_extend_row_for_row(interpreted):
+    for name in ("decode-vs-extend", "decode-vs-extend-window"):
+        r = interpreted[name]
+        assert "error" not in r and r["finite"] and r["max_excess"] <= 0, (name, r)
+
+
+# ---- host side (no interpreter) ------------------------------------------------------------------
+
+
+def test_choose_splits_fills_the_gpu_from_host_facts():
+    # batch 1, 4 kv heads, 128k context, 132 SMs: 4 * 132 / 4 = 132 wanted, capped at MAX_SPLITS
+    assert choose_splits(1, 4, 1, 131072, 132) == MAX_SPLITS
+    # batch 64 x 4 kv heads = 256 CTAs: ceil(528 / 256) = 3
+    assert choose_splits(64, 4, 1, 4096, 132) == 3
+    # the batch alone fills the GPU (exact capacity and one past it)
+    assert choose_splits(132, 4, 1, 4096, 132) == 1 and choose_splits(131, 4, 1, 4096, 132) == 2
+    # short contexts: no split below MIN_KEYS_PER_SPLIT keys (511 keys: 1; 512: 2)
+    assert choose_splits(1, 1, 1, 511, 132) == 1 and choose_splits(1, 1, 1, 512, 132) == 2
+    assert choose_splits(0, 4, 1, 4096, 132) == 1 and choose_splits(2, 4, 1, 0, 132) == 1
+    assert choose_splits(1, 1, 1, 10**6, 132, max_splits=7) == 7
+    assert choose_splits(1, 1, 2, 10**6, 8, programs_per_sm=1) == 4  # row blocks count as CTAs
+    for bad in (dict(batch=-1), dict(sm_count=0), dict(max_context=1.5), dict(max_splits=0)):
+        args = {**dict(batch=1, kv_heads=1, row_blocks=1, max_context=1, sm_count=1), **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            choose_splits(**args)
+
+
+def test_plan_blocks_and_bounds():
+    p = D.plan(8, 4, 7, 128, 1, 8192, 132)
+    assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 64)  # 7 rows padded to 16
+    p = D.plan(8, 4, 8, 256, 16, 8192, 132)
+    assert (p.block_m, p.row_blocks, p.block_n) == (64, 2, 32)  # 128 rows in 2 blocks; d 256: 32 keys
+    assert D.plan(1, 1, 1, 64, 1, 100, 132, num_splits=5).num_splits == 5
+    with pytest.raises(D.PagedKVError, match="num_splits"):
+        D.plan(1, 1, 1, 64, 1, 100, 132, num_splits=MAX_SPLITS + 1)
+    assert D.window_bounds(True, (-1, -1)) == (D.UNBOUNDED, 0)
+    assert D.window_bounds(False, (127, 3)) == (127, 3) and D.window_bounds(True, (127, 0)) == (127, 0)
+    with pytest.raises(D.PagedKVError, match="right window"):
+        D.window_bounds(True, (127, 4))
+
+
+def _call_args(batch=3, width=8, P=16, hq=8, hkv=2, d=128):
+    k = torch.zeros(batch * width + 1, P, hkv, d).to(FP8)
+    return dict(q=torch.zeros(batch, hq, d).to(FP8), k_cache=k, v_cache=k.clone(),
+                page_table=torch.zeros(batch, width, dtype=torch.int32),
+                cache_seqlens=torch.full((batch,), 5, dtype=torch.int32),
+                cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32), max_seqlen_q=1)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(q=torch.zeros(3, 8, 128)), "float8_e4m3fn or bfloat16"),
+    (dict(q=torch.zeros(3, 8, 64).to(FP8)), "q's head_dim 64 differs"),
+    (dict(q=torch.zeros(3, 7, 128).to(FP8)), "multiple of kv heads"),
+    (dict(k_cache=torch.zeros(9, 16, 2, 80).to(FP8), v_cache=torch.zeros(9, 16, 2, 80).to(FP8),
+          q=torch.zeros(3, 8, 80).to(FP8)), "head_dim 80"),
+    (dict(k_cache=torch.zeros(25, 24, 2, 128).to(FP8), v_cache=torch.zeros(25, 24, 2, 128).to(FP8)), "power of two"),
+    (dict(cu_seqlens_q=torch.arange(4)), "cu_seqlens_q must be int32"),
+    (dict(cu_seqlens_q=torch.arange(3, dtype=torch.int32)), r"cu_seqlens_q must be int32 \(4,\)"),
+    (dict(k_descale=torch.ones(3, 3)), r"k_descale must be a scalar or \(batch, kv_heads\)"),
+    (dict(v_descale=[1.0]), "v_descale must be a tensor"),
+    (dict(window_size=(10, 2)), "right window"),
+    (dict(max_seqlen_q=torch.tensor(1)), "max_seqlen_q must be a host int"),
+    (dict(out=torch.zeros(2, 8, 128, dtype=torch.bfloat16)), "out must hold"),
+    (dict(page_table=torch.zeros(3, 8, dtype=torch.int64)), "page_table must be int32"),
+])
+def test_bad_input_is_refused_naming_it(change, match):
+    kw = {**_call_args(), "causal": True, **change}
+    with pytest.raises(D.PagedKVError, match=match):
+        D.paged_decode_attention(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("page_table"),
+                                 kw.pop("cache_seqlens"), kw.pop("cu_seqlens_q"), kw.pop("max_seqlen_q"), **kw)
+
+
+class _NoSync:
+    """Every way a device tensor reaches the host raises (as a CUDA-graph capture would fail)."""
+
+    NAMES = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch.Tensor, n) for n in self.NAMES}
+
+        def refuse(name):
+            def f(*a, **k):
+                raise AssertionError(f"host sync: Tensor.{name}")
+            return f
+
+        for n in self.NAMES:
+            setattr(torch.Tensor, n, refuse(n))
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch.Tensor, n, f)
+        return False
+
+
+def test_no_host_sync_and_a_grid_from_host_facts_only(monkeypatch):
+    """SGLang's decode graphs capture with the page table at its full width (max context / P) and
+    replay with new lengths in the same buffers: the launches must not read a device value and
+    their grid and scalar arguments must not depend on the lengths."""
+    monkeypatch.setattr(D, "interpreting", lambda: True)  # the launch path a GPU call takes (launches recorded)
+    launches = []
+    for h in (D.SPLIT, D.COMBINE):
+        monkeypatch.setattr(h, "launch", lambda grid, args, index, _n=h.name, **o: launches.append(
+            (_n, grid, tuple(a for a in args if not isinstance(a, torch.Tensor)))))
+    kw = _call_args(batch=4, width=2048, P=16, hq=28, hkv=4)  # 32k tokens of page table per sequence
+    for lens in ([1, 1, 1, 1], [30000, 17, 4096, 2]):
+        kw["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        with _NoSync():
+            D.paged_decode_attention(**{k: kw[k] for k in ("q", "k_cache", "v_cache", "page_table", "cache_seqlens",
+                                                            "cu_seqlens_q", "max_seqlen_q")},
+                                     k_descale=torch.tensor([0.5]).expand(4, 4), v_descale=torch.ones(4, 4),
+                                     causal=True, return_lse=True, sms=132)
+    assert len(launches) == 4 and launches[:2] == launches[2:]
+    (n1, grid1, _), (n2, grid2, _) = launches[:2]
+    splits = choose_splits(4, 4, 1, 2048 * 16, 132)
+    assert (n1, grid1) == ("fp8_paged_decode_split", (1, 16, splits)) and splits == 33
+    assert (n2, grid2) == ("fp8_paged_decode_combine", (4, 4))  # per (token, kv head): 7 q heads each
+
+
+def test_kv_bytes_read():
+    # b64 x 4k, 4 kv heads, d128, page 16: K and V once, E4M3, plus the page-table entries
+    assert D.kv_bytes_read([4096] * 64, 4, 128, 16) == 2 * 64 * 4096 * 4 * 128 + 4 * 64 * 256
+    assert D.kv_bytes_read([1, 17], 1, 64, 16) == 2 * 18 * 64 + 4 * 3
+
+
+@pytest.mark.parametrize("name", ["d96-g4-P1-hkv2", "long-5000-window-P1", "ctx3-splits8", "extend-few-rows",
+                                  "decode-vs-extend-window"])
+def test_cpu_tensors_take_the_torch_path_with_the_same_contract(name):
+    """Outside the interpreter a CPU call (the SGLang CPU harnesses) runs the contract in torch."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import fp8_decode_child as child
+
+    c = CASES[name]
+    r = (child.run_decode_vs_extend if "L" in c else child.run_case)(c, "cpu")
+    assert r["finite"] and r["rel_err"] < 5e-3 and r["max_excess"] <= 0 and r["lse_err"] < 1e-4, r
+
+
+def test_route_threshold_variable_is_bounded(monkeypatch):
+    from sglang_fa4.environ import EnvValueError, envs
+
+    var = envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q
+    assert var.get() == 16 and D.takes_split_kv(16) and not D.takes_split_kv(17) and not D.takes_split_kv(None)
+    monkeypatch.setenv(var.name, "256")
+    assert var.get() == 256 and D.takes_split_kv(256)
+    monkeypatch.setenv(var.name, "0")
+    assert not D.takes_split_kv(1)
+    for bad in ("257", "-1"):
+        monkeypatch.setenv(var.name, bad)
+        with pytest.raises(EnvValueError, match=r">= 0 and <= 256"):
+            var.get()
+
+
+@pytest.mark.parametrize("d,page,single", [(128, 16, False), (192, 1, True)])
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, page, single):
+    """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
+    aligned pointers and strides, page size 1 as a constant): the E4M3 K/V tiles are read as 16-byte
+    vectors (no byte-wise global access) and both products run on the tensor cores (mma)."""
+    triton = pytest.importorskip("triton")
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = D._make_split_kernel()
+    names = [p.name for p in fn.params]
+    ptrs = {"Q": "*fp8e4nv", "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
+            "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
+    sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    consts = {"G": 7, "D": d, "D_POW2": D.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": D.block_n(d), "SINGLE": single,
+              "WRITE_LSE": False}
+    if page == 1:
+        consts["page_size"] = 1
+    sig.update({n: "constexpr" for n in consts})
+    aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
+                                                         "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n not in consts}
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    except TypeError as exc:
+        pytest.skip(f"this Triton's ASTSource differs: {exc}")
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ops = re.findall(r"\b(ld|st)\.global(\.v\d)?\.[bu](\d+)", ptx)
+    assert not [o for o in ops if o[2] == "8"], "byte-wise global loads/stores"
+    # the K and V tiles: 16-byte vectors, straight to registers or through cp.async into shared memory
+    # (Triton's software pipeline of the key loop)
+    vec = sum(1 for o in ops if o == ("ld", ".v4", "32"))
+    vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
+    assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
+    assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)
+
+
+def test_warm_calls_every_variant_the_route_launches(monkeypatch):
+    """One small call per (row block size up to the threshold) x (one split, several) x (LSE at
+    decode): the constexprs and specializations a server's decode and short extends meet."""
+    seen = []
+    monkeypatch.setattr(D, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
+        (max_q, kw["num_splits"], kw["return_lse"], tuple(q.shape), tuple(k.shape), int(s[0]), cu.tolist())))
+    assert D.warm(128, 28, 4, 16, "cpu") == 0  # nothing compiles off a GPU
+    # g = 7: 1-2 new tokens -> 16-row blocks, 3-4 -> 32, 5-16 -> 64
+    assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
+                                     (3, 1, False), (3, 2, False), (5, 1, False), (5, 2, False)]
+    assert seen[-1][3:] == ((5, 28, 128), (4, 16, 4, 128), 6, [0, 5])
+    seen.clear()
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "1")
+    D.warm(64, 8, 8, 1, "cpu")
+    assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True)]
