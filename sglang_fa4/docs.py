@@ -56,11 +56,15 @@ def support_matrix() -> str:
 #: The README's few settings: the variable (its default read from the registry) and what people
 #: change it for, in a line.
 SETTINGS = {
-    "SGLANG_VIT_ENABLE_CUDA_GRAPH": "SGLang's own switch for ViT CUDA graphs; with fa4 the plugin makes the graph "
-                                    "runners safe (outputs that own their memory, InternVL graphs at startup)",
-    "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "ViT graphs over token budgets, captured at startup; serving never "
-                                           "captures (`docs/vit-graphs.md`)",
+    "SGLANG_VIT_ENABLE_CUDA_GRAPH": "SGLang's own switch for ViT CUDA graphs; with fa4 the plugin captures them at "
+                                    "startup (token budgets, InternVL tile counts) and makes their outputs own "
+                                    "their memory",
+    "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "with SGLang's ViT graphs on and fa4: graphs over token budgets, "
+                                           "captured at startup, serving never captures (`docs/vit-graphs.md`); "
+                                           "0 opts out to SGLang's per-layout runner",
     "SGLANG_FA4_VIT_GRAPH_BUDGETS": "the budgets (tokens); larger batches run eagerly",
+    "SGLANG_FA4_VIT_GRAPH_MEMORY_MB": "memory the ViT budget graphs may take (MiB per runner and rank); the "
+                                      "ladder is trimmed from the top to fit",
     "SGLANG_FA4_MM_ATTENTION_BACKEND_DEFAULT": "replace the per-GPU default ViT backend "
                                                "(`--mm-attention-backend` still wins)",
     "SGLANG_FA4_KERNEL_CACHE_DIR": "where compiled FA4 kernels are kept across restarts",
