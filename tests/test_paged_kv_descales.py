@@ -11,7 +11,7 @@ import torch
 
 from sglang_fa4.kernels.fp8_paged_gather import PagedKVError
 from sglang_fa4.kernels.fp8_paged_kv import FP8, descales, paged_attention_reference
-from sglang_fa4.testing import attention_fp32, offsets, rel_err
+from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, rel_err
 
 BATCH, HKV = 3, 2
 
@@ -60,7 +60,7 @@ def test_paged_reference_applies_each_sequences_kv_head_scale():
     q = torch.randn(sum(q_lens), hq, d)
     ks, vs = scales(0.05), scales(0.3)
     got = paged_attention_reference(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
-                                    torch.tensor(offsets(q_lens), dtype=torch.int32), k_descale=ks, v_descale=vs)
+                                    cu_seqlens(q_lens), k_descale=ks, v_descale=vs)
     # the same attention on K/V gathered and dequantized by hand, per sequence and kv head
     kk, vv = [], []
     for b, n in enumerate(lens):
@@ -72,6 +72,6 @@ def test_paged_reference_applies_each_sequences_kv_head_scale():
     assert rel_err(got, want) < 1e-6
     # and a scale of another sequence or kv head would not give it
     swapped = paged_attention_reference(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
-                                        torch.tensor(offsets(q_lens), dtype=torch.int32),
+                                        cu_seqlens(q_lens),
                                         k_descale=ks.flip(1), v_descale=vs)
     assert rel_err(swapped, want) > 1e-3
