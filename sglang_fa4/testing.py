@@ -10,7 +10,8 @@ convention: query ``i`` of ``nq`` sits at key position ``i + nk - nq``); a windo
 bound: unbounded, SGLang's -1); attention sinks as one extra per-head logit in each row's softmax
 denominator (no value); a row whose keys are all masked is zero (as the kernels write it).
 
-Imports torch only; nothing here is used by the serving path.
+Imports torch only (the paged form borrows the kernels' own pool dequantization); nothing here is
+used by the serving path.
 """
 
 from __future__ import annotations
@@ -109,6 +110,19 @@ def attention_fp32(
         p = torch.softmax(s, dim=-1)[..., :nk].nan_to_num(0.0)  # an all-masked row: zero
         out[q0:q1] = (p @ vs).transpose(0, 1)
     return (out, lse) if return_lse else out
+
+
+def paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *,
+                         k_descale=None, v_descale=None, softmax_scale=None, causal=True) -> torch.Tensor:
+    """:func:`attention_fp32` of ``q`` over a paged E4M3 KV pool (SGLang's ``(pages, page_size, hkv,
+    d)`` layout), dequantized by ``fp8_paged_kv.dequantized_paged_kv``: one segment per sequence,
+    bottom-right causal unless told otherwise."""
+    from sglang_fa4.kernels.fp8_paged_kv import dequantized_paged_kv
+
+    k, v = dequantized_paged_kv(k_cache, v_cache, page_table, cache_seqlens, k_descale=k_descale,
+                                v_descale=v_descale, device=q.device)
+    return attention_fp32(q, k, v, cu_seqlens_q, offsets(cache_seqlens.tolist()), scale=softmax_scale,
+                          causal=causal)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -15,11 +15,10 @@ from sglang_fa4.kernels.fp8_paged_kv import (
     PagedKVError,
     gather_paged_kv,
     gather_paged_kv_reference,
-    paged_attention_reference,
     paged_fp8_attention,
 )
 from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
-from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, rel_err
+from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, paged_attention_fp32, rel_err
 from sglang_harness import run_with_sglang
 from test_fp8_paged_decode import _NoSync
 
@@ -132,7 +131,7 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, gather_o
     got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu_q, max(new), k_descale=kd, v_descale=vd,
                               softmax_scale=0.09, causal=True, window_size=(-1, -1), out=out)
     assert got is out and torch.isfinite(out.float()).all()
-    ref = paged_attention_reference(q, k_cache, v_cache, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
+    ref = paged_attention_fp32(q, k_cache, v_cache, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
                                     softmax_scale=0.09, causal=True)
     err = rel_err(out, ref)
     assert err < 1e-2, err
@@ -237,7 +236,7 @@ def split_kv_calls(monkeypatch):
     def fake(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, *, k_descale=None, v_descale=None,
              softmax_scale=None, causal=False, window_size=(-1, -1), out=None, return_lse=False, **kw):
         calls.append(dict(max_q=max_q, causal=causal, window=window_size, lse=return_lse, kd=k_descale, out=out))
-        ref = paged_attention_reference(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale=k_descale,
+        ref = paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale=k_descale,
                                         v_descale=v_descale, softmax_scale=softmax_scale, causal=causal)
         o = ref.to(torch.bfloat16) if out is None else out.copy_(ref)
         return (o, torch.zeros(q.shape[1], q.shape[0])) if return_lse else o
@@ -263,7 +262,7 @@ def test_decode_and_short_extends_take_the_split_kv_kernel(fake_kernel, split_kv
         q = torch.randn(sum(new), 8, 64).to(FP8)
         before = (len(split_kv_calls), len(fake_kernel))
         got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu, max_q, **kw)
-        ref = paged_attention_reference(q, k_cache, v_cache, table, seqlens, cu, k_descale=torch.tensor([0.7]),
+        ref = paged_attention_fp32(q, k_cache, v_cache, table, seqlens, cu, k_descale=torch.tensor([0.7]),
                                         v_descale=torch.tensor([1.3]), causal=True)
         assert rel_err(got, ref) < 1e-2
         routes.append("split" if len(split_kv_calls) > before[0] else "gather" if len(fake_kernel) > before[1] else "?")
@@ -349,8 +348,7 @@ from sglang_fa4.integration import llm_fp8_kv
 import sglang_fa4.kernels.fp8_sm90.launch as launch
 sys.path.insert(0, os.environ["FP8KV_TESTS"])
 from test_llm_fp8_kv_route import model_kernel
-from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
-from sglang_fa4.testing import cu_seqlens, rel_err
+from sglang_fa4.testing import cu_seqlens, paged_attention_fp32, rel_err
 llm_fp8_kv.is_sm90 = lambda device: True          # this CPU stands in for an H200
 calls = []; launch.fp8_varlen_attention = model_kernel(calls)
 # the split-KV decode kernel runs for real, in Triton's interpreter (TRITON_INTERPRET=1); count its calls
@@ -413,7 +411,7 @@ for P in (1, 16, 64):
             cache_seqlens=cache_seqlens, cu_seqlens_q=cu_q, cu_seqlens_k_new=None, max_seqlen_q=max(new),
             softmax_scale=layer.scaling, causal=True, window_size=(-1, -1), softcap=layer.logit_cap,
             return_softmax_lse=False, num_splits=0, out=None, ver=4, k_descale=kd, v_descale=vd)
-        ref = paged_attention_reference(q.view(-1, hq, d), key_cache, value_cache, page_table, cache_seqlens, cu_q,
+        ref = paged_attention_fp32(q.view(-1, hq, d), key_cache, value_cache, page_table, cache_seqlens, cu_q,
                                         k_descale=layer.k_scale, v_descale=layer.v_scale, causal=True)
         res[f"{mode}-P{P}"] = {
             "q_dtype": str(q.dtype), "descale": None if kd is None else [float(kd[0, 0]), float(vd[0, 0]), list(kd.shape)],

@@ -130,7 +130,7 @@ def fa3_available() -> bool:
 
 
 def section_correctness():
-    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+    from sglang_fa4.testing import paged_attention_fp32
 
     cases = [("extend+prefix", [1000, 3000, 517], [200, 3000, 17]), ("decode", [100, 777, 2048, 1, 129, 4096, 33, 640], [1] * 8)]
     impls = [("fa4-fp8 route", sglang_call)] + ([("fa3-fp8", fa3_call)] if fa3_available() else [])
@@ -145,7 +145,7 @@ def section_correctness():
             cu_q = cu_of(new)
             q8 = (torch.randn(sum(new), HQ, d, device=DEV) * 0.5).to(torch.bfloat16).to(FP8)  # q.to(fp8)
             kd, vd = k_scale.expand(len(lens), HKV), v_scale.expand(len(lens), HKV)
-            ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
+            ref = paged_attention_fp32(q8, kc, vc, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
                                             softmax_scale=d ** -0.5, causal=True)
             for impl, call in run_impls:
                 out = torch.full((sum(new), HQ, d), float("nan"), device=DEV, dtype=torch.bfloat16)
