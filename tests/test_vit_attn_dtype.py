@@ -19,6 +19,7 @@ from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import warmup
 from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
+from sglang_fa4.testing import cu_seqlens
 from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401,F811 (fixture)
 
 ENV = "SGLANG_FA4_VIT_ATTN_DTYPE"
@@ -37,10 +38,6 @@ def fresh(monkeypatch):
 def fp8_mode(monkeypatch, value="fp8"):
     monkeypatch.setenv(ENV, value)
     vit_attn_dtype.mode.cache_clear()
-
-
-def cu(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
 
 
 # -- the env var ---------------------------------------------------------------------------------
@@ -132,7 +129,7 @@ def recorders(monkeypatch):
 
 def forward(lens, d=80, dtype=torch.bfloat16, **kw):
     q = torch.randn(sum(lens), 2, d).to(dtype)
-    return vision_fa4.vision_fa4_forward(q, q, q, [cu(lens), max(lens)], 1, sum(lens), softmax_scale=0.1, **kw)
+    return vision_fa4.vision_fa4_forward(q, q, q, [cu_seqlens(lens), max(lens)], 1, sum(lens), softmax_scale=0.1, **kw)
 
 
 def test_bf16_mode_never_takes_the_fp8_path(recorders):
@@ -275,7 +272,7 @@ def test_chunked_quantize_rejects_a_tensor_max_seqlen():
 
     q = torch.randn(8, 2, 80).to(torch.bfloat16)
     with pytest.raises(TypeError, match="max_seqlen must be a non-negative Python int"):
-        quantize_qkv_chunked(q, q, q, cu([8]), None, torch.tensor(8))
+        quantize_qkv_chunked(q, q, q, cu_seqlens([8]), None, torch.tensor(8))
 
 
 def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, caplog):
