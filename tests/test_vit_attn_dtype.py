@@ -19,7 +19,7 @@ from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import warmup
 from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
-from sglang_fa4.testing import cu_seqlens
+from sglang_fa4.testing import cu_seqlens, offsets
 from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401,F811 (fixture)
 
 ENV = "SGLANG_FA4_VIT_ATTN_DTYPE"
@@ -221,12 +221,13 @@ def test_chunked_quantize_equals_the_per_sequence_kernel_bitwise():
         "import torch\n"
         "from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, quantize_qkv\n"
         "from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked\n"
+        "from sglang_fa4.testing import cu_seqlens\n"
         "torch.manual_seed(0)\n"
         "cases = ((80, 2, 2, [300, 5, 0, 530], 0, None), (72, 4, 2, [17, 260], 7, None),\n"
         "         (80, 2, 1, [600, 40, 40] + [0] * 6, 0, 1024), (80, 1, 1, [0, 700], 0, 700))\n"
         "for d, hq, hkv, lens, extra, max_seqlen in cases:\n"
         "    total = sum(lens)\n"
-        "    c = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)\n"
+        "    c = cu_seqlens(lens)\n"
         "    q = (torch.randn(total + extra, hq, d) * 3).to(torch.bfloat16)\n"
         "    k = (torch.randn(total + extra, hkv, d) * 3).to(torch.bfloat16)\n"
         "    v = torch.randn(total + extra, hkv, d).to(torch.bfloat16)\n"
@@ -254,9 +255,7 @@ def test_chunk_list_bounds_the_quantize_grid_by_tokens_not_slots(lens, max_seqle
     head before, now 305."""
     from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
 
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
+    c = offsets(lens)
     grid = qc.chunk_grid(max_seqlen, c[-1], len(lens))
     seen = [qc.locate(c, i) for i in range(grid)]
     owned = [(b, ch) for b, ch, _first, _n in seen if b < len(lens)]
