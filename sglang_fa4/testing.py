@@ -10,7 +10,8 @@ convention: query ``i`` of ``nq`` sits at key position ``i + nk - nq``); a windo
 bound: unbounded, SGLang's -1); attention sinks as one extra per-head logit in each row's softmax
 denominator (no value); a row whose keys are all masked is zero (as the kernels write it).
 
-Imports torch only; nothing here is used by the serving path.
+Imports torch only (the paged form borrows the kernels' own pool dequantization); nothing here is
+used by the serving path.
 """
 
 from __future__ import annotations
@@ -57,11 +58,15 @@ def attention_fp32(
     window: tuple = (None, None),
     sinks: Optional[torch.Tensor] = None,
     fill: float = 0.0,
-) -> torch.Tensor:
+    dtype: torch.dtype = torch.float32,
+    return_lse: bool = False,
+):
     """fp32 varlen attention of ``q (tq, hq, d)`` over ``k (tk, hkv, d)`` / ``v (tk, hkv, dv)``,
     segment by segment (``cu_seqlens_k`` defaults to ``cu_seqlens_q``: self-attention).
-    ``scale`` defaults to ``d ** -0.5``. Rows outside every segment are ``fill``. Returns a float32
-    ``(tq, hq, dv)`` tensor on q's device."""
+    ``scale`` defaults to ``d ** -0.5``. Rows outside every segment are ``fill``. Returns a
+    ``(tq, hq, dv)`` tensor on q's device, float32 unless ``dtype`` asks for more (float64: a
+    reference finer than what it checks). ``return_lse``: also the natural-log sum of each row's
+    softmax denominator, ``(hq, tq)`` (sinks included; -inf for a row with nothing to attend to)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be (tokens, heads, dim), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     hq, hkv = q.shape[1], k.shape[1]
@@ -75,17 +80,20 @@ def attention_fp32(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     left, right = window
     group = hq // hkv
-    out = torch.full((q.shape[0], hq, v.shape[-1]), fill, dtype=torch.float32, device=q.device)
+    out = torch.full((q.shape[0], hq, v.shape[-1]), fill, dtype=dtype, device=q.device)
+    lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=dtype, device=q.device)
     for (q0, q1), (k0, k1) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
         nq, nk = q1 - q0, k1 - k0
         if nq == 0:
             continue
         if nk == 0:
             out[q0:q1] = 0.0
+            if sinks is not None:
+                lse[:, q0:q1] = sinks.to(dtype=dtype, device=q.device)[:, None]
             continue
-        qs = q[q0:q1].float().transpose(0, 1)  # (hq, nq, d)
-        ks = k[k0:k1].float().transpose(0, 1).repeat_interleave(group, 0)
-        vs = v[k0:k1].float().transpose(0, 1).repeat_interleave(group, 0)
+        qs = q[q0:q1].to(dtype).transpose(0, 1)  # (hq, nq, d)
+        ks = k[k0:k1].to(dtype).transpose(0, 1).repeat_interleave(group, 0)
+        vs = v[k0:k1].to(dtype).transpose(0, 1).repeat_interleave(group, 0)
         s = qs @ ks.transpose(1, 2) * scale  # (hq, nq, nk)
         rel = torch.arange(nk, device=q.device)[None, :] - (torch.arange(nq, device=q.device) + nk - nq)[:, None]
         masked = torch.zeros(nq, nk, dtype=torch.bool, device=q.device)
@@ -97,10 +105,24 @@ def attention_fp32(
             masked |= rel > right
         s = s.masked_fill(masked, float("-inf"))
         if sinks is not None:
-            s = torch.cat([s, sinks.float().to(q.device)[:, None, None].expand(hq, nq, 1)], dim=-1)
+            s = torch.cat([s, sinks.to(dtype=dtype, device=q.device)[:, None, None].expand(hq, nq, 1)], dim=-1)
+        lse[:, q0:q1] = torch.logsumexp(s, dim=-1)
         p = torch.softmax(s, dim=-1)[..., :nk].nan_to_num(0.0)  # an all-masked row: zero
         out[q0:q1] = (p @ vs).transpose(0, 1)
-    return out
+    return (out, lse) if return_lse else out
+
+
+def paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *,
+                         k_descale=None, v_descale=None, softmax_scale=None, causal=True) -> torch.Tensor:
+    """:func:`attention_fp32` of ``q`` over a paged E4M3 KV pool (SGLang's ``(pages, page_size, hkv,
+    d)`` layout), dequantized by ``fp8_paged_kv.dequantized_paged_kv``: one segment per sequence,
+    bottom-right causal unless told otherwise."""
+    from sglang_fa4.kernels.fp8_paged_kv import dequantized_paged_kv
+
+    k, v = dequantized_paged_kv(k_cache, v_cache, page_table, cache_seqlens, k_descale=k_descale,
+                                v_descale=v_descale, device=q.device)
+    return attention_fp32(q, k, v, cu_seqlens_q, offsets(cache_seqlens.tolist()), scale=softmax_scale,
+                          causal=causal)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -16,6 +16,7 @@ import time
 import torch
 
 from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention
+from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
 
 FP8 = torch.float8_e4m3fn
 ULP = {"cpu": 2.0 ** -7, "cuda": 2.0 ** -8}
@@ -43,29 +44,18 @@ def make_pool(lens, page_size, hkv, d, seed, device, width=None):
     return k.to(device), v.to(device), table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
 
 
-def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, left, right):
-    """fp32 on the dequantized pool: out (total_q, Hq, d) and natural-log LSE (Hq, total_q);
-    key j visible to a query at position p (bottom-right) iff p - left <= j <= p + right."""
+def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, causal, window):
+    """fp64 on the dequantized pool: out (total_q, Hq, d) and natural-log LSE (Hq, total_q), from
+    sglang_fa4.testing's reference (bottom-right causal and window, SGLang's -1 as unbounded)."""
     page_size, hkv, d = k.shape[1:]
-    hq = q.shape[1]
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=torch.float64)
-    cu = cu_q.tolist()
+    ks, vs = [], []
     for b, n in enumerate(seqlens.tolist()):
         t = torch.arange(n)
         slots = table[b].long()[t // page_size] * page_size + t % page_size
-        kf = k.view(-1, hkv, d)[slots].double() * kd[b].double()[None, :, None]
-        vf = v.view(-1, hkv, d)[slots].double() * vd[b].double()[None, :, None]
-        kf, vf = kf.repeat_interleave(hq // hkv, 1), vf.repeat_interleave(hq // hkv, 1)
-        qb = q[cu[b]:cu[b + 1]].double()
-        nq = qb.shape[0]
-        s = torch.einsum("qhd,khd->hqk", qb, kf) * scale
-        pos = torch.arange(nq)[:, None] + n - nq
-        j = torch.arange(n)[None, :]
-        s = s.masked_fill((j < pos - left) | (j > pos + right), float("-inf"))
-        lse[:, cu[b]:cu[b + 1]] = torch.logsumexp(s, -1)
-        out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
-    return out, lse
+        ks.append(k.view(-1, hkv, d)[slots].double() * kd[b].double()[None, :, None])
+        vs.append(v.view(-1, hkv, d)[slots].double() * vd[b].double()[None, :, None])
+    return attention_fp32(q, torch.cat(ks), torch.cat(vs), cu_q, cu_seqlens(seqlens.tolist()), scale=scale,
+                          causal=causal, window=tuple(window), dtype=torch.float64, return_lse=True)
 
 
 def run_case(c: dict, device: str) -> dict:
@@ -75,7 +65,7 @@ def run_case(c: dict, device: str) -> dict:
     lens, P, hq, hkv, d = c["lens"], c["page"], c["hq"], c["hkv"], c["d"]
     new = c.get("new", [1] * len(lens))
     k, v, table, seqlens = make_pool(lens, P, hkv, d, c.get("seed", 0), "cpu")
-    cu_q = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
+    cu_q = cu_seqlens(new)
     q = torch.randn(sum(new), hq, d)
     q = q.to(FP8) if c.get("q", "fp8") == "fp8" else q.to(torch.bfloat16)
     kind = c.get("descale", "per")
@@ -87,8 +77,6 @@ def run_case(c: dict, device: str) -> dict:
         kd = vd = torch.ones(len(lens), hkv)
     window = c.get("window") or (-1, -1)
     causal = c.get("causal", True)
-    left = window[0] if window[0] >= 0 else 1 << 40
-    right = 0 if causal else (window[1] if window[1] >= 0 else 1 << 40)
     scale = c.get("scale", d ** -0.5)
     dev = lambda x: x.to(device)  # noqa: E731
     out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device=device)
@@ -97,14 +85,14 @@ def run_case(c: dict, device: str) -> dict:
         k_descale=None if kind == "none" else dev(kd), v_descale=None if kind == "none" else dev(vd),
         softmax_scale=scale, causal=causal, window_size=tuple(window), out=out, return_lse=True,
         num_splits=c.get("splits"), sms=c.get("sms", 132 if device == "cpu" else None))
-    ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, left, right)
+    ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, causal, window)
     into_out = got is out
     got = got.float().cpu().double()
     diff = (got - ref).abs()
     return {
         "into_out": into_out,
         "finite": bool(torch.isfinite(got).all()),
-        "rel_err": float((got - ref).norm() / ref.norm()),
+        "rel_err": rel_err(got, ref),
         # per element, against bf16 rounding of the value plus fp16 P's share: one ulp (2^-7 relative)
         # in the interpreter, which truncates fp32 -> bf16; half of one (rounding) on a GPU
         "max_excess": float((diff - (ref.abs() * ULP[device] + 2e-3)).max()),
@@ -123,7 +111,7 @@ def run_decode_vs_extend(c: dict, device: str) -> dict:
     window = tuple(c.get("window") or (-1, -1))
     dev = lambda x: x.to(device)  # noqa: E731
     ext = paged_decode_attention(dev(q), dev(k), dev(v), dev(table), dev(torch.tensor([L], dtype=torch.int32)),
-                                 dev(torch.tensor([0, n], dtype=torch.int32)), n, k_descale=dev(kd), v_descale=dev(vd),
+                                 dev(cu_seqlens([n])), n, k_descale=dev(kd), v_descale=dev(vd),
                                  causal=True, window_size=window, num_splits=c.get("extend_splits"),
                                  sms=132 if device == "cpu" else None)
     lens = torch.arange(L - n + 1, L + 1, dtype=torch.int32)
@@ -132,14 +120,13 @@ def run_decode_vs_extend(c: dict, device: str) -> dict:
                                  k_descale=dev(kd.expand(n, hkv)), v_descale=dev(vd.expand(n, hkv)), causal=True,
                                  window_size=window, num_splits=c.get("decode_splits"),
                                  sms=132 if device == "cpu" else None)
-    left = window[0] if window[0] >= 0 else 1 << 40
-    ref, _ = reference(q.float(), k, v, table, torch.tensor([L], dtype=torch.int32),
-                       torch.tensor([0, n], dtype=torch.int32), kd, vd, d ** -0.5, left, 0)
+    ref, _ = reference(q.float(), k, v, table, torch.tensor([L], dtype=torch.int32), cu_seqlens([n]), kd, vd,
+                       d ** -0.5, True, window)
     e, dd = ext.float().cpu().double(), dec.float().cpu().double()
     return {
         "finite": bool(torch.isfinite(e).all() and torch.isfinite(dd).all()),
-        "rel_err": float((e - ref).norm() / ref.norm()),
-        "decode_rel_err": float((dd - ref).norm() / ref.norm()),
+        "rel_err": rel_err(e, ref),
+        "decode_rel_err": rel_err(dd, ref),
         # decode row t vs extend row t: at most one bf16 rounding step of the larger apart
         "max_excess": float(((e - dd).abs() - torch.maximum(e.abs(), dd.abs()) * 2.0 ** -7 - 1e-3).max()),
         "bitwise_rows": int(((e == dd).all(dim=(1, 2))).sum()),

@@ -185,7 +185,7 @@ def test_gpu_fa3_bf16_varlen_matches_fp32():
 
 def test_gpu_fa3_paged_fp8_matches_fp32():
     torch = _gpu_lib()
-    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+    from sglang_fa4.testing import paged_attention_fp32
 
     fp8, hq, hkv = torch.float8_e4m3fn, 8, 2
     for d, page in ((128, 16), (256, 1)):
@@ -205,7 +205,7 @@ def test_gpu_fa3_paged_fp8_matches_fp32():
         fa3.paged_fp8(q8, kc, vc, table, seqlens, cu_q, max(new), k_descale=ks.expand(2, hkv),
                       v_descale=vs.expand(2, hkv), out=out)
         torch.cuda.synchronize()
-        ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=ks, v_descale=vs, causal=True)
+        ref = paged_attention_fp32(q8, kc, vc, table, seqlens, cu_q, k_descale=ks, v_descale=vs, causal=True)
         assert backends.rel_err(out, ref) < 3e-2, d
 
 

@@ -4,10 +4,10 @@ or flash_attn.cute (CI is CPU-only). The full sweep and timings: benchmark/relea
 
 from __future__ import annotations
 
-from itertools import accumulate
-
 import pytest
 import torch
+
+from sglang_fa4.testing import cu_seqlens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,10 +34,6 @@ def fa4():
     return dispatch, public
 
 
-def cu_from(lens):
-    return torch.tensor(list(accumulate(lens, initial=0)), dtype=torch.int32, device="cuda")
-
-
 def rand(total, d, packed=False):
     if packed:
         return torch.randn(total, 3, H, d, dtype=torch.bfloat16, device="cuda").unbind(1)
@@ -50,7 +46,7 @@ def test_bitwise_and_one_compile_per_configuration(fa4, d):
     start = dispatch.compile_count()
     for lens, packed in (([1024], False), ([196, 784, 400, 64], True), ([100, 50, 64], False)):
         q, k, v = rand(sum(lens), d, packed)
-        cu = cu_from(lens)
+        cu = cu_seqlens(lens, device="cuda")
         out = torch.full((sum(lens), H, d), float("nan"), dtype=torch.bfloat16, device="cuda")
         ours = dispatch.fa4_varlen_attention(q, k, v, cu, max(lens), out=out)
         assert ours is out and not torch.isnan(out).any()
@@ -70,7 +66,7 @@ def test_many_segments(fa4):
     lens = [int(x) for x in torch.randint(1, 40, (MANY_SEGMENTS + 44,))]
     lens[0] = 100  # a segment over 64 tokens: FA4's route, not the short-window kernel (never bitwise FA4)
     q, k, v = rand(sum(lens), 80)
-    cu = cu_from(lens)
+    cu = cu_seqlens(lens, device="cuda")
     previous = dispatch.install_kernel_cache(KernelCache(FA4Backend()))
     try:
         for _ in range(2):  # resolve, then the direct launch with the recomputed scheduler aids
@@ -85,7 +81,7 @@ def test_window_and_sinks(fa4):
     dispatch, public = fa4
     lens = [196, 784, 400, 64]
     q, k, v = rand(sum(lens), 64)
-    cu = cu_from(lens)
+    cu = cu_seqlens(lens, device="cuda")
     sinks = torch.randn(H, device="cuda") * 2 + 3
     ours = dispatch.fa4_varlen_attention(q, k, v, cu, 784, window_size=(64, 64), sinks=sinks)
     assert torch.equal(ours, public(q, k, v, cu, 784, window=(64, 64), sinks=sinks))
@@ -104,7 +100,7 @@ def test_cuda_graph_capture_and_replay(fa4):
     dispatch, public = fa4
     lens = [196, 784, 400, 64]
     q, k, v = rand(sum(lens), 80)
-    cu = cu_from(lens)
+    cu = cu_seqlens(lens, device="cuda")
     out = torch.empty_like(q)
     with torch.inference_mode():
         dispatch.fa4_varlen_attention(q, k, v, cu, 784, out=out)  # resolve outside the capture

@@ -15,6 +15,7 @@ from sglang_fa4.kernels import dispatch
 from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, LAYOUT_SM100, FA4LayoutError, Resolved, layout_for_arch
 from sglang_fa4.kernels.fa4_config import FA4FeatureError, FA4InputError, normalize_window, seqlen_class
 from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+from sglang_fa4.testing import cu_seqlens
 
 STATIC = object()  # stands in for FA4's AuxData(None, None)
 
@@ -85,10 +86,6 @@ def qkv(total=64, heads=4, d=64, dtype=torch.bfloat16, hk=None):
     )
 
 
-def cu(*lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-
-
 @pytest.fixture
 def fake():
     return FakeBackend(90)
@@ -154,12 +151,12 @@ def test_layouts_match_b36_argument_lists():
 
 def test_first_call_resolves_then_launches_directly(cache, fake):
     q, k, v = qkv()
-    out = cache(q, k, v, cu(20, 44), 44, None, (None, None), None, None)
+    out = cache(q, k, v, cu_seqlens([20, 44]), 44, None, (None, None), None, None)
     assert len(fake.compiles) == 1 and cache.compile_count() == 1
     assert out.shape == (64, 4, 64) and torch.all(out == 1)
     q2, k2, v2 = qkv()
     given = torch.empty(64, 4, 64, dtype=torch.bfloat16)
-    res = cache(q2, k2, v2, cu(60, 4), 60, None, (None, None), None, given)
+    res = cache(q2, k2, v2, cu_seqlens([60, 4]), 60, None, (None, None), None, given)
     assert res is given and torch.all(given == 2)
     assert len(fake.compiles) == 1  # another max_seqlen, same class: no new compile
     args = fake.launches[-1]
@@ -176,35 +173,35 @@ def test_first_call_resolves_then_launches_directly(cache, fake):
 
 def test_template_does_not_pin_first_call_tensors(cache):
     q, k, v = qkv()
-    cache(q, k, v, cu(64), 64, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
     (launcher,) = cache._launchers.values()
     assert all(a is None or a is STATIC for a in launcher.template)
 
 
 def test_new_dtype_head_dim_or_gqa_recompiles(cache, fake):
-    cache(*qkv(d=64), cu(64), 64, None, (None, None), None, None)
-    cache(*qkv(d=80), cu(64), 64, None, (None, None), None, None)
-    cache(*qkv(d=80, dtype=torch.float16), cu(64), 64, None, (None, None), None, None)
-    cache(*qkv(d=80, heads=8, hk=2), cu(64), 64, None, (None, None), None, None)
-    cache(*qkv(d=80, heads=16, hk=4), cu(64), 64, None, (None, None), None, None)  # same ratio
-    cache(*qkv(d=80, heads=12), cu(64), 64, None, (None, None), None, None)  # heads not in key
+    cache(*qkv(d=64), cu_seqlens([64]), 64, None, (None, None), None, None)
+    cache(*qkv(d=80), cu_seqlens([64]), 64, None, (None, None), None, None)
+    cache(*qkv(d=80, dtype=torch.float16), cu_seqlens([64]), 64, None, (None, None), None, None)
+    cache(*qkv(d=80, heads=8, hk=2), cu_seqlens([64]), 64, None, (None, None), None, None)
+    cache(*qkv(d=80, heads=16, hk=4), cu_seqlens([64]), 64, None, (None, None), None, None)  # same ratio
+    cache(*qkv(d=80, heads=12), cu_seqlens([64]), 64, None, (None, None), None, None)  # heads not in key
     assert cache.compile_count() == 4
     assert [c.qhead_per_kvhead for c in cache.configs_seen()] == [1, 1, 1, 4]
 
 
 def test_many_segments_is_its_own_configuration(cache, fake):
     q, k, v = qkv(total=600)
-    cache(q, k, v, cu(*[2] * 300), 2, None, (None, None), None, None)
-    cache(q, k, v, cu(300, 300), 300, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([2] * 300), 2, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([300, 300]), 300, None, (None, None), None, None)
     assert cache.compile_count() == 2
     assert [c.many_segments for c in cache.configs_seen()] == [True, False]
     calls = fake.sched_calls
-    cache(q, k, v, cu(*[1] * 600), 1, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([1] * 600), 1, None, (None, None), None, None)
     assert cache.compile_count() == 2 and fake.sched_calls == calls + 1
     args = fake.launches[-1]
     assert args[16].shape == (601,) and args[17] is None
     # back to few segments: no stale scheduler aids
-    cache(q, k, v, cu(100, 500), 500, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([100, 500]), 500, None, (None, None), None, None)
     assert fake.launches[-1][16] is None
 
 
@@ -212,22 +209,22 @@ def test_sm100_max_seqlen_classes_and_runtime_value():
     fake = FakeBackend(100)
     cache = KernelCache(fake)
     q, k, v = qkv(total=512)
-    cache(q, k, v, cu(64, 448), 64, None, (None, None), None, None)
-    cache(q, k, v, cu(100, 412), 100, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([64, 448]), 64, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([100, 412]), 100, None, (None, None), None, None)
     assert cache.compile_count() == 1 and fake.launches[-1][24] == 100
-    cache(q, k, v, cu(200, 312), 200, None, (None, None), None, None)
-    cache(q, k, v, cu(512), 512, None, (None, None), None, None)
-    cache(q, k, v, cu(512), 4096, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([200, 312]), 200, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([512]), 512, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([512]), 4096, None, (None, None), None, None)
     assert cache.compile_count() == 3 and fake.launches[-1][24] == 4096
-    cache(q, k, v, cu(512), None, None, (None, None), None, None)  # no bound: total_q
+    cache(q, k, v, cu_seqlens([512]), None, None, (None, None), None, None)  # no bound: total_q
     assert cache.compile_count() == 3 and fake.launches[-1][24] == 512
     qs, ks, vs = qkv(total=100)
-    cache(qs, ks, vs, cu(100), None, None, (None, None), None, None)
+    cache(qs, ks, vs, cu_seqlens([100]), None, None, (None, None), None, None)
     assert cache.compile_count() == 4 and fake.launches[-1][24] == 100
     assert [c.seqlen_class for c in cache.configs_seen()] == [
         "q_stage1-static", "q_stage2-static", "q_stage2", "q_stage1"
     ]
-    cache(q, k, v, cu(*[1] * 300, 212), 212, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([1] * 300 + [212]), 212, None, (None, None), None, None)
     args = fake.launches[-1]
     assert args[21] is not None and args[23] is not None
 
@@ -235,26 +232,26 @@ def test_sm100_max_seqlen_classes_and_runtime_value():
 def test_window_and_sinks_reach_the_kernel(cache, fake):
     q, k, v = qkv(heads=4)
     sinks = torch.randn(4, dtype=torch.float32)
-    cache(q, k, v, cu(64), 64, 0.125, (64, 64), sinks, None)
+    cache(q, k, v, cu_seqlens([64]), 64, 0.125, (64, 64), sinks, None)
     args = fake.launches[-1]
     assert (args[11], args[12], args[13], args[5]) == (64, 64, sinks, 0.125)
-    cache(q, k, v, cu(64), 64, None, (32, 16), sinks, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (32, 16), sinks, None)
     assert cache.compile_count() == 1  # window sizes are runtime values
     args = fake.launches[-1]
     assert (args[11], args[12]) == (32, 16) and args[13] is sinks
     cfg = cache.configs_seen()[0]
     assert cfg.window_left and cfg.window_right and cfg.sink_dtype == "float32"
     # SGLang's (-1, -1) is "no window": a different configuration, no window args
-    cache(q, k, v, cu(64), 64, None, (-1, -1), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (-1, -1), None, None)
     assert cache.compile_count() == 2 and fake.launches[-1][11:14] == (None, None, None)
     # one-sided and causal
-    cache(q, k, v, cu(64), 64, None, (64, -1), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (64, -1), None, None)
     assert fake.launches[-1][11:13] == (64, None)
-    cache(q, k, v, cu(64), 64, None, (-1, 0), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (-1, 0), None, None)
     assert cache.configs_seen()[-1].causal and fake.compiles[-1].window_right == 0
     assert fake.launches[-1][11:13] == (None, None)
     # sinks of another dtype: another configuration
-    cache(q, k, v, cu(64), 64, None, (64, 64), sinks.bfloat16(), None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (64, 64), sinks.bfloat16(), None)
     assert cache.configs_seen()[-1].sink_dtype == "bfloat16"
 
 
@@ -262,7 +259,7 @@ def test_sinks_are_made_contiguous_and_detached(cache, fake):
     q, k, v = qkv(heads=4)
     sinks = torch.randn(8, dtype=torch.float32, requires_grad=True)[::2]
     with torch.no_grad():
-        cache(q, k, v, cu(64), 64, None, (None, None), sinks, None)
+        cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), sinks, None)
     passed = fake.launches[-1][13]
     assert passed.is_contiguous() and not passed.requires_grad
     assert torch.equal(passed, sinks.detach())
@@ -273,37 +270,37 @@ def test_sinks_unsupported_on_sm80_and_sm120(arch):
     cache = KernelCache(FakeBackend(arch))
     q, k, v = qkv(heads=4)
     with pytest.raises(FA4FeatureError, match="sinks"):
-        cache(q, k, v, cu(64), 64, None, (64, 64), torch.zeros(4), None)
-    cache(q, k, v, cu(64), 64, None, (64, 64), None, None)  # windows alone are fine
+        cache(q, k, v, cu_seqlens([64]), 64, None, (64, 64), torch.zeros(4), None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (64, 64), None, None)  # windows alone are fine
 
 
 def test_noncontiguous_inputs_are_aligned_like_fa4(cache, fake):
     packed = torch.randn(64, 3, 4, 64, dtype=torch.bfloat16)
     q, k, v = packed.unbind(1)
-    cache(q, k, v, cu(64), 64, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
     args = fake.launches[-1]
     assert args[0].data_ptr() == q.data_ptr()  # aligned strided view: passed as is
     odd = torch.randn(64, 4, 65, dtype=torch.bfloat16)[:, :, 1:]  # 2-byte offset
-    cache(odd, k, v, cu(64), 64, None, (None, None), None, None)
+    cache(odd, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
     assert fake.launches[-1][0].is_contiguous() and torch.equal(fake.launches[-1][0], odd)
 
 
 def test_broadcast_inputs_key_separately(cache):
     q, k, v = qkv(heads=4)
     kb = k[:, :1].expand(64, 4, 64)
-    cache(q, k, v, cu(64), 64, None, (None, None), None, None)
-    cache(q, kb, v, cu(64), 64, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
+    cache(q, kb, v, cu_seqlens([64]), 64, None, (None, None), None, None)
     assert cache.compile_count() == 2 and cache.configs_seen()[1].broadcast is not None
 
 
 def test_grad_inputs_take_the_public_path(cache, fake):
     q, k, v = qkv()
     q.requires_grad_(True)
-    out = cache(q, k, v, cu(64), 64, None, (-1, 0), None, None)
+    out = cache(q, k, v, cu_seqlens([64]), 64, None, (-1, 0), None, None)
     assert torch.all(out == -1) and cache.compile_count() == 0
     assert (fake.public_calls[0].window_left, fake.public_calls[0].window_right) == (None, 0)
     with torch.no_grad():
-        cache(q, k, v, cu(64), 64, None, (None, None), None, None)
+        cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
     assert cache.compile_count() == 1 and not fake.launches[-1][0].requires_grad
 
 
@@ -312,7 +309,7 @@ def test_empty_input_zeroes_out_without_compiling(cache):
     (no segment at all) is refused (tests/test_fa4_input_checks.py)."""
     q, k, v = qkv(total=0)
     out = torch.full((0, 4, 64), 3.0, dtype=torch.bfloat16)
-    assert cache(q, k, v, cu(0), 0, None, (None, None), None, out) is out
+    assert cache(q, k, v, cu_seqlens([0]), 0, None, (None, None), None, out) is out
     assert cache.compile_count() == 0
 
 
@@ -338,7 +335,7 @@ def test_empty_input_zeroes_out_without_compiling(cache):
 )
 def test_clear_errors(cache, mutate, match):
     q, k, v = qkv(heads=4)
-    a = mutate(dict(q=q, k=k, v=v, cu=cu(64), max_seqlen=64, sinks=None, out=None, window=(None, None)))
+    a = mutate(dict(q=q, k=k, v=v, cu=cu_seqlens([64]), max_seqlen=64, sinks=None, out=None, window=(None, None)))
     with pytest.raises(FA4InputError, match=match):
         cache(a["q"], a["k"], a["v"], a["cu"], a["max_seqlen"], None, a["window"], a["sinks"], a["out"])
     assert cache.compile_count() == 0
@@ -348,7 +345,7 @@ def test_cuda_required_with_real_backend_flag():
     fake = FakeBackend(90)
     fake.requires_cuda = True
     with pytest.raises(FA4InputError, match="CUDA"):
-        KernelCache(fake)(*qkv(), cu(64), 64, None, (None, None), None, None)
+        KernelCache(fake)(*qkv(), cu_seqlens([64]), 64, None, (None, None), None, None)
 
 
 @pytest.mark.parametrize(
@@ -372,9 +369,9 @@ def test_layout_drift_falls_back_to_the_public_api(corrupt, match, caplog, monke
     cache = KernelCache(fake)
     q, k, v = qkv()
     with caplog.at_level("WARNING", logger="sglang_fa4"):
-        first = cache(q, k, v, cu(64), 64, None, (None, None), None, None)
+        first = cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
         out = torch.empty_like(q)
-        second = cache(q, k, v, cu(64), 64, None, (None, None), None, out)
+        second = cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, out)
     assert torch.equal(first, torch.full_like(q, -1.0)) and second is out and torch.equal(out, first)
     assert len(fake.compiles) == 1 and len(fake.public_calls) == 2  # recorded once, public after
     assert cache.compile_count() == 1  # resolved once: the JIT monitor and the warmup see it
@@ -390,7 +387,7 @@ def test_fa4_assertions_become_input_errors():
             raise AssertionError("head_dim not supported")
 
     with pytest.raises(FA4InputError, match="head_dim not supported"):
-        KernelCache(Rejecting())(*qkv(), cu(64), 64, None, (None, None), None, None)
+        KernelCache(Rejecting())(*qkv(), cu_seqlens([64]), 64, None, (None, None), None, None)
 
 
 def test_listeners_and_module_api():
@@ -400,10 +397,10 @@ def test_listeners_and_module_api():
         seen = []
         remove = dispatch.add_compile_listener(seen.append)
         q, k, v = qkv()
-        dispatch.fa4_varlen_attention(q, k, v, cu(64), 64, window_size=(8, 8))
-        dispatch.fa4_varlen_attention(q, k, v, cu(32, 32), 32, window_size=(16, 4))
+        dispatch.fa4_varlen_attention(q, k, v, cu_seqlens([64]), 64, window_size=(8, 8))
+        dispatch.fa4_varlen_attention(q, k, v, cu_seqlens([32, 32]), 32, window_size=(16, 4))
         remove()
-        dispatch.fa4_varlen_attention(q, k, v, cu(64), 64)
+        dispatch.fa4_varlen_attention(q, k, v, cu_seqlens([64]), 64)
         assert dispatch.compile_count() == 2 and len(seen) == 1
         assert seen[0] == dispatch.compile_events()[0]
         assert [c.window_left for c in dispatch.configs_seen()] == [True, False]
@@ -416,8 +413,8 @@ def test_sm100_hd256_runs_fa4_every_call_without_caching():
     fake = FakeBackend(100)
     cache = KernelCache(fake)
     q, k, v = qkv(d=256)
-    cache(q, k, v, cu(64), 64, None, (None, None), None, None)
-    cache(q, k, v, cu(64), 64, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([64]), 64, None, (None, None), None, None)
     assert len(fake.compiles) == 2 and cache.compile_count() == 0
 
 
@@ -502,19 +499,19 @@ def test_fa4_backend_records_kernel_and_restores_fa4(fake_interface):
     cache = KernelCache(FA4Backend.__new__(FA4Backend))
     cache.backend.requires_cuda = False
     q, k, v = qkv(total=600)
-    cache(q, k, v, cu(300, 300), 300, None, (None, None), None, None)
-    cache(q, k, v, cu(*[2] * 300), 2, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([300, 300]), 300, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens([2] * 300), 2, None, (None, None), None, None)
     ev = cache.compile_events()
     assert [e.fa4_compiled for e in ev] == [True, False]  # FA4's cache already had the 2nd key
     assert mod._flash_attn_fwd.compile_cache is cache_obj and mod._compute_tile_cumsum is cumsum
     assert ("cumsum", 192) in cumsum.compile_cache
     n = len(mod.KERNEL_CALLS)
-    cache(q, k, v, cu(*[1] * 600), 1, None, (None, None), None, None)  # direct launch
+    cache(q, k, v, cu_seqlens([1] * 600), 1, None, (None, None), None, None)  # direct launch
     assert len(mod.KERNEL_CALLS) == n + 1 and cache.compile_count() == 2
     args = mod.KERNEL_CALLS[-1]
     assert args[0] is q and args[16].shape == (601,) and args[17] is None
     mod._flash_attn_fwd.compile_cache.clear()
     cache2 = KernelCache(cache.backend)
-    cache2(q, k, v, cu(600), 600, None, (64, 64), torch.zeros(4), None)
+    cache2(q, k, v, cu_seqlens([600]), 600, None, (64, 64), torch.zeros(4), None)
     assert cache2.compile_events()[0].fa4_compiled
     assert mod.KERNEL_CALLS[-1][11:14][:2] == (64, 64)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
@@ -26,31 +28,6 @@ def fp8():
     return launch, quantize, vt_pack
 
 
-def cu_from(lens):
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
-    return torch.tensor(c, dtype=torch.int32, device="cuda")
-
-
-def reference(q, k, v, cu, scale, causal):
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    g = q.shape[1] // k.shape[1]
-    c = cu.tolist()
-    for b in range(len(c) - 1):
-        n = c[b + 1] - c[b]
-        if n == 0:
-            continue
-        qb = q[c[b] : c[b + 1]].transpose(0, 1)
-        kb = k[c[b] : c[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
-        vb = v[c[b] : c[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
-        s = qb @ kb.transpose(1, 2) * scale
-        if causal:
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-        out[c[b] : c[b + 1]] = (torch.softmax(s, -1) @ vb).transpose(0, 1)
-    return out
-
-
 @pytest.mark.parametrize(
     "lens,hq,hkv,d,causal",
     [
@@ -64,7 +41,7 @@ def reference(q, k, v, cu, scale, causal):
 def test_fp8_forward_matches_fp32_reference(fp8, lens, hq, hkv, d, causal):
     launch, _, vt_pack = fp8
     torch.manual_seed(0)
-    c = cu_from(lens)
+    c = cu_seqlens(lens, device="cuda")
     t = sum(lens)
     q = (torch.randn(t, hq, d, device="cuda") * 2).to(torch.float8_e4m3fn)
     k = (torch.randn(t, hkv, d, device="cuda") * 2).to(torch.float8_e4m3fn)
@@ -73,10 +50,10 @@ def test_fp8_forward_matches_fp32_reference(fp8, lens, hq, hkv, d, causal):
     out = torch.full((t, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch.fp8_varlen_attention(q, k, v, c, c, max(lens), max(lens), q_descale=qd, k_descale=0.25,
                                 v_descale=2.0, causal=causal, out=out)
-    ref = reference(q.float() * 0.5, k.float() * 0.25, v.float() * 2.0, c, d ** -0.5, causal)
+    ref = attention_fp32(q.float() * 0.5, k.float() * 0.25, v.float() * 2.0, c, scale=d ** -0.5, causal=causal)
     o = out.float()
     assert torch.isfinite(o).all()
-    assert ((o - ref).norm() / ref.norm()).item() <= BAR
+    assert rel_err(o, ref) <= BAR
 
 
 @pytest.mark.parametrize("lens,max_seqlen,d", [
@@ -91,13 +68,13 @@ def test_vit_fp8_path_on_budget_layouts_matches_fp32(fp8, lens, max_seqlen, d):
 
     _, quantize, _ = fp8
     torch.manual_seed(1)
-    c = cu_from(lens)
+    c = cu_seqlens(lens, device="cuda")
     t = sum(lens)
     q, k, v = (torch.randn(t, 4, d, device="cuda").bfloat16() for _ in range(3))
     out = vit_attn_dtype.fp8_attention(q, k, v, c, max_seqlen)
-    ref = reference(q.float(), k.float(), v.float(), c, d ** -0.5, False)
+    ref = attention_fp32(q, k, v, c, scale=d ** -0.5)
     assert torch.isfinite(out).all()
-    assert ((out.float() - ref).norm() / ref.norm()).item() <= 7.5e-2  # E4M3 q/k/v/P at logit std 1: ~5e-2 (fp8_error_budget.md)
+    assert rel_err(out, ref) <= 7.5e-2  # E4M3 q/k/v/P at logit std 1: ~5e-2 (fp8_error_budget.md)
     got = quantize_chunked.quantize_qkv_chunked(q, k, v, c, c, max_seqlen)
     for x in (got.q, got.k, got.vt):
         x.view(torch.uint8).fill_(0x7F)  # E4M3 NaN: every byte the kernel reads must be rewritten
@@ -112,7 +89,7 @@ def test_vit_fp8_path_on_budget_layouts_matches_fp32(fp8, lens, max_seqlen, d):
 def test_quantize_and_pack_match_references(fp8):
     _, quantize, vt_pack = fp8
     lens = [5, 0, 300, 1, 77]
-    c = cu_from(lens)
+    c = cu_seqlens(lens, device="cuda")
     t = sum(lens)
     q, k, v = (torch.randn(t, h, 80, device="cuda").bfloat16() for h in (8, 2, 2))
     got = quantize.quantize_qkv(q, k, v, c)
@@ -127,7 +104,7 @@ def test_quantize_and_pack_match_references(fp8):
 
 def test_graph_capture_replays_the_same_output(fp8):
     launch, quantize, _ = fp8
-    c = cu_from([700, 300])
+    c = cu_seqlens([700, 300], device="cuda")
     q = torch.randn(1000, 4, 128, device="cuda").bfloat16()
     res = quantize.quantize_qkv(q, q, q, c)
     out = torch.empty(1000, 4, 128, dtype=torch.bfloat16, device="cuda")
@@ -193,7 +170,7 @@ def test_d128_full_forward_matches_fp32_reference(fp8, config, lens_q, lens_k, h
     launch = fp8[0]
     kernel_config = d128_full_config(config)
     torch.manual_seed(0)
-    cq, ck = cu_from(lens_q), cu_from(lens_k)
+    cq, ck = cu_seqlens(lens_q, device="cuda"), cu_seqlens(lens_k, device="cuda")
     tq, tk = sum(lens_q), sum(lens_k)
     q = (torch.randn(tq, hq, 128, device="cuda") * 2).to(torch.float8_e4m3fn)
     k = (torch.randn(tk, hkv, 128, device="cuda") * 2).to(torch.float8_e4m3fn)
@@ -205,16 +182,10 @@ def test_d128_full_forward_matches_fp32_reference(fp8, config, lens_q, lens_k, h
 
     call()
     torch.cuda.synchronize()
-    ref = torch.zeros(tq, hq, 128, device="cuda")
-    g = hq // hkv
-    for b, (a, z, a2, z2) in enumerate(zip(cq.tolist(), cq.tolist()[1:], ck.tolist(), ck.tolist()[1:])):
-        if z > a and z2 > a2:
-            s = q[a:z].float().transpose(0, 1) @ k[a2:z2].float().transpose(0, 1).repeat_interleave(g, 0).transpose(1, 2)
-            p = torch.softmax(s * 128 ** -0.5, -1)
-            ref[a:z] = (p @ v[a2:z2].float().transpose(0, 1).repeat_interleave(g, 0)).transpose(0, 1)
+    ref = attention_fp32(q, k, v, cq, ck, scale=128 ** -0.5)  # q rows without keys: zero
     o = out.float()
     assert torch.isfinite(o).all()
-    assert ((o - ref).norm() / ref.norm()).item() <= BAR
+    assert rel_err(o, ref) <= BAR
     eager = out.clone()
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()

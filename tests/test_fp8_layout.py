@@ -11,15 +11,9 @@ from sglang_fa4.kernels.fp8_sm90 import layout
 from sglang_fa4.kernels.fp8_sm90.launch import Fp8AttentionError, check_inputs, descale_tensor
 from sglang_fa4.kernels.fp8_sm90.quantize import E4M3_MAX, quantize_qkv_reference
 from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt_reference
+from sglang_fa4.testing import cu_seqlens, offsets
 
 FP8 = torch.float8_e4m3fn
-
-
-def cu(lens):
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32)
 
 
 # ---- the key permutation --------------------------------------------------------------------
@@ -40,7 +34,7 @@ def test_key_perm_matches_accumulator_and_operand_layouts():
 
 @pytest.mark.parametrize("lens", [[5, 0, 33, 1], [1000, 3000], [16, 17, 15, 1, 0, 64], [0]])
 def test_vt_regions_are_aligned_disjoint_and_cover_the_buffer(lens):
-    c = [int(x) for x in cu(lens)]
+    c = offsets(lens)
     cols, stride = layout.vt_columns(c[-1], len(lens))
     assert cols % 16 == 0 and stride % 16 == 0
     starts = [layout.vt_column_offset(c[b], b) for b in range(len(lens))]
@@ -58,7 +52,7 @@ def test_vt_regions_are_aligned_disjoint_and_cover_the_buffer(lens):
 def test_vt_reference_layout():
     lens = [5, 0, 33, 1]
     v = torch.randint(0, 120, (sum(lens), 2, 64), dtype=torch.uint8)
-    c = cu(lens)
+    c = cu_seqlens(lens)
     vt = pack_vt_reference(v, c)
     cols, stride = layout.vt_columns(sum(lens), len(lens))
     assert vt.shape == (2, 64, cols) and vt.stride(1) == stride
@@ -77,7 +71,7 @@ def test_permuted_vt_gives_the_same_pv_product():
     torch.manual_seed(0)
     p = torch.rand(4, 32)
     v = torch.randn(32, 8)
-    c = cu([32])
+    c = cu_seqlens([32])
     vt = pack_vt_reference(v[:, None, :], c)[0, :, :32].float()  # (d, slots)
     perm = [16 * (s // 16) + layout.KEY_PERM[s % 16] for s in range(32)]
     p_slots = p[:, perm]  # what the kernel's packed registers feed the MMA
@@ -184,7 +178,7 @@ def test_linear_tile_grid_covers_every_q_tile_once(lens, max_seqlen):
     the twin of KernelEntry.locate_tile's binary search): each (sequence, m block) with rows exactly
     once, every other CTA past its sequence's rows (it exits), and the grid sized by tokens +
     sequences, never by sequences x max_seqlen."""
-    c = cu(lens).tolist()
+    c = offsets(lens)
     total = c[-1]
     grid = layout.tile_grid(total, len(lens))
     want = {(b, m) for b, n in enumerate(lens) for m in range(-(-n // layout.TILE_M))}
@@ -204,7 +198,7 @@ def test_budget_graph_grid_no_longer_scales_with_slots_times_budget():
 
 def test_check_inputs_accepts_valid():
     q, k, v = make()
-    assert check_inputs(q, k, v, cu([16]), cu([16])) == (1, 4, 2, 128, 16)
+    assert check_inputs(q, k, v, cu_seqlens([16]), cu_seqlens([16])) == (1, 4, 2, 128, 16)
 
 
 @pytest.mark.parametrize(
@@ -215,8 +209,8 @@ def test_check_inputs_accepts_valid():
         (lambda a: a.update(q=torch.zeros(16, 4, 80).to(FP8), k=torch.zeros(16, 2, 80).to(FP8),
                             v=torch.zeros(16, 2, 80).to(FP8)), "head dim 80 is not supported"),
         (lambda a: a.update(q=torch.zeros(16, 3, 128).to(FP8)), r"q heads \(3\) must be a multiple"),
-        (lambda a: a.update(cu_q=cu([16]).long()), "cu_seqlens_q must be int32"),
-        (lambda a: a.update(cu_k=cu([8, 8])), "same length"),
+        (lambda a: a.update(cu_q=cu_seqlens([16]).long()), "cu_seqlens_q must be int32"),
+        (lambda a: a.update(cu_k=cu_seqlens([8, 8])), "same length"),
         (lambda a: a.update(v=a["v"][:8]), "v must have k's shape"),
         (lambda a: a.update(out=torch.zeros(16, 4, 128)), "out must be bfloat16"),
         # a packed qkv view whose token stride is not a multiple of 16 bytes (TMA needs that)
@@ -226,7 +220,7 @@ def test_check_inputs_accepts_valid():
 )
 def test_check_inputs_errors_name_the_problem(mutate, match):
     q, k, v = make()
-    a = {"q": q, "k": k, "v": v, "cu_q": cu([16]), "cu_k": cu([16]), "out": None}
+    a = {"q": q, "k": k, "v": v, "cu_q": cu_seqlens([16]), "cu_k": cu_seqlens([16]), "out": None}
     mutate(a)
     with pytest.raises(Fp8AttentionError, match=match):
         check_inputs(a["q"], a["k"], a["v"], a["cu_q"], a["cu_k"], a["out"])
@@ -248,7 +242,7 @@ def test_fp8_varlen_attention_refuses_cpu_tensors():
 
     q, k, v = make()
     with pytest.raises(Fp8AttentionError, match="needs CUDA tensors"):
-        fp8_varlen_attention(q, k, v, cu([16]), cu([16]), 16, 16)
+        fp8_varlen_attention(q, k, v, cu_seqlens([16]), cu_seqlens([16]), 16, 16)
 
 
 # ---- quantize reference maths ------------------------------------------------------------------
@@ -257,7 +251,7 @@ def test_fp8_varlen_attention_refuses_cpu_tensors():
 def test_quantize_reference_scales_and_padding():
     torch.manual_seed(0)
     lens = [7, 0, 40]
-    c = cu(lens)
+    c = cu_seqlens(lens)
     q = torch.randn(47, 4, 80).bfloat16()
     k = torch.randn(47, 2, 80).bfloat16() * 3
     v = torch.randn(47, 2, 80).bfloat16()
@@ -281,7 +275,7 @@ def test_quantize_reference_scales_and_padding():
 
 
 def test_quantize_reference_all_zeros_is_finite():
-    c = cu([5])
+    c = cu_seqlens([5])
     z = torch.zeros(5, 2, 64)
     r = quantize_qkv_reference(z, z, z, c, c)
     assert torch.equal(r.descale, torch.ones(3, 1, 2))
@@ -289,7 +283,7 @@ def test_quantize_reference_all_zeros_is_finite():
 
 
 def test_quantize_reference_rejects_bad_input():
-    c = cu([5])
+    c = cu_seqlens([5])
     with pytest.raises(ValueError, match="k and v shapes differ"):
         quantize_qkv_reference(torch.zeros(5, 2, 64), torch.zeros(5, 2, 64), torch.zeros(5, 1, 64), c, c)
 
@@ -319,7 +313,7 @@ def test_fa4_varlen_attention_routes_e4m3_to_the_fp8_forward():
     from sglang_fa4.kernels.dispatch import FA4FeatureError, fa4_varlen_attention
 
     q = torch.zeros(16, 4, 128).to(FP8)
-    c = cu([16])
+    c = cu_seqlens([16])
     # reaches the FP8 path's own checks (not FA4's bf16 cache)
     with pytest.raises(Fp8AttentionError, match="needs CUDA tensors"):
         fa4_varlen_attention(q, q, q, c, 16, q_descale=torch.ones(1, 4))

@@ -21,13 +21,7 @@ from sglang_fa4.kernels.fp8_sm90.schedule import (
     tile_slots,
     work_tile,
 )
-
-
-def cu_of(lens):
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    return cu
+from sglang_fa4.testing import offsets
 
 
 def expected_tiles(lens_q, num_heads):
@@ -56,7 +50,7 @@ def test_every_tile_once_random_varlen(seed):
     hkv = rng.choice([1, 2, 4])
     g = rng.choice([1, 2, 4])
     num_sms = rng.choice([1, 7, 132, 5000])
-    per_cta, seen = visited(cu_of(lens_q), cu_of(lens_k), hkv * g, g, num_sms)
+    per_cta, seen = visited(offsets(lens_q), offsets(lens_k), hkv * g, g, num_sms)
     assert seen == expected_tiles(lens_q, hkv * g)  # each exactly once (Counter values all 1)
     assert len(per_cta) == persistent_grid(sum(lens_q), n, hkv * g, num_sms)
     assert all(per_cta)  # no CTA without a slot: the grid is at most the slot count
@@ -66,7 +60,7 @@ def test_vit_budget_graph_layout():
     """~70 segment slots, most empty, one picture of 42196 tokens and a few small ones."""
     lens = [0] * 70
     lens[0], lens[5], lens[6], lens[69] = 42196, 1, 4096, 300
-    per_cta, seen = visited(cu_of(lens), cu_of(lens), 16, 1, 132)
+    per_cta, seen = visited(offsets(lens), offsets(lens), 16, 1, 132)
     assert seen == expected_tiles(lens, 16)
     assert len(per_cta) == 132
 
@@ -74,7 +68,7 @@ def test_vit_budget_graph_layout():
 def test_q_rows_beyond_the_last_sequence():
     """The grid counts the q tensor's rows (the kernel reads its shape), which may exceed cu[-1]."""
     lens = [129, 0, 1, 255]
-    _, seen = visited(cu_of(lens), cu_of(lens), 3, 1, 132, total_q=sum(lens) + 500)
+    _, seen = visited(offsets(lens), offsets(lens), 3, 1, 132, total_q=sum(lens) + 500)
     assert seen == expected_tiles(lens, 3)
 
 
@@ -82,7 +76,7 @@ def test_longest_first_within_a_head_and_kv_heads_side_by_side():
     rng = random.Random(7)
     lens_q = random_lens(rng, 50, 1500)
     lens_k = random_lens(rng, 50, 5000)
-    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
+    cu_q, cu_k = offsets(lens_q), offsets(lens_k)
     g, heads = 4, 8
     table = lpt_table(cu_q, cu_k)
     slots = tile_slots(sum(lens_q), len(lens_q))
@@ -108,7 +102,7 @@ def test_lpt_table_is_a_stable_sort_by_key_length():
         n = rng.randint(1, LPT_MAX_SEQS)
         lens_q = random_lens(rng, n, 600)
         lens_k = [rng.choice([0, 1, 64, 500, 500, 2000]) for _ in range(n)]
-        perm, first = lpt_table(cu_of(lens_q), cu_of(lens_k))
+        perm, first = lpt_table(offsets(lens_q), offsets(lens_k))
         assert perm == sorted(range(n), key=lambda i: (-lens_k[i], i))
         tiles = [-(-lens_q[b] // TILE_M) for b in perm]
         assert first == [sum(tiles[:p]) for p in range(n + 1)]
@@ -117,7 +111,7 @@ def test_lpt_table_is_a_stable_sort_by_key_length():
 def test_index_order_above_the_table():
     """More sequences than LPT_MAX_SEQS: the non-persistent kernel's numbering (gaps are empty)."""
     lens = [1, 0, 200] * ((LPT_MAX_SEQS // 3) + 5)
-    cu = cu_of(lens)
+    cu = offsets(lens)
     order = [work_tile(w, cu, cu, sum(lens), 1) for w in range(tile_slots(sum(lens), len(lens)))]
     seqs = [t.batch for t in order if t.valid]
     assert seqs == sorted(seqs)  # sequence index order

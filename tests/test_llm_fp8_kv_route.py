@@ -15,10 +15,10 @@ from sglang_fa4.kernels.fp8_paged_kv import (
     PagedKVError,
     gather_paged_kv,
     gather_paged_kv_reference,
-    paged_attention_reference,
     paged_fp8_attention,
 )
 from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
+from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, paged_attention_fp32, rel_err
 from sglang_harness import run_with_sglang
 from test_fp8_paged_decode import _NoSync
 
@@ -48,7 +48,7 @@ def make_pool(lens, page_size, hkv=4, d=128, seed=0, spare_pages=3):
 def test_gather_matches_the_loop_reference(page_size, lens):
     k_cache, v_cache, table, seqlens = make_pool(lens, page_size)
     k, v, cu_k, bound = gather_paged_kv(k_cache, v_cache, table, seqlens, fp8_paged_kv.exact_sizes(seqlens))
-    assert cu_k.dtype == torch.int32 and cu_k.tolist() == [0] + torch.tensor(lens).cumsum(0).tolist()
+    assert cu_k.dtype == torch.int32 and cu_k.tolist() == offsets(lens)
     assert bound == max(lens) and k.shape[0] == sum(lens) and k.dtype == torch.uint8
     k_ref, v_ref = gather_paged_kv_reference(k_cache, v_cache, table, seqlens)
     assert torch.equal(k[: sum(lens)], k_ref) and torch.equal(v[: sum(lens)], v_ref)
@@ -82,19 +82,15 @@ def model_kernel(calls):
             v = unpack_vt_reference(vt, cu_k).view(FP8)
         assert q.dtype == k.dtype == v.dtype == FP8 and descale.shape == (3, cu_q.shape[0] - 1, k.shape[1])
         hq, d = q.shape[1], q.shape[2]
-        res = torch.zeros(q.shape, dtype=torch.float32)
+        qf, kf, vf = q.float(), k.float(), v.float()  # dequantized per (sequence, kv head) below
         for b in range(cu_q.shape[0] - 1):
             qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
             assert ke - ks <= max_k
-            qf = q[qs:qe].float() * descale[0, b].repeat_interleave(hq // k.shape[1])[None, :, None]
-            kf = (k[ks:ke].float() * descale[1, b][None, :, None]).repeat_interleave(hq // k.shape[1], 1)
-            vf = (v[ks:ke].float() * descale[2, b][None, :, None]).repeat_interleave(hq // k.shape[1], 1)
-            s = torch.einsum("qhd,khd->hqk", qf, kf) * (softmax_scale or d ** -0.5)
-            if causal:
-                i = torch.arange(qe - qs)[:, None]
-                j = torch.arange(ke - ks)[None, :]
-                s = s.masked_fill(j > i + (ke - ks) - (qe - qs), float("-inf"))
-            res[qs:qe] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
+            qf[qs:qe] *= descale[0, b].repeat_interleave(hq // k.shape[1])[None, :, None]
+            kf[ks:ke] *= descale[1, b][None, :, None]
+            vf[ks:ke] *= descale[2, b][None, :, None]
+        # the window is not modelled (the route's windows are SGLang's unbounded -1, -1)
+        res = attention_fp32(qf, kf, vf, cu_q, cu_k, scale=softmax_scale or d ** -0.5, causal=causal)
         result = res.to(torch.bfloat16)
         if out is not None:
             out.copy_(result)
@@ -127,7 +123,7 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, gather_o
     lens = {"prefill": [200], "extend_with_prefix": [70, 300, 17], "decode": [33, 129, 64, 1]}[mode]
     new = {"prefill": [200], "extend_with_prefix": [20, 45, 17], "decode": [1, 1, 1, 1]}[mode]
     k_cache, v_cache, table, seqlens = make_pool(lens, page_size, hkv, d)
-    cu_q = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
+    cu_q = cu_seqlens(new)
     q = torch.randn(sum(new), hq, d).to(FP8)  # SGLang: q.to(fp8), no q scale
     k_scale, v_scale = torch.tensor([0.7]), torch.tensor([1.3])  # layer.k_scale / v_scale
     kd, vd = k_scale.expand(len(lens), hkv), v_scale.expand(len(lens), hkv)  # as SGLang passes them
@@ -135,9 +131,9 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, gather_o
     got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu_q, max(new), k_descale=kd, v_descale=vd,
                               softmax_scale=0.09, causal=True, window_size=(-1, -1), out=out)
     assert got is out and torch.isfinite(out.float()).all()
-    ref = paged_attention_reference(q, k_cache, v_cache, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
+    ref = paged_attention_fp32(q, k_cache, v_cache, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
                                     softmax_scale=0.09, causal=True)
-    err = (out.float() - ref).norm() / ref.norm()
+    err = rel_err(out, ref)
     assert err < 1e-2, err
     assert fake_kernel[-1]["max_k"] == max(lens) and fake_kernel[-1]["vt"]  # the fused gather's V^T
     if mode == "decode":  # the GQA group (7 q heads per kv head) packed into the tile, non-causal
@@ -240,7 +236,7 @@ def split_kv_calls(monkeypatch):
     def fake(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, *, k_descale=None, v_descale=None,
              softmax_scale=None, causal=False, window_size=(-1, -1), out=None, return_lse=False, **kw):
         calls.append(dict(max_q=max_q, causal=causal, window=window_size, lse=return_lse, kd=k_descale, out=out))
-        ref = paged_attention_reference(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale=k_descale,
+        ref = paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale=k_descale,
                                         v_descale=v_descale, softmax_scale=softmax_scale, causal=causal)
         o = ref.to(torch.bfloat16) if out is None else out.copy_(ref)
         return (o, torch.zeros(q.shape[1], q.shape[0])) if return_lse else o
@@ -262,13 +258,13 @@ def test_decode_and_short_extends_take_the_split_kv_kernel(fake_kernel, split_kv
     routes = []
     for max_q in (1, 16, 17, 40, None):
         new = [1, 1] if max_q in (1, None) else [max_q - 1, max_q]
-        cu = torch.tensor([0, new[0], sum(new)], dtype=torch.int32)
+        cu = cu_seqlens(new)
         q = torch.randn(sum(new), 8, 64).to(FP8)
         before = (len(split_kv_calls), len(fake_kernel))
         got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu, max_q, **kw)
-        ref = paged_attention_reference(q, k_cache, v_cache, table, seqlens, cu, k_descale=torch.tensor([0.7]),
+        ref = paged_attention_fp32(q, k_cache, v_cache, table, seqlens, cu, k_descale=torch.tensor([0.7]),
                                         v_descale=torch.tensor([1.3]), causal=True)
-        assert (got.float() - ref).norm() / ref.norm() < 1e-2
+        assert rel_err(got, ref) < 1e-2
         routes.append("split" if len(split_kv_calls) > before[0] else "gather" if len(fake_kernel) > before[1] else "?")
     assert routes == ["split" if m is not None and m <= limit else "gather" for m in (1, 16, 17, 40, None)], routes
     for c in split_kv_calls:  # SGLang's (batch, kv heads) descale passed through as it came
@@ -352,7 +348,7 @@ from sglang_fa4.integration import llm_fp8_kv
 import sglang_fa4.kernels.fp8_sm90.launch as launch
 sys.path.insert(0, os.environ["FP8KV_TESTS"])
 from test_llm_fp8_kv_route import model_kernel
-from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+from sglang_fa4.testing import cu_seqlens, paged_attention_fp32, rel_err
 llm_fp8_kv.is_sm90 = lambda device: True          # this CPU stands in for an H200
 calls = []; launch.fp8_varlen_attention = model_kernel(calls)
 # the split-KV decode kernel runs for real, in Triton's interpreter (TRITON_INTERPRET=1); count its calls
@@ -409,17 +405,17 @@ for P in (1, 16, 64):
         key_cache, value_cache = be.get_paged_mha_kv_cache(layer)
         page_table = (req_to_token[:, ::P] // P).to(torch.int32)     # FlashAttentionBackend's page table
         cache_seqlens = torch.tensor(lens, dtype=torch.int32)
-        cu_q = torch.nn.functional.pad(torch.tensor(new).cumsum(0), (1, 0)).to(torch.int32)
+        cu_q = cu_seqlens(new)
         out = fab.flash_attn_with_kvcache(                           # forward_extend's / forward_decode's call
             q=q.contiguous().view(-1, hq, d), k_cache=key_cache, v_cache=value_cache, page_table=page_table,
             cache_seqlens=cache_seqlens, cu_seqlens_q=cu_q, cu_seqlens_k_new=None, max_seqlen_q=max(new),
             softmax_scale=layer.scaling, causal=True, window_size=(-1, -1), softcap=layer.logit_cap,
             return_softmax_lse=False, num_splits=0, out=None, ver=4, k_descale=kd, v_descale=vd)
-        ref = paged_attention_reference(q.view(-1, hq, d), key_cache, value_cache, page_table, cache_seqlens, cu_q,
+        ref = paged_attention_fp32(q.view(-1, hq, d), key_cache, value_cache, page_table, cache_seqlens, cu_q,
                                         k_descale=layer.k_scale, v_descale=layer.v_scale, causal=True)
         res[f"{mode}-P{P}"] = {
             "q_dtype": str(q.dtype), "descale": None if kd is None else [float(kd[0, 0]), float(vd[0, 0]), list(kd.shape)],
-            "err": float((out.float() - ref).norm() / ref.norm()), "shape": list(out.shape),
+            "err": rel_err(out, ref), "shape": list(out.shape),
             "finite": bool(torch.isfinite(out.float()).all()),
         }
         if mode == "decode":  # cascade attention's LSE request through SGLang's dispatcher

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sglang_fa4.kernels.fp8_paged_gather import PagedKVError
-from sglang_fa4.kernels.fp8_paged_kv import FP8, descales, paged_attention_reference
-from sglang_fa4.testing import attention_fp32, offsets, rel_err
+from sglang_fa4.kernels.fp8_paged_kv import FP8, descales
+from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, paged_attention_fp32, rel_err
 
 BATCH, HKV = 3, 2
 
@@ -59,8 +59,8 @@ def test_paged_reference_applies_each_sequences_kv_head_scale():
             table[b, p], nxt = nxt, nxt - 1
     q = torch.randn(sum(q_lens), hq, d)
     ks, vs = scales(0.05), scales(0.3)
-    got = paged_attention_reference(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
-                                    torch.tensor(offsets(q_lens), dtype=torch.int32), k_descale=ks, v_descale=vs)
+    got = paged_attention_fp32(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
+                                    cu_seqlens(q_lens), k_descale=ks, v_descale=vs)
     # the same attention on K/V gathered and dequantized by hand, per sequence and kv head
     kk, vv = [], []
     for b, n in enumerate(lens):
@@ -71,7 +71,7 @@ def test_paged_reference_applies_each_sequences_kv_head_scale():
     want = attention_fp32(q, torch.cat(kk), torch.cat(vv), offsets(q_lens), offsets(lens), causal=True)
     assert rel_err(got, want) < 1e-6
     # and a scale of another sequence or kv head would not give it
-    swapped = paged_attention_reference(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
-                                        torch.tensor(offsets(q_lens), dtype=torch.int32),
+    swapped = paged_attention_fp32(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
+                                        cu_seqlens(q_lens),
                                         k_descale=ks.flip(1), v_descale=vs)
     assert rel_err(swapped, want) > 1e-3

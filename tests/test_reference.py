@@ -125,3 +125,28 @@ def test_bad_shapes_are_refused():
         attention_fp32(q[:, :2], k, v, [0, 4], [0, 2, 4])
     with pytest.raises(ValueError, match=r"\(tokens, heads, dim\)"):
         attention_fp32(q[0], k, v, [0, 4])
+
+
+def test_float64_and_the_log_sum_exp():
+    """dtype=float64 computes in float64 (agreeing with a hand-written float64 softmax to 1e-12,
+    which float32 does not); return_lse gives each row's log denominator, sinks included, -inf for
+    a row without keys."""
+    q, k, v = _qkv(5, 6, 2, 1, 8)
+    sinks = torch.tensor([0.3, -0.7])
+    cq, ck = [0, 3, 3, 5], [0, 4, 4, 6]  # a segment with no queries and no keys between the two
+    out, lse = attention_fp32(q, k, v, cq, ck, causal=True, sinks=sinks, dtype=torch.float64, return_lse=True)
+    assert out.dtype == lse.dtype == torch.float64 and lse.shape == (2, 5)
+    for (q0, q1), (k0, k1) in (((0, 3), (0, 4)), ((3, 5), (4, 6))):
+        nq, nk = q1 - q0, k1 - k0
+        for h in range(2):
+            for i in range(nq):
+                s = [float(q[q0 + i, h].double() @ k[k0 + j, 0].double()) * 8 ** -0.5 for j in range(nk)
+                     if j <= i + nk - nq]
+                denom = sum(math.exp(x) for x in s) + math.exp(float(sinks[h]))
+                assert float(lse[h, q0 + i]) == pytest.approx(math.log(denom), abs=1e-12)
+                want = sum(math.exp(x) * v[k0 + j, 0].double() for j, x in enumerate(s)) / denom
+                torch.testing.assert_close(out[q0 + i, h], want, rtol=0, atol=1e-12)
+    assert rel_err(attention_fp32(q, k, v, cq, ck, causal=True, sinks=sinks), out) > 1e-12  # fp32 is not it
+    _, lse = attention_fp32(q, k, v, [0, 2, 5], [0, 0, 6], return_lse=True)
+    assert torch.isneginf(lse[:, :2]).all() and torch.isfinite(lse[:, 2:]).all()
+    assert attention_fp32(q, k, v, [0, 5]).dtype == torch.float32  # float32 unless asked

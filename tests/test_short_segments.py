@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sglang_fa4.kernels import short_segments
+from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
 
 
 class FakeQ:
@@ -80,17 +81,12 @@ def test_cpu_tensors_never_reach_the_fa2_op(monkeypatch):
 def test_fa2_route_matches_fp32_reference():
     torch.manual_seed(0)
     seqlens = [64] * 30 + [16, 48, 32]
-    cu = torch.tensor([0] + list(torch.tensor(seqlens).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(seqlens, device="cuda")
     q, k, v = (torch.randn(sum(seqlens), 16, 80, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     short_segments.fa2_varlen_attention(q, k, v, cu, 64, None, out=out)
-    ref = torch.cat([
-        torch.nn.functional.scaled_dot_product_attention(
-            *(t[a:b].float().transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
-        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())
-    ])
-    err = ((out.float() - ref).norm() / ref.norm()).item()
-    assert torch.isfinite(out).all() and err < 1e-2
+    ref = attention_fp32(q, k, v, cu)
+    assert torch.isfinite(out).all() and rel_err(out, ref) < 1e-2
 
 
 def test_short_attention_picks_the_kernel(monkeypatch):
@@ -112,24 +108,18 @@ def test_short_attention_picks_the_kernel(monkeypatch):
 INTERPRETED = """
 import json, torch
 from sglang_fa4.kernels.short_window_kernel import short_window_attention
+from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
 torch.manual_seed(0)
 out_json = {}
 for d, heads, kv_heads in ((64, 2, 2), (72, 2, 2), (80, 4, 2), (128, 2, 1)):
     seqlens = [64, 16, 0, 48, 4, 64]
-    cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32)
+    cu = cu_seqlens(seqlens)
     t = sum(seqlens)
     q = torch.randn(t, heads, d, dtype=torch.float16)
     k, v = (torch.randn(t, kv_heads, d, dtype=torch.float16) for _ in range(2))
     out = torch.full_like(q, float("nan"))
     short_window_attention(q, k, v, cu, 64, out=out)
-    g = heads // kv_heads
-    ref = torch.cat([
-        torch.nn.functional.scaled_dot_product_attention(
-            q[a:b].float().transpose(0, 1), k[a:b].float().repeat_interleave(g, 1).transpose(0, 1),
-            v[a:b].float().repeat_interleave(g, 1).transpose(0, 1)).transpose(0, 1)
-        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()) if b > a])
-    out_json[d] = {"finite": bool(torch.isfinite(out).all()),
-                   "rel_err": float((out.float() - ref).norm() / ref.norm())}
+    out_json[d] = {"finite": bool(torch.isfinite(out).all()), "rel_err": rel_err(out, attention_fp32(q, k, v, cu))}
 print(json.dumps(out_json))
 """
 
@@ -158,13 +148,13 @@ def test_short_window_kernel_on_gpu():
 
     torch.manual_seed(0)
     seqlens = [64] * 40 + [4, 16, 0, 36]
-    cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(seqlens, device="cuda")
     q, k, v = (torch.randn(sum(seqlens), 16, 80, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     short_window_attention(q, k, v, cu, 64, out=out)
     ref = short_segments.fa2_varlen_attention(q.float().half(), k.half(), v.half(), cu, 64, None).float()
     assert torch.isfinite(out).all()
-    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert rel_err(out, ref) < 1e-2
 
 
 # The short-window route checks its inputs like FA4's route does (a layout of short segments must

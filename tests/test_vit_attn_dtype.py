@@ -19,6 +19,7 @@ from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import warmup
 from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
+from sglang_fa4.testing import cu_seqlens, offsets
 from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401,F811 (fixture)
 
 ENV = "SGLANG_FA4_VIT_ATTN_DTYPE"
@@ -37,10 +38,6 @@ def fresh(monkeypatch):
 def fp8_mode(monkeypatch, value="fp8"):
     monkeypatch.setenv(ENV, value)
     vit_attn_dtype.mode.cache_clear()
-
-
-def cu(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
 
 
 # -- the env var ---------------------------------------------------------------------------------
@@ -132,7 +129,7 @@ def recorders(monkeypatch):
 
 def forward(lens, d=80, dtype=torch.bfloat16, **kw):
     q = torch.randn(sum(lens), 2, d).to(dtype)
-    return vision_fa4.vision_fa4_forward(q, q, q, [cu(lens), max(lens)], 1, sum(lens), softmax_scale=0.1, **kw)
+    return vision_fa4.vision_fa4_forward(q, q, q, [cu_seqlens(lens), max(lens)], 1, sum(lens), softmax_scale=0.1, **kw)
 
 
 def test_bf16_mode_never_takes_the_fp8_path(recorders):
@@ -224,12 +221,13 @@ def test_chunked_quantize_equals_the_per_sequence_kernel_bitwise():
         "import torch\n"
         "from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, quantize_qkv\n"
         "from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked\n"
+        "from sglang_fa4.testing import cu_seqlens\n"
         "torch.manual_seed(0)\n"
         "cases = ((80, 2, 2, [300, 5, 0, 530], 0, None), (72, 4, 2, [17, 260], 7, None),\n"
         "         (80, 2, 1, [600, 40, 40] + [0] * 6, 0, 1024), (80, 1, 1, [0, 700], 0, 700))\n"
         "for d, hq, hkv, lens, extra, max_seqlen in cases:\n"
         "    total = sum(lens)\n"
-        "    c = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)\n"
+        "    c = cu_seqlens(lens)\n"
         "    q = (torch.randn(total + extra, hq, d) * 3).to(torch.bfloat16)\n"
         "    k = (torch.randn(total + extra, hkv, d) * 3).to(torch.bfloat16)\n"
         "    v = torch.randn(total + extra, hkv, d).to(torch.bfloat16)\n"
@@ -257,9 +255,7 @@ def test_chunk_list_bounds_the_quantize_grid_by_tokens_not_slots(lens, max_seqle
     head before, now 305."""
     from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
 
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
+    c = offsets(lens)
     grid = qc.chunk_grid(max_seqlen, c[-1], len(lens))
     seen = [qc.locate(c, i) for i in range(grid)]
     owned = [(b, ch) for b, ch, _first, _n in seen if b < len(lens)]
@@ -275,7 +271,7 @@ def test_chunked_quantize_rejects_a_tensor_max_seqlen():
 
     q = torch.randn(8, 2, 80).to(torch.bfloat16)
     with pytest.raises(TypeError, match="max_seqlen must be a non-negative Python int"):
-        quantize_qkv_chunked(q, q, q, cu([8]), None, torch.tensor(8))
+        quantize_qkv_chunked(q, q, q, cu_seqlens([8]), None, torch.tensor(8))
 
 
 def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, caplog):

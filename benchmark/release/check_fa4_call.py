@@ -32,6 +32,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err  # noqa: E402
+
 DEV = "cuda"
 RESULT: dict = {}
 T0 = time.perf_counter()
@@ -41,13 +43,6 @@ def save(path: Path) -> None:
     RESULT["elapsed_s"] = round(time.perf_counter() - T0, 2)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(RESULT, indent=1, default=str))
-
-
-def cu_from(lens):
-    c = [0]
-    for n in lens:
-        c.append(c[-1] + n)
-    return torch.tensor(c, dtype=torch.int32, device=DEV)
 
 
 def rand_qkv(total, heads, d, dtype, packed=False):
@@ -65,33 +60,6 @@ def public(q, k, v, cu, ms, scale=None, window=(None, None), sinks=None):
         softmax_scale=scale, window_size=window, learnable_sink=sinks,
     )
     return r[0] if isinstance(r, tuple) else r
-
-
-def reference(q, k, v, lens, scale, window, sinks):
-    """fp32 attention per segment: window (left, right) bounds, sink logit in the denominator."""
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    start = 0
-    for n in lens:
-        qs, ks, vs = (t[start:start + n].float().transpose(0, 1) for t in (q, k, v))  # h, n, d
-        s = torch.matmul(qs, ks.transpose(1, 2)) * scale
-        i = torch.arange(n, device=q.device)[:, None]
-        j = torch.arange(n, device=q.device)[None, :]
-        mask = torch.zeros(n, n, dtype=torch.bool, device=q.device)
-        if window[0] is not None:
-            mask |= j < i - window[0]
-        if window[1] is not None:
-            mask |= j > i + window[1]
-        s = s.masked_fill(mask, float("-inf"))
-        if sinks is not None:
-            s = torch.cat([s, sinks.float()[:, None, None].expand(-1, n, 1)], dim=-1)
-        p = torch.softmax(s, dim=-1)[..., :n]
-        out[start:start + n] = torch.matmul(p, vs).transpose(0, 1)
-        start += n
-    return out
-
-
-def rel_err(a, ref):
-    return ((a.float() - ref).norm() / ref.norm()).item()
 
 
 def host_us(fn, n):
@@ -193,7 +161,7 @@ def main() -> int:
             lens = many if name == "many_300" else layouts[name]
             total, ms = sum(lens), max(lens)
             q, k, v = rand_qkv(total, H, d, bf16, packed)
-            cu = cu_from(lens)
+            cu = cu_seqlens(lens, device=DEV)
             out = torch.full((total, H, d), float("nan"), dtype=bf16, device=DEV)
             before = dispatch.compile_count()
             ours = dispatch.fa4_varlen_attention(q, k, v, cu, loose or ms, out=out)
@@ -220,7 +188,7 @@ def main() -> int:
     def window_case(d, window, sink_dtype):
         nonlocal ok_all
         q, k, v = rand_qkv(total, H, d, bf16)
-        cu = cu_from(lens)
+        cu = cu_seqlens(lens, device=DEV)
         sinks = None if sink_dtype is None else (torch.randn(H, device=DEV) * 2 + 3).to(sink_dtype)
         scale = 1.0 / math.sqrt(d)
         before = dispatch.compile_count()
@@ -228,8 +196,8 @@ def main() -> int:
         ours = dispatch.fa4_varlen_attention(q, k, v, cu, ms, window_size=window, sinks=sinks, out=out)
         fa4_window = tuple(None if (w is not None and w < 0) else w for w in window)
         pub = public(q, k, v, cu, ms, window=fa4_window, sinks=sinks)
-        ref = reference(q, k, v, lens, scale, fa4_window, sinks)
-        nosink = reference(q, k, v, lens, scale, fa4_window, None) if sinks is not None else None
+        ref = attention_fp32(q, k, v, cu, scale=scale, window=fa4_window, sinks=sinks)
+        nosink = attention_fp32(q, k, v, cu, scale=scale, window=fa4_window) if sinks is not None else None
         torch.cuda.synchronize()
         row = {
             "head_dim": d, "window": list(window), "sinks": str(sink_dtype),
@@ -253,7 +221,7 @@ def main() -> int:
         nonlocal ok_all
         d, lens = 80, [256]
         q, k, v = rand_qkv(256, H, d, bf16)
-        cu = cu_from(lens)
+        cu = cu_seqlens(lens, device=DEV)
         out = torch.empty_like(q)
         with torch.inference_mode():
             dispatch.fa4_varlen_attention(q, k, v, cu, 256, out=out)
@@ -301,10 +269,10 @@ def main() -> int:
         d, lens = 80, [196, 784, 400, 64]
         total, ms = sum(lens), max(lens)
         q, k, v = rand_qkv(total, H, d, bf16)
-        cu = cu_from(lens)
+        cu = cu_seqlens(lens, device=DEV)
         lens_many = many
         qm, km, vm = rand_qkv(sum(lens_many), H, d, bf16)
-        cum = cu_from(lens_many)
+        cum = cu_seqlens(lens_many, device=DEV)
         q6, k6, v6 = rand_qkv(total, H, 64, bf16)
         sinks = torch.randn(H, device=DEV)
         out1 = torch.empty_like(q)

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 from sglang_fa4.bench.stats import median  # noqa: E402
 from sglang_fa4.bench.timing import graph_replay_ms  # noqa: E402
+from sglang_fa4.testing import attention_fp32, cu_seqlens  # noqa: E402
 
 DEV = "cuda"
 RESULT: dict = {"sections": {}}
@@ -55,33 +56,8 @@ def log(*a):
 
 
 def ref_attention(q, k, v, cu_q, cu_k, scale, causal=False, window=(None, None)):
-    """fp32 reference, per sequence; q (Tq, Hq, d), k/v (Tk, Hkv, d) float32."""
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    hq, hkv = q.shape[1], k.shape[1]
-    g = hq // hkv
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    left, right = window
-    if causal:
-        right = 0
-    for b in range(len(cq) - 1):
-        lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-        if lq == 0 or lk == 0:
-            continue
-        qb = q[cq[b] : cq[b + 1]].transpose(0, 1)  # (Hq, lq, d)
-        kb = k[ck[b] : ck[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
-        vb = v[ck[b] : ck[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
-        s = torch.matmul(qb, kb.transpose(1, 2)) * scale
-        i = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
-        j = torch.arange(lk, device=q.device)[None, :]
-        mask = torch.zeros((lq, lk), dtype=torch.bool, device=q.device)
-        if right is not None:
-            mask |= j > i + right
-        if left is not None:
-            mask |= j < i - left
-        s = s.masked_fill(mask, float("-inf"))
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-        out[cq[b] : cq[b + 1]] = torch.matmul(p, vb).transpose(0, 1)
-    return out
+    """fp32 reference, per sequence (sglang_fa4.testing's: GQA, bottom-right causal and window)."""
+    return attention_fp32(q, k, v, cu_q, cu_k, scale=scale, causal=causal, window=window)
 
 
 def fault_guard(what: str, case: str) -> None:
@@ -97,6 +73,8 @@ def fault_guard(what: str, case: str) -> None:
 
 
 def rel_err(a, b):
+    """Relative error; unlike sglang_fa4.testing.rel_err, an all-zero reference (the all-zero-inputs
+    case) gives the absolute error, so zeros against zeros pass."""
     a, b = a.float(), b.float()
     den = b.norm().item()
     num = (a - b).norm().item()
@@ -132,10 +110,7 @@ def vt_to_v(vt, cu_k, total_k):
 
 
 def make_cu(lens):
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    return torch.tensor(cu, dtype=torch.int32, device=DEV)
+    return cu_seqlens(lens, device=DEV)
 
 
 # ----------------------------------------------------------------------------------------------

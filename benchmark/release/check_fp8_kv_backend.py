@@ -125,10 +125,10 @@ def setup(cpu_smoke: bool) -> dict:
 def fa3_model(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, *, k_descale=None,
               v_descale=None, q_descale=None, softmax_scale=None, causal=True, out=None):
     """--cpu-smoke: FA3's paged FP8 call (sglang_fa4.bench.fa3.paged_fp8's signature) in fp32 torch."""
-    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
+    from sglang_fa4.testing import paged_attention_fp32
 
     assert q_descale is None, "SGLang's fa3 path passes no q descale"
-    res = paged_attention_reference(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale=k_descale,
+    res = paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale=k_descale,
                                     v_descale=v_descale, softmax_scale=softmax_scale, causal=causal).to(torch.bfloat16)
     if out is None:
         return res

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from sglang_fa4.bench.timing import interleaved_ms, timed_into  # noqa: E402
+from sglang_fa4.testing import cu_seqlens, paged_attention_fp32  # noqa: E402
 
 DEV = "cuda"
 FP8 = torch.float8_e4m3fn
@@ -111,10 +112,6 @@ def sglang_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=N
         k_descale=kd, v_descale=vd)
 
 
-def cu_of(lens):
-    return torch.nn.functional.pad(torch.tensor(lens).cumsum(0), (1, 0)).to(torch.int32).to(DEV)
-
-
 def fa3_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=None, lse=None, ws=None):
     """SGLang's fa3 call on the same fp8 pool (FA3 built from source, sglang_fa4.bench.fa3)."""
     from sglang_fa4.bench import fa3
@@ -130,8 +127,6 @@ def fa3_available() -> bool:
 
 
 def section_correctness():
-    from sglang_fa4.kernels.fp8_paged_kv import paged_attention_reference
-
     cases = [("extend+prefix", [1000, 3000, 517], [200, 3000, 17]), ("decode", [100, 777, 2048, 1, 129, 4096, 33, 640], [1] * 8)]
     impls = [("fa4-fp8 route", sglang_call)] + ([("fa3-fp8", fa3_call)] if fa3_available() else [])
     runs = [(p, D, impls) for p in (1, 16, 64)]
@@ -142,10 +137,10 @@ def section_correctness():
             torch.manual_seed(page_size)
             k_scale, v_scale = torch.tensor([0.02], device=DEV), torch.tensor([0.015], device=DEV)
             kc, vc, table, seqlens = make_cache(lens, page_size, k_scale, v_scale, seed=page_size, d=d)
-            cu_q = cu_of(new)
+            cu_q = cu_seqlens(new, device=DEV)
             q8 = (torch.randn(sum(new), HQ, d, device=DEV) * 0.5).to(torch.bfloat16).to(FP8)  # q.to(fp8)
             kd, vd = k_scale.expand(len(lens), HKV), v_scale.expand(len(lens), HKV)
-            ref = paged_attention_reference(q8, kc, vc, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
+            ref = paged_attention_fp32(q8, kc, vc, table, seqlens, cu_q, k_descale=k_scale, v_descale=v_scale,
                                             softmax_scale=d ** -0.5, causal=True)
             for impl, call in run_impls:
                 out = torch.full((sum(new), HQ, d), float("nan"), device=DEV, dtype=torch.bfloat16)
@@ -224,7 +219,7 @@ def section_speed(budget_s):
         torch.manual_seed(0)
         k_scale, v_scale = torch.tensor([0.02], device=DEV), torch.tensor([0.015], device=DEV)
         kc, vc, table, seqlens = make_cache(lens, page_size, k_scale, v_scale, seed=1)
-        cu_q, cu_k = cu_of(new), cu_of(lens)
+        cu_q, cu_k = cu_seqlens(new, device=DEV), cu_seqlens(lens, device=DEV)
         B, tq, tk = len(lens), sum(new), sum(lens)
         q8 = torch.randn(tq, HQ, D, device=DEV).to(FP8)
         kd, vd = k_scale.expand(B, HKV), v_scale.expand(B, HKV)

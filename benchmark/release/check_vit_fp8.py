@@ -60,17 +60,6 @@ def graph_ms(fn, reps: int = 7) -> float:
     return graph_replay_ms(fn, replays=reps, warmup=2, pre_replays=1)
 
 
-def reference(q, k, v, lens):
-    import torch
-
-    out, start = [], 0
-    for n in lens:
-        qs, ks, vs = (t[start:start + n].float().transpose(0, 1) for t in (q, k, v))
-        out.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1))
-        start += n
-    return torch.cat(out)
-
-
 def crossover(args) -> dict:
     from sglang_fa4.integration.vit_budget_layouts import full_capacity
 
@@ -108,12 +97,13 @@ def crossover_row(d: int, lens: list) -> dict:
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
     from sglang_fa4.kernels.fp8_sm90.quantize import quantize_qkv
     from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+    from sglang_fa4.testing import attention_fp32, cu_seqlens
 
     total, m = sum(lens), max(lens)
     g = torch.Generator(device="cuda").manual_seed(total + d)
     q, k, v = (torch.randn(total, HEADS, d, device="cuda", generator=g).mul_(s).to(torch.bfloat16)
                for s in (2.0, 2.0, 1.0))
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(lens, device="cuda")
     pre = quantize_qkv_chunked(q, k, v, cu, cu, m)
     bf16 = lambda: dispatch.fa4_varlen_attention(q, k, v, cu, m)  # noqa: E731
     fp8 = lambda: vit_attn_dtype.fp8_attention(q, k, v, cu, m)  # noqa: E731
@@ -130,7 +120,7 @@ def crossover_row(d: int, lens: list) -> dict:
     row["fp8_vs_bf16_rel_err"] = rel(o_f, o_b)
     row["finite"] = bool(torch.isfinite(o_f).all())
     if total <= 8192:
-        ref = reference(q, k, v, lens)
+        ref = attention_fp32(q, k, v, cu)
         row["fp8_vs_fp32_rel_err"], row["bf16_vs_fp32_rel_err"] = rel(o_f, ref), rel(o_b, ref)
     row["bf16_over_fp8"] = row["bf16_ms"] / row["fp8_ms"]
     row["bf16_over_fp8_kernel"] = row["bf16_ms"] / row["fp8_kernel_ms"]

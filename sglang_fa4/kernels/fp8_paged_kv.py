@@ -143,30 +143,20 @@ def paged_fp8_attention(
     return result
 
 
-def paged_attention_reference(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *,
-                              k_descale=None, v_descale=None, softmax_scale=None, causal=True):
-    """fp32 reference on the dequantized cache (CPU/GPU): per sequence, bottom-right causal, GQA."""
-    qf = q.float()
-    hq, d = q.shape[1], q.shape[2]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    cq = cu_seqlens_q.tolist()
-    for b, n in enumerate(cache_seqlens.tolist()):
+def dequantized_paged_kv(k_cache, v_cache, page_table, cache_seqlens, *, k_descale=None, v_descale=None,
+                         device=None):
+    """Every sequence's cached K and V, gathered from the paged E4M3 pool and dequantized to float32
+    (one descale, or one per (sequence, kv head)), packed by sequence: ``(sum(cache_seqlens), hkv, d)``
+    each. What the fp32 reference (``sglang_fa4.testing.paged_attention_fp32``) attends over."""
+
+    def descaled(x, scale, b):
+        if scale is None:
+            return x
+        return x * scale.reshape(-1)[0].float() if scale.numel() == 1 else x * scale[b].float()[None, :, None]
+
+    ks, vs = [], []
+    for b in range(cache_seqlens.shape[0]):
         kb, vb = gather_paged_kv_reference(k_cache, v_cache, page_table[b:b + 1], cache_seqlens[b:b + 1])
-        kf = kb.view(FP8).float().to(q.device)
-        vf = vb.view(FP8).float().to(q.device)
-        if k_descale is not None:
-            kf = kf * k_descale.reshape(-1)[0].float() if k_descale.numel() == 1 else kf * k_descale[b].float()[None, :, None]
-        if v_descale is not None:
-            vf = vf * v_descale.reshape(-1)[0].float() if v_descale.numel() == 1 else vf * v_descale[b].float()[None, :, None]
-        rep = hq // kf.shape[1]
-        kf, vf = kf.repeat_interleave(rep, 1), vf.repeat_interleave(rep, 1)
-        qb = qf[cq[b]:cq[b + 1]]
-        s = torch.einsum("qhd,khd->hqk", qb, kf) * scale
-        if causal:
-            nq = qb.shape[0]
-            i = torch.arange(nq, device=q.device)[:, None]
-            j = torch.arange(n, device=q.device)[None, :]
-            s = s.masked_fill(j > i + (n - nq), float("-inf"))
-        out[cq[b]:cq[b + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vf)
-    return out
+        ks.append(descaled(kb.view(FP8).float().to(device), k_descale, b))
+        vs.append(descaled(vb.view(FP8).float().to(device), v_descale, b))
+    return torch.cat(ks), torch.cat(vs)
