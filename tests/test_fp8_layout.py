@@ -359,17 +359,10 @@ _QUANT_POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "q8": "*fp8e4nv", "
 
 
 def _sm90_ptx(fn, consts):
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton_ptx import sm90_ptx
 
-    sig = {p.name: "constexpr" if p.name in consts else _QUANT_POINTERS.get(p.name.removesuffix("_ptr"), "i32")
-           for p in fn.params}
-    try:
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-    except TypeError as exc:
-        pytest.skip(f"this Triton's ASTSource differs: {exc}")
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    sig = {p.name: _QUANT_POINTERS.get(p.name.removesuffix("_ptr"), "i32") for p in fn.params}
+    return sm90_ptx(fn, sig, consts)
 
 
 def test_quantize_kernels_divide_with_ieee_rounding():

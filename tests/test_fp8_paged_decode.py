@@ -259,11 +259,9 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
     aligned pointers and strides, page size 1 as a constant): the E4M3 K/V tiles are read as 16-byte
     vectors (no byte-wise global access) and both products run on the tensor cores (mma)."""
-    triton = pytest.importorskip("triton")
     import re
 
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton_ptx import sm90_ptx
 
     fn = D._make_split_kernel()
     names = [p.name for p in fn.params]
@@ -274,15 +272,9 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
               "WRITE_LSE": False}
     if page == 1:
         consts["page_size"] = 1
-    sig.update({n: "constexpr" for n in consts})
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n not in consts}
-    try:
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    except TypeError as exc:
-        pytest.skip(f"this Triton's ASTSource differs: {exc}")
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ptx = sm90_ptx(fn, sig, consts, aligned)
     ops = re.findall(r"\b(ld|st)\.global(\.v\d)?\.[bu](\d+)", ptx)
     assert not [o for o in ops if o[2] == "8"], "byte-wise global loads/stores"
     # the K and V tiles: 16-byte vectors, straight to registers or through cp.async into shared memory

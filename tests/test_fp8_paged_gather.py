@@ -167,11 +167,9 @@ def test_kernel_compiles_for_sm90_with_16_byte_accesses(d, page):
     (16-byte-aligned pointers, strides that are multiples of 16; page size 1 as a constant): the K/V
     loads and the K / V^T stores are 16-byte vectors, no byte-wise global access (the bandwidth the
     kernel is for)."""
-    triton = pytest.importorskip("triton")
     import re
 
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton_ptx import sm90_ptx
 
     fn = G._make_kernel()
     names = [p.name for p in fn.params]
@@ -180,15 +178,9 @@ def test_kernel_compiles_for_sm90_with_16_byte_accesses(d, page):
     consts = {"D": d, "D_POW2": 1 << (d - 1).bit_length(), "ALIGN": 16, "BLOCK_T": G.BLOCK_T, "BLOCK_B": G.BLOCK_B}
     if page == 1:
         consts["page_size"] = 1
-    sig.update({n: "constexpr" for n in consts})
     aligned = [n for n in names if n.isupper() or n in ("vt_stride_h", "vt_stride_d", "tok_stride")
                or (n == "page_size" and page != 1)]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n not in consts}
-    try:
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    except TypeError as exc:
-        pytest.skip(f"this Triton's ASTSource differs: {exc}")
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ptx = sm90_ptx(fn, sig, consts, aligned)
     ops = re.findall(r"\b(ld|st)\.global(\.v\d)?\.b(\d+)", ptx)
     assert not [o for o in ops if o[2] == "8"], "byte-wise global loads/stores"
     assert sum(1 for o in ops if o == ("st", ".v4", "32")) >= 2 and sum(1 for o in ops if o == ("ld", ".v4", "32")) >= 2
