@@ -1,4 +1,5 @@
-"""`sglang-fa4 bench kernels|vit`: argument parsing only; the work lives in kernels.py / vit.py."""
+"""`sglang-fa4 bench kernels|vit|decode`: argument parsing only; the work lives in kernels.py / vit.py /
+decode.py."""
 
 from __future__ import annotations
 
@@ -69,27 +70,13 @@ def add_parser(subparsers) -> None:
 
     bench = subparsers.add_parser("bench", help="benchmarks on a CUDA GPU (kernels, vit, decode)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
-    pk = sub.add_parser(
-        "kernels",
-        help="varlen attention kernels: fa4 vs fa4_public vs triton_attn vs sdpa",
-        description=(kernels.__doc__ or "").split("\n\n")[0],
-    )
-    kernels.add_arguments(pk)
-    _common(pk)
-    pk.set_defaults(handler=_kernels)
-    pv = sub.add_parser(
-        "vit",
-        help="transformers Qwen2.5-VL / Qwen3-VL vision towers end to end per attention backend",
-        description=(vit.__doc__ or "").split("\n")[0],
-    )
-    vit.add_arguments(pv)
-    _common(pv)
-    pv.set_defaults(handler=_vit)
-    pd = sub.add_parser(
-        "decode",
-        help="paged FP8-KV decode: the split-KV kernel vs FA3-FP8, SGLang's triton fp8, fa4 bf16",
-        description=(decode.__doc__ or "").split("\n\n")[0],
-    )
-    decode.add_arguments(pd)
-    _common(pd)
-    pd.set_defaults(handler=_decode)
+    for name, module, handler, summary in (
+        ("kernels", kernels, _kernels, "varlen attention kernels: fa4 vs fa4_public vs triton_attn vs sdpa"),
+        ("vit", vit, _vit, "transformers Qwen2.5-VL / Qwen3-VL vision towers end to end per attention backend"),
+        ("decode", decode, _decode, "paged FP8-KV decode: the split-KV kernel vs FA3-FP8, SGLang's triton fp8, "
+                                    "fa4 bf16"),
+    ):
+        parser = sub.add_parser(name, help=summary, description=(module.__doc__ or "").split("\n\n")[0])
+        module.add_arguments(parser)
+        _common(parser)
+        parser.set_defaults(handler=handler)
