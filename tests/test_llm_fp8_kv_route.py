@@ -523,3 +523,47 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
             compile_events.record("triton", event)  # the same compile on the request path
     finally:
         jit_monitor.reset_state()
+
+
+def test_the_one_entry_point_takes_the_paged_form(fake_kernel, split_kv_calls):
+    """dispatch.fa4_varlen_attention with page_table / cache_seqlens is the FP8 KV route: decode to the
+    split-KV kernel, a long extend to the gather + FP8 forward, return_lse to the split-KV kernel with
+    the LSE; the same results as paged_fp8_attention called directly."""
+    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+
+    k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
+    kd = torch.tensor([0.7]).expand(2, 2)
+    for new, want in (([1, 1], "split"), ([30, 40], "gather")):
+        cu, q = cu_seqlens(new), torch.randn(sum(new), 8, 64).to(FP8)
+        before = (len(split_kv_calls), len(fake_kernel))
+        got = fa4_varlen_attention(q, k_cache, v_cache, cu, max(new), page_table=table, cache_seqlens=seqlens,
+                                   k_descale=kd, causal=True, window_size=(None, None))
+        took = "split" if len(split_kv_calls) > before[0] else "gather" if len(fake_kernel) > before[1] else "?"
+        assert took == want
+        direct = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu, max(new), k_descale=kd, causal=True)
+        assert torch.equal(got, direct)
+    cu, q = cu_seqlens([1, 1]), torch.randn(2, 8, 64).to(FP8)
+    out, lse = fa4_varlen_attention(q, k_cache, v_cache, cu, 1, page_table=table, cache_seqlens=seqlens,
+                                    causal=True, return_lse=True)
+    assert split_kv_calls[-1]["lse"] is True and split_kv_calls[-1]["window"] == (-1, -1)
+    assert out.shape == (2, 8, 64) and lse.shape == (8, 2)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(cache_seqlens=None), "page_table and cache_seqlens go together"),
+    (dict(page_table=None), "page_table and cache_seqlens go together"),
+    (dict(page_table=None, cache_seqlens=None, return_lse=True), "return_lse is for the paged form only"),
+    (dict(sinks=torch.zeros(8)), "sinks do not apply to the paged FP8 KV form"),
+    (dict(vt=torch.zeros(1)), "vt do not apply to the paged FP8 KV form"),
+    (dict(cu_seqlens_k=torch.zeros(3, dtype=torch.int32)), "cu_seqlens_k do not apply to the paged FP8 KV form"),
+    (dict(q_descale=torch.ones(1)), "q_descale do not apply to the paged FP8 KV form"),
+])
+def test_the_paged_form_refuses_each_contiguous_only_argument(change, message):
+    from sglang_fa4.kernels.dispatch import FA4InputError, fa4_varlen_attention
+
+    k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
+    kw = dict(page_table=table, cache_seqlens=seqlens)
+    kw.update(change)
+    q = torch.randn(2, 8, 64).to(FP8)
+    with pytest.raises(FA4InputError, match=message):
+        fa4_varlen_attention(q, k_cache, v_cache, cu_seqlens([1, 1]), 1, **kw)

@@ -9,7 +9,7 @@
   gets the same treatment as decode.
 * ``flash_attn_with_kvcache``: AROUND SGLang's ``flash_attn_with_kvcache`` dispatcher (the one
   call site of FA for paged MHA in ``flashattention_backend``, extend and decode): ``ver=4`` with an
-  E4M3 cache on an SM90 GPU goes to :func:`sglang_fa4.kernels.fp8_paged_kv.paged_fp8_attention`;
+  E4M3 cache on an SM90 GPU goes to the paged form of :func:`sglang_fa4.kernels.dispatch.fa4_varlen_attention`;
   everything else (other versions, bf16 caches, other GPUs) calls SGLang's code unchanged.
   Decode and short extends run the paged split-KV kernel that reads the pool in place
   (:mod:`sglang_fa4.kernels.fp8_paged_decode`), which also returns the LSE SGLang's cascade
@@ -197,20 +197,17 @@ def route_fp8(call: dict):
         )
     if call.get("q_descale") is not None:
         raise FP8KVRouteError("q_descale is not passed by SGLang's fp8_e4m3 path; the route does not take it")
-    from sglang_fa4.kernels.fp8_paged_kv import paged_fp8_attention
+    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
 
     max_q = call.get("max_seqlen_q")
-    args = (q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
-            None if max_q is None else int(max_q))
-    kw = dict(k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
-              softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
-              window_size=call.get("window_size", (-1, -1)), out=call.get("out"))
-    if call.get("return_softmax_lse"):
-        # (out, lse (Hq, total_q)) as FA's varlen call returns them; only the split-KV kernel has the LSE
-        from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention
-
-        return paged_decode_attention(*args, **kw, return_lse=True)
-    return paged_fp8_attention(*args, **kw)
+    # (out, lse (Hq, total_q)) with return_softmax_lse, as FA's varlen call returns them
+    return fa4_varlen_attention(
+        q, call["k_cache"], call["v_cache"], call["cu_seqlens_q"], None if max_q is None else int(max_q),
+        page_table=call["page_table"], cache_seqlens=call["cache_seqlens"], k_descale=call.get("k_descale"),
+        v_descale=call.get("v_descale"), softmax_scale=call.get("softmax_scale"),
+        causal=bool(call.get("causal", False)), window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
+        return_lse=bool(call.get("return_softmax_lse")),
+    )
 
 
 def _short(value) -> str:

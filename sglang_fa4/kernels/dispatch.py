@@ -14,6 +14,12 @@ float32/bf16/fp16 (FA4's ``learnable_sink``; not supported by FA4 on sm_80/sm_12
 float8_e4m3fn q/k/v (SM90) with ``q_descale``/``k_descale``/``v_descale`` (float32, per (batch, kv
 head) or a scalar; all three or none) go to the native FP8 forward (:mod:`sglang_fa4.kernels.fp8_sm90`),
 bf16 output; E4M3 k/v with another q dtype, or descales with non-FP8 q/k/v, raise FA4InputError.
+The paged form (keyword-only ``page_table`` and ``cache_seqlens``; SGLang's FP8 KV cache): E4M3 q
+against ``k``/``v`` as SGLang's paged E4M3 pool (pages, page_size, kv heads, d), ``cu_seqlens`` and
+``max_seqlen`` those of the new query rows, ``k_descale``/``v_descale`` the pool's scales, causal
+bottom-right aligned; decode and short extends run the paged split-KV kernel (the pool read in
+place), longer extends the gather + FP8 forward (:mod:`.fp8_paged_kv`); ``return_lse`` gives
+(out, lse (Hq, total_q)).
 The FP8 forward also takes (keyword-only, E4M3 q only) ``cu_seqlens_k`` / ``max_seqlen_k`` (keys
 laid out apart from the queries), ``causal`` (bottom-right aligned), ``descale`` ((3, batch, Hkv)
 float32 instead of the three), ``vt`` (the permuted V^T instead of v) and ``kernel_config`` (a
@@ -114,8 +120,17 @@ def fa4_varlen_attention(
     descale=None,
     vt=None,
     kernel_config=None,
+    page_table=None,
+    cache_seqlens=None,
+    return_lse: bool = False,
 ):
     fp8 = _fp8 if _fp8 is not None else _float8_e4m3fn()
+    if page_table is not None or cache_seqlens is not None or return_lse:
+        return _paged_fp8(q, k, v, cu_seqlens, max_seqlen, page_table, cache_seqlens, return_lse,
+                          softmax_scale=softmax_scale, window_size=window_size, sinks=sinks, out=out,
+                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, causal=causal,
+                          cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, descale=descale, vt=vt,
+                          kernel_config=kernel_config)
     if getattr(q, "dtype", None) is fp8:
         # E4M3 q/k/v (SM90): the native FP8 forward, see sglang_fa4.kernels.fp8_sm90
         if sinks is not None:
@@ -149,6 +164,28 @@ def fa4_varlen_attention(
     if short_segments.should_route(cache.arch if q.is_cuda else -1, q, max_seqlen, window_size, sinks):
         return short_segments.short_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale, out)
     return cache(q, k, v, cu_seqlens, max_seqlen, softmax_scale, window_size, sinks, out)
+
+
+def _paged_fp8(q, k_cache, v_cache, cu_seqlens_q, max_seqlen_q, page_table, cache_seqlens, return_lse, *,
+               softmax_scale, window_size, out, k_descale, v_descale, causal, **contiguous_only):
+    """The paged form: E4M3 q against SGLang's paged E4M3 KV pool (``k``/``v`` the caches, pages x
+    page_size x kv heads x d) through its page table; :mod:`.fp8_paged_kv` picks the split-KV decode
+    kernel or the gather + FP8 forward."""
+    if page_table is None or cache_seqlens is None:
+        raise FA4InputError("page_table and cache_seqlens go together (the paged FP8 KV form); "
+                            f"got page_table={'set' if page_table is not None else None}, "
+                            f"cache_seqlens={'set' if cache_seqlens is not None else None}"
+                            + (" (return_lse is for the paged form only)" if return_lse else ""))
+    given = [name for name, x in contiguous_only.items() if x is not None]
+    if given:
+        raise FA4InputError(f"{', '.join(given)} do not apply to the paged FP8 KV form (page_table given)")
+    from sglang_fa4.kernels import fp8_paged_kv  # its names looked up per call (checks count them)
+
+    return fp8_paged_kv.paged_fp8_attention(
+        q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
+        window_size=tuple(-1 if w is None else w for w in (window_size or (None, None))), out=out,
+        return_lse=return_lse)
 
 
 def _causal_window(window_size):

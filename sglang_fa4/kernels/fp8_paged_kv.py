@@ -96,13 +96,15 @@ def paged_fp8_attention(
     causal: bool = False,
     window_size=(-1, -1),
     out=None,
+    return_lse: bool = False,
 ):
     """E4M3 q (total_q, Hq, d) against a paged E4M3 cache -> bf16 (total_q, Hq, d) (``out`` when it
     is a bf16 tensor of that shape; otherwise the result is copied into ``out``).  The causal
     diagonal is bottom-right aligned (query i of a sequence with n new tokens sees keys up to
     ``cache_seqlens[b] - n + i``): extend with a cached prefix and decode alike.  Decode-shaped
     calls (``max_seqlen_q`` 1) pack the GQA group (decode_gqa_packable); ``max_seqlen_q`` None runs
-    one CTA per (sequence, q head) instead."""
+    one CTA per (sequence, q head) instead.  ``return_lse``: (out, lse (Hq, total_q)) as FA's varlen
+    call returns them; only the split-KV kernel computes the LSE, so such calls always take it."""
     _need(isinstance(q, torch.Tensor) and q.dtype == FP8,
           f"q must be float8_e4m3fn (cast like SGLang's fa3 path), got {getattr(q, 'dtype', type(q).__name__)}")
     _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
@@ -110,10 +112,11 @@ def paged_fp8_attention(
           "cu_seqlens_q must be an int32 tensor (batch + 1,)")
     _need(cu_seqlens_q.shape[0] == page_table.shape[0] + 1,
           f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries for a page table of {page_table.shape[0]} sequences")
-    if takes_split_kv(max_seqlen_q):  # decode / few new rows: the pool read in place, no gather
+    if return_lse or takes_split_kv(max_seqlen_q):  # decode / few new rows: the pool read in place, no gather
         return paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,
                                       k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale,
-                                      causal=causal, window_size=window_size, out=out)
+                                      causal=causal, window_size=window_size, out=out,
+                                      **({"return_lse": True} if return_lse else {}))
     sizes = exact_sizes(cache_seqlens)
     k, vt, cu_k, max_k = gather_paged_kv_vt(k_cache, v_cache, page_table, cache_seqlens, sizes)
     batch, hkv = page_table.shape[0], k.shape[1]
