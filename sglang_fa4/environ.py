@@ -106,6 +106,9 @@ class EnvVar:
     minimum: int | None = None  # int / int_list: smallest accepted value
     multiple_of: int | None = None  # int / int_list: every value a multiple of this
     maximum: int | None = None  # int / int_list: largest accepted value
+    #: who else reads the variable straight from the environment (code that cannot import this
+    #: registry, e.g. a kernel patch inside SGLang); a malformed value falls back there too
+    read_outside: str = ""
 
     @property
     def checked(self) -> bool:
@@ -244,7 +247,8 @@ def _build_var(name: str, entry: Mapping[str, Any]) -> EnvVar:
     default = entry["default"]
     if typ == "int_list" and isinstance(default, (list, tuple)):
         default = tuple(sorted(set(default)))
-    var = EnvVar(name, typ, default, str(entry["meaning"]), owner, choices, **bounds)
+    var = EnvVar(name, typ, default, str(entry["meaning"]), owner, choices, **bounds,
+                 read_outside=str(entry.get("read_outside", "")))
     # the default must itself be a valid value of the declared type
     parsed = var.parse(var.format(var.default))
     if parsed != var.default:
@@ -319,6 +323,18 @@ class EnvRegistry:
         holds the malformed value reported (a later, valid value is read as usual)."""
         for problem in problems:
             _FALLBACKS[problem.name] = problem.raw
+
+    def default_for_outside_readers(self, names) -> list[str]:
+        """Of the variables ``names`` (falling back to their defaults), those read outside this
+        registry (``read_outside``) get the default written to the environment: that reader cannot
+        see the fallback. Returns their names. The plugin does this, not doctor."""
+        written = []
+        for name in names:
+            var = self._vars[name]
+            if var.read_outside:
+                var.set(var.default)
+                written.append(name)
+        return written
 
     def clear_fallbacks(self) -> None:
         _FALLBACKS.clear()

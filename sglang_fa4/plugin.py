@@ -168,6 +168,7 @@ def register() -> Plan:
             logger.error("%s", line)
         raise PluginStartRefused("\n".join(errors.values()))
     _log_environment_errors(errors)
+    envs.default_for_outside_readers(errors)
     try:
         plan = _register(strict)
     except PluginStartRefused:

@@ -352,3 +352,20 @@ def test_upstream_has():
     f = features.FEATURES_BY_NAME["backend_default_table"]
     assert not f.upstream_has("0.5.20") and f.upstream_has("0.5.21") and f.upstream_has("0.5.23")
     assert not features.FEATURES_BY_NAME["fa4_checked_forward"].upstream_has("9.9.9")
+
+
+def test_a_variable_read_outside_the_registry_falls_back_there_too(fake_sglang, monkeypatch, caplog):
+    """SGLANG_FA4_TMEM_LOAD_RED_MAX is also read by the 0.5.20 kernel patch inside SGLang's vendored FA4,
+    which cannot see the registry's fallback and would raise per call: the plugin gives that reader the
+    default in the environment; a variable read only through the registry keeps its raw value."""
+    import os
+
+    use_version(monkeypatch, "0.5.23")
+    monkeypatch.setenv("SGLANG_FA4_TMEM_LOAD_RED_MAX", "maybe")
+    monkeypatch.setenv("SGLANG_FA4_WARMUP", "maybe")
+    with caplog.at_level(logging.ERROR, logger="sglang_fa4"):
+        plugin.register()
+    assert envs.SGLANG_FA4_TMEM_LOAD_RED_MAX.read_outside and not envs.SGLANG_FA4_WARMUP.read_outside
+    assert os.environ["SGLANG_FA4_TMEM_LOAD_RED_MAX"] == "1"  # the default, as the patch spells true
+    assert os.environ["SGLANG_FA4_WARMUP"] == "maybe"
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 2
