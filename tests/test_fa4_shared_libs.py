@@ -24,7 +24,8 @@ from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
 from sglang_fa4.kernels.fa4_shared_libs import Store
 from sglang_fa4.startup import fa4_preload, jit_monitor, warmup
 from sglang_fa4.startup.variants import enumerate_variants
-from test_fa4_kernel_cache import STATIC, FakeBackend, cu, qkv
+from sglang_fa4.testing import cu_seqlens
+from test_fa4_kernel_cache import STATIC, FakeBackend, qkv
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 if fa4_shared_libs.find_compiler() is None:
@@ -101,7 +102,7 @@ def _store_one(root: Path, lens=(40, 24), d=64, window=(None, None)):
     """A first start: FA4 (the stub backend) resolves one configuration and the store keeps it."""
     cache = KernelCache(StubBackend(90), Store(root))
     q, k, v = qkv(sum(lens), d=d)
-    cache(q, k, v, cu(*lens), max(lens), None, window, None, None)
+    cache(q, k, v, cu_seqlens(lens), max(lens), None, window, None, None)
     (config,) = cache.configs_seen()
     return config, cache.store.entry_dir(config)
 
@@ -116,7 +117,7 @@ def test_a_restart_launches_the_stored_kernel_without_fa4(tmp_path):
     backend = NoFA4(90)
     cache = KernelCache(backend, Store(tmp_path))
     q, k, v = qkv(64)
-    out = cache(q, k, v, cu(40, 24), 40, 0.3, (None, None), None, None)
+    out = cache(q, k, v, cu_seqlens([40, 24]), 40, 0.3, (None, None), None, None)
     assert out.shape == q.shape and backend.compiles == []
     (event,) = cache.compile_events()
     assert event.from_shared_library and not event.fa4_compiled and event.config == config
@@ -128,7 +129,7 @@ def test_a_restart_launches_the_stored_kernel_without_fa4(tmp_path):
     assert types[15] == ARRAY and types[16:] == [NONE, NONE]
     scale = (ctypes.c_double * 64).in_dll(ctypes.CDLL(str(lib)), "stub_f64")[5]
     assert scale == 0.3
-    cache(q, k, v, cu(40, 24), 40, None, (None, None), None, None)  # the direct launch, default scale
+    cache(q, k, v, cu_seqlens([40, 24]), 40, None, (None, None), None, None)  # the direct launch, default scale
     assert _stub_state(lib)[0] == 2 and len(cache.compile_events()) == 1
     assert (ctypes.c_double * 64).in_dll(ctypes.CDLL(str(lib)), "stub_f64")[5] == 1.0 / math.sqrt(64)
 
@@ -142,7 +143,7 @@ def test_many_segments_run_the_stored_tile_cumsum(tmp_path):
     backend = NoFA4(90)
     cache = KernelCache(backend, Store(tmp_path))
     q, k, v = qkv(sum(lens))
-    cache(q, k, v, cu(*lens), 4, None, (None, None), None, None)
+    cache(q, k, v, cu_seqlens(lens), 4, None, (None, None), None, None)
     assert backend.compiles == []
     calls, types = _stub_state(entry / meta["libraries"]["tile_cumsum"]["file"], "cumsum")
     assert calls == 1 and types == [TENSOR, NONE, TENSOR, NONE, NONE, NONE]  # (blocks, -, cu_seqlens, -, -, -)
@@ -190,14 +191,14 @@ def test_a_stale_or_corrupt_entry_falls_back_to_fa4_and_is_rewritten(tmp_path, c
     cache = KernelCache(backend, Store(tmp_path))
     q, k, v = qkv(64)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        out = cache(q, k, v, cu(40, 24), 40, None, (None, None), None, None)
+        out = cache(q, k, v, cu_seqlens([40, 24]), 40, None, (None, None), None, None)
     assert len(backend.compiles) == 1 and float(out[0, 0, 0]) == 1.0  # FA4's path wrote the output
     (event,) = cache.compile_events()
     assert not event.from_shared_library
     assert any("not used" in r.getMessage() and str(entry) in r.getMessage() for r in caplog.records)
     # FA4's path stored it again: the next restart loads it
     restart = KernelCache(NoFA4(90), Store(tmp_path))
-    restart(q, k, v, cu(40, 24), 40, None, (None, None), None, None)
+    restart(q, k, v, cu_seqlens([40, 24]), 40, None, (None, None), None, None)
     assert restart.backend.compiles == [] and restart.compile_events()[0].from_shared_library
 
 
@@ -214,7 +215,7 @@ def test_a_kernel_that_rejects_the_call_falls_back(tmp_path, monkeypatch, caplog
     cache = KernelCache(backend, Store(tmp_path))
     q, k, v = qkv(64)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        cache(q, k, v, cu(40, 24), 40, None, (None, None), None, None)
+        cache(q, k, v, cu_seqlens([40, 24]), 40, None, (None, None), None, None)
     assert len(backend.compiles) == 1 and any("rejected a call" in r.getMessage() for r in caplog.records)
 
 
@@ -266,8 +267,8 @@ def test_what_cannot_be_stored_still_runs(tmp_path, monkeypatch, caplog):
     cache = KernelCache(backend, Store(tmp_path))
     q, k, v = qkv(64)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        cache(q, k, v, cu(40, 24), 40, None, (None, None), None, None)
-        cache(q, k, v, cu(40, 24), 40, None, (64, 64), None, None)
+        cache(q, k, v, cu_seqlens([40, 24]), 40, None, (None, None), None, None)
+        cache(q, k, v, cu_seqlens([40, 24]), 40, None, (64, 64), None, None)
     assert len(backend.compiles) == 2 and not list(tmp_path.rglob("meta.json"))
     assert sum("not stored as a shared library" in r.getMessage() for r in caplog.records) == 1  # once
     with pytest.raises(fa4_shared_libs.NotStorable):
