@@ -3,8 +3,8 @@
 tests/test_fp8_xcompile.py and tests/test_fa4_shared_libs_xcompile.py. A smoke, one kernel per code
 path, through tests/xcompile_dsl_smoke.py: the SM90 FP8 forward's persistent default (d128
 non-causal), its non-persistent local two-level loop (d64) and its one-level loop (d256 causal);
-FA4 b36's ViT forward (d80 varlen) for sm_90a and sm_103a (SM100's kernel with the tcgen05.ld.red
-row max of sm_103 on top). One process per target and version.
+FA4 b36's ViT forward in every form the warmup compiles (d80, d72, a sliding window with sinks, > 256
+segments) for sm_90a and sm_103a (SM100's kernel with the tcgen05.ld.red row max of sm_103 on top). One process per target and version.
 Each version's answers must match the version gate (sglang_fa4/kernels/dsl_versions.py): a kernel
 that fails to build under a version the gate lets through fails here.
 
@@ -28,6 +28,10 @@ FA4 = ROOT / ".cache" / "fa4-b36"
 # the DSL each supported SGLang pins (tests/test_install_pins.py reads the pins from the wheels)
 PINNED = {"4.6.2": ("0.5.20", "0.5.21"), "4.8.0": ("0.5.22", "0.5.23")}
 FP8 = ("128,0,0", "64,0,1", "256,1,0")
+#: FA4 b36's ViT forward in every form the startup warmup compiles (xcompile_dsl_smoke.fa4's spec):
+#: d80 (Qwen2.5-VL), d72 (Qwen3-VL, padded to 80 inside), MiMo-VL's 64-token sliding window with
+#: attention sinks at d64, and > 256 segments (FA4's scheduler kernels) at d128 (InternViT-6B)
+FA4_FORMS = ("80", "72", "64,64,1", "128,0,0,300")
 
 
 def smoke(layer: Path, dump: Path, arch: int, args: list[str]) -> dict:
@@ -56,10 +60,11 @@ def layer(request) -> Path:
 
 def test_kernels_cross_compile_under_each_pinned_dsl(layer, tmp_path):
     version = layer.name.removeprefix("cutlass-dsl-")
-    hopper = smoke(layer, tmp_path / "sm90", 90, [a for v in FP8 for a in ("--fp8", v)] + ["--fa4", "80"])
+    fa4_args = [a for f in FA4_FORMS for a in ("--fa4", f)]
+    hopper = smoke(layer, tmp_path / "sm90", 90, [a for v in FP8 for a in ("--fp8", v)] + fa4_args)
     # Blackwell: sm_103a compiles FA4's SM100 kernel class with its sm_103 branch on top (the one
     # part that needs a newer DSL op, LdRed32x32bOp); sm_100a only leaves that branch out
-    ultra = smoke(layer, tmp_path / "sm103", 103, ["--fa4", "80"])
+    ultra = smoke(layer, tmp_path / "sm103", 103, fa4_args)
     for out in (hopper, ultra):
         assert out["nvidia-cutlass-dsl"] == version  # the layer, not the venv's DSL
         assert set(out["builds"]) == set(dsl_versions.KERNELS)  # the gate lets every family through
@@ -69,10 +74,11 @@ def test_kernels_cross_compile_under_each_pinned_dsl(layer, tmp_path):
         k = hopper["kernels"][f"fp8 {spec}"]
         # both GEMMs FP8 (E4M3 WGMMA only), P converted to E4M3 in registers
         assert k["target"] == "sm_90a" and k["wgmma_e4m3"] > 0 and k["wgmma_other"] == 0 and k["cvt_e4m3x2"] > 0
-    fa4_90, fa4_103 = (o["kernels"]["fa4 d80"] for o in (hopper, ultra))
-    assert fa4_90["target"] == "sm_90a" and fa4_90["wgmma_bf16"] > 0 and fa4_90["tcgen05_mma"] == 0
-    # B300: the S tile's row max comes out of the TMEM load itself
-    assert fa4_103["target"] == "sm_103a" and fa4_103["tcgen05_mma"] > 0 and fa4_103["ld_red_max"] > 0
+    for form in FA4_FORMS:
+        fa4_90, fa4_103 = (o["kernels"][f"fa4 {form}"] for o in (hopper, ultra))
+        assert fa4_90["target"] == "sm_90a" and fa4_90["wgmma_bf16"] > 0 and fa4_90["tcgen05_mma"] == 0, form
+        # B300: the S tile's row max comes out of the TMEM load itself
+        assert fa4_103["target"] == "sm_103a" and fa4_103["tcgen05_mma"] > 0 and fa4_103["ld_red_max"] > 0, form
 
 
 @pytest.mark.parametrize("version, ok", [

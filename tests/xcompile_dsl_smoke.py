@@ -4,7 +4,7 @@ this once per version a supported SGLang pins). Run in a fresh process (the DSL 
 import) with CUTE_DSL_ARCH=sm_90a, CUTE_DSL_KEEP=ptx, CUTE_DSL_DUMP_DIR=OUT, FLASH_ATTENTION_ARCH=sm_90
 and FLASH_ATTENTION_NUM_SMS=132:
 
-    python tests/xcompile_dsl_smoke.py --dump-dir OUT --fp8 128,0,0 --fp8 64,0,1 --fa4 80
+    python tests/xcompile_dsl_smoke.py --dump-dir OUT --fp8 128,0,0 --fp8 64,0,1 --fa4 80 --fa4 64,64,1
 
 Prints one JSON object: the DSL's version, what sglang_fa4's version gate says it builds, and per
 kernel the seconds, the PTX file and the instruction facts that make it that kernel (or the error).
@@ -44,19 +44,29 @@ def fp8(dump: Path, spec: str) -> dict:
             "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1]}
 
 
-def fa4(dump: Path, head_dim: int) -> dict:
-    """FA4 b36's varlen bf16 forward as the ViT warmup compiles it (FakeTensorMode: no launch)."""
+def fa4(dump: Path, spec: str) -> dict:
+    """FA4 b36's varlen bf16 forward as the ViT warmup compiles it (FakeTensorMode: no launch).
+    ``spec``: head_dim[,window[,sinks[,segments]]]: a sliding window of that many tokens each side
+    (0: none), attention-sink logits (MiMo-VL's windowed blocks), the segment count (> 256 adds
+    FA4's scheduler kernels)."""
     import torch
     from flash_attn.cute import interface
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    lens, heads = (1024, 3520), 16
+    head_dim, window, sinks, segments = ([int(x) for x in spec.split(",")] + [0, 0, 2])[:4]
+    heads, tokens = 16, 4544
     before = set(dump.glob("*.ptx"))
     with FakeTensorMode(allow_non_fake_inputs=True):
-        q, k, v = (torch.empty(sum(lens), heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-        cu = torch.empty(len(lens) + 1, dtype=torch.int32, device="cuda")
-        interface._flash_attn_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
-                                  max_seqlen_k=max(lens))
+        q, k, v = (torch.empty(tokens, heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        cu = torch.empty(segments + 1, dtype=torch.int32, device="cuda")
+        extra = {}
+        if window:
+            extra["window_size_left"] = extra["window_size_right"] = window
+        if sinks:
+            extra["learnable_sink"] = torch.empty(heads, dtype=torch.bfloat16, device="cuda")
+        longest = window or tokens
+        interface._flash_attn_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                                  max_seqlen_k=longest, **extra)
     ptx = _new_ptx(dump, before)
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.f32\.(\w+)\.(\w+)", ptx)
     return {"wgmma_bf16": sum(a == b == "bf16" for a, b in wgmma),
@@ -69,7 +79,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump-dir", required=True, type=Path)
     ap.add_argument("--fp8", action="append", default=[], help="head_dim,causal,local")
-    ap.add_argument("--fa4", action="append", default=[], type=int, help="head dim")
+    ap.add_argument("--fa4", action="append", default=[], help="head_dim[,window[,sinks[,segments]]]")
     args = ap.parse_args()
     if os.environ.get("CUTE_DSL_ARCH", "").startswith("sm_10"):
         from fa4_xcompile import _stub_hardware_info  # the CUDA driver's answer for a B200/B300
@@ -79,7 +89,7 @@ def main() -> int:
 
     version = metadata.version("nvidia-cutlass-dsl")
     out: dict = {"nvidia-cutlass-dsl": version, "builds": sorted(dsl_versions.builds(version)), "kernels": {}}
-    jobs = [(f"fp8 {s}", fp8, s) for s in args.fp8] + [(f"fa4 d{d}", fa4, d) for d in args.fa4]
+    jobs = [(f"fp8 {s}", fp8, s) for s in args.fp8] + [(f"fa4 {s}", fa4, s) for s in args.fa4]
     for name, fn, arg in jobs:
         t = time.perf_counter()
         try:
