@@ -4,8 +4,11 @@ Generated blocks (``<!-- NAME:start --> ... <!-- NAME:end -->``) come from their
 environ.yaml, features.py and the committed results (``result_figures``).
 ``python -m sglang_fa4.docs`` rewrites them in every file of ``GENERATED_IN``; ``--check`` only
 reports. A quoted block (``<!-- quote: FILE -->`` and the lines right after it, up to a blank line)
-must appear line by line in FILE, and every result file the docs cite must be in the tree: what
-``problems()`` reports, and a test fails on.
+must appear line by line in FILE. A figure paragraph (``<!-- fig: FILE [FILE ...] -->`` and the
+prose right after it, up to a blank line) must hold at least one number, and every number in it
+(outside code spans) must be one that some named FILE gives, to the digits the prose prints. Every
+result file the docs cite must be in the tree. ``problems()`` reports each disagreement with its
+file and line; a test fails on any.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def results_index(root: Path = ROOT) -> str:
         # a doc cites the file itself, or its markdown / JSON twin (the same run)
         names = {path.name, f"{stem}.md", f"{stem}.json", f"{stem}.json.gz"}
         cited = [d for d, text in docs.items()
-                 if f"quote: {rel} " in text or any(f"`{n}`" in text or f"/{n}`" in text for n in names)]
+                 if re.search(rf"<!-- (?:quote|fig): (?:\S+ )*{re.escape(rel)}[ ]", text) or any(f"`{n}`" in text or f"/{n}`" in text for n in names)]
         rows.append(f"| `{rel.removeprefix('benchmark/results/')}` | {', '.join(cited) or '(not named in the docs)'} "
                     f"| {_command_of(path)} |")
     return "\n".join(rows)
@@ -171,6 +174,76 @@ def quote_problems(text: str, root: Path = ROOT) -> list[str]:
     return out
 
 
+FIG = re.compile(r"^<!-- fig: (\S+(?: \S+)*) -->$")
+
+#: A figure as prose prints it: not part of a word or a version (``H200``, ``d128``, ``0.5.23``),
+#: optionally in e-notation (``2.4e-2``).
+NUMBER = re.compile(r"(?<!\w)(?<!\w\.)(?<![eE][-+])(\d+(?:\.\d+)*(?:e[-+]?\d+)?)")
+
+
+def numbers(text: str) -> list[str]:
+    """The figures of a prose text: every number outside code spans and link targets, versions
+    (two dots or more) aside."""
+    text = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", text)
+    return [n for n in NUMBER.findall(text) if n.split("e")[0].count(".") < 2]
+
+
+def _file_numbers(path: Path) -> set[float]:
+    if path.name.endswith((".json", ".json.gz")):
+        import json
+        text = json.dumps(report.read_json(path))
+    elif path.name.endswith(".gz"):
+        import gzip
+        text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+    else:
+        text = path.read_text(errors="replace")
+    out = set()
+    for n in re.findall(r"(?<!\w)(?<!\w\.)(?<![eE][-+])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", text):
+        try:
+            out.add(abs(float(n)))
+        except ValueError:
+            pass
+    return out
+
+
+def _printed_as(value: float, figure: str) -> bool:
+    """Whether ``value`` printed to ``figure``'s digits reads ``figure`` (an integer must be exact)."""
+    mant, _, exp = figure.partition("e")
+    digits = len(mant.partition(".")[2])
+    if exp:
+        return f"{value:.{digits}e}" == f"{float(figure):.{digits}e}"
+    if not digits:
+        return value == int(figure)
+    return f"{value:.{digits}f}" == figure
+
+
+def figure_problems(text: str, root: Path = ROOT) -> list[str]:
+    """Each figure paragraph's numbers that none of its cited files gives."""
+    out = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = FIG.match(line.strip())
+        if not m:
+            continue
+        files = m.group(1).split()
+        missing = [f for f in files if not (root / f).is_file()]
+        if missing:
+            out.append(f"line {i + 1}: figure file {', '.join(missing)} is not in the tree")
+            continue
+        values = set().union(*(_file_numbers(root / f) for f in files))
+        found = False
+        for j in range(i + 1, len(lines)):
+            if not lines[j].strip():
+                break
+            for fig in numbers(lines[j]):
+                found = True
+                if not any(_printed_as(v, fig) for v in values):
+                    out.append(f"line {j + 1}: {fig} is not in {' '.join(files)}")
+        if not found:
+            out.append(f"line {i + 1}: figure paragraph of {' '.join(files)} holds no number")
+    return out
+
+
 #: A result file as the docs cite it: a path under benchmark/results/, or a bare result-like name.
 CITED = re.compile(r"`((?:benchmark/results/)?[\w.\-/]+?\.(?:md|json|json\.gz|log|log\.gz|png))`")
 
@@ -195,16 +268,17 @@ def user_docs(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
-def problems(root: Path = ROOT) -> list[str]:
+def problems(root: Path = ROOT, generated: dict | None = None) -> list[str]:
     """Every disagreement between the user docs and their sources, one line each."""
     out = []
-    for rel, sections in GENERATED_IN.items():
+    for rel, sections in (GENERATED_IN if generated is None else generated).items():
         text = (root / rel).read_text()
         if render(text, sections) != text:
             out.append(f"{rel}: generated blocks are stale (python -m sglang_fa4.docs)")
     for path in user_docs(root):
         text = path.read_text()
-        out += [f"{path.relative_to(root).as_posix()}: {p}" for p in quote_problems(text, root) + missing_results(text, root)]
+        found = quote_problems(text, root) + figure_problems(text, root) + missing_results(text, root)
+        out += [f"{path.relative_to(root).as_posix()}: {p}" for p in found]
     return out
 
 
