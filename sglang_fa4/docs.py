@@ -176,9 +176,9 @@ def quote_problems(text: str, root: Path = ROOT) -> list[str]:
 
 FIG = re.compile(r"^<!-- fig: (\S+(?: \S+)*) -->$")
 
-#: A figure as prose prints it: not part of a word or a version (``H200``, ``d128``, ``0.5.23``),
-#: optionally in e-notation (``2.4e-2``).
-NUMBER = re.compile(r"(?<!\w)(?<!\w\.)(?<![eE][-+])(\d+(?:\.\d+)*(?:e[-+]?\d+)?)")
+#: A figure as prose prints it: not part of a word, a name or a version (``H200``, ``d128``,
+#: ``7B``, ``720p``, ``0.5.23``), optionally in e-notation (``2.4e-2``) or a ratio (``1.30x``).
+NUMBER = re.compile(r"(?<!\w)(?<!\w\.)(?<![eE][-+])(\d+(?:\.\d+)*(?:e[-+]?\d+)?)(?![A-Za-wyz_\d]|\.\d)")
 
 
 def numbers(text: str) -> list[str]:

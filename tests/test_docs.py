@@ -75,8 +75,9 @@ FIG = "<!-- fig: benchmark/results/h200/run.md -->\n"
 
 
 def test_numbers_are_the_prose_figures_only():
-    text = "H200 d128 FA4 bf16 on SGLang 0.5.23: 1.30x, 2.4e-2..1.5e-2, 0.5-0.94x, 8x4096, `--rounds 21` [a](h/7.md)"
-    assert docs.numbers(text) == ["1.30", "2.4e-2", "1.5e-2", "0.5", "0.94", "8"]
+    text = ("H200 d128 FA4 bf16 Qwen2.5-VL-7B 720p 4k on SGLang 0.5.23: 1.30x, 2.4e-2..1.5e-2, 0.5-0.94x, "
+            "8x4096, 3.14p, `--rounds 21` [a](h/7.md) and 12.5%.")
+    assert docs.numbers(text) == ["1.30", "2.4e-2", "1.5e-2", "0.5", "0.94", "8", "12.5"]
 
 
 def test_figure_paragraph_numbers_come_from_its_file(tmp_path):
