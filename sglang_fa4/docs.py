@@ -7,8 +7,9 @@ reports. A quoted block (``<!-- quote: FILE -->`` and the lines right after it, 
 must appear line by line in FILE. A figure paragraph (``<!-- fig: FILE [FILE ...] -->`` and the
 prose right after it, up to a blank line) must hold at least one number, and every number in it
 (outside code spans) must be one that some named FILE gives, to the digits the prose prints. Every
-result file the docs cite must be in the tree. ``problems()`` reports each disagreement with its
-file and line; a test fails on any.
+result file the docs cite must be in the tree, and a measured-looking figure (``1.3x``, ``8.6 s``)
+outside those blocks needs ``<!-- not-a-result: WHY -->`` over its paragraph. ``problems()`` reports
+each disagreement with its file and line; a test fails on any.
 """
 
 from __future__ import annotations
@@ -244,6 +245,51 @@ def figure_problems(text: str, root: Path = ROOT) -> list[str]:
     return out
 
 
+#: A measured-looking figure: a number with a unit of time, memory, throughput, or a ratio.
+UNIT_FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?:x|×|%|\s?(?:ms|us|µs|s|KB|MB|GB|MiB|GiB|TFLOP/s|PFLOP/s))(?![\w/])")
+NOT_A_RESULT = re.compile(r"^<!-- not-a-result: .+ -->$")
+GENERATED = re.compile(r"^<!-- [\w-]+:(start|end) -->$")
+
+
+def unsourced_figures(text: str) -> list[str]:
+    """Paragraphs with a measured-looking figure (``1.3x``, ``8.6 s``, ``12 MiB``; code aside) that
+    are neither a figure paragraph, a quote, a generated block, nor marked
+    ``<!-- not-a-result: WHY -->`` (a size or estimate that no run measured)."""
+    out = []
+    lines = text.split("\n")
+    fence = generated = False
+    para: list[tuple[int, str]] = []
+
+    def close():
+        if para and not any(FIG.match(x.strip()) or QUOTE.match(x.strip()) or NOT_A_RESULT.match(x.strip())
+                            for _, x in para[:1]):
+            for j, x in para:
+                hits = UNIT_FIGURE.findall(re.sub(r"`[^`]*`", " ", x))
+                if hits:
+                    out.append(f"line {j + 1}: {', '.join(hits)} cites no result (mark the paragraph "
+                               f"<!-- fig: FILE -->, quote its file, or <!-- not-a-result: WHY -->)")
+        para.clear()
+
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = not fence
+            close()
+            continue
+        if GENERATED.match(stripped):
+            generated = stripped.endswith(":start -->")
+            close()
+            continue
+        if fence or generated:
+            continue
+        if not stripped:
+            close()
+        else:
+            para.append((i, line))
+    close()
+    return out
+
+
 #: A result file as the docs cite it: a path under benchmark/results/, or a bare result-like name.
 CITED = re.compile(r"`((?:benchmark/results/)?[\w.\-/]+?\.(?:md|json|json\.gz|log|log\.gz|png))`")
 
@@ -277,7 +323,7 @@ def problems(root: Path = ROOT, generated: dict | None = None) -> list[str]:
             out.append(f"{rel}: generated blocks are stale (python -m sglang_fa4.docs)")
     for path in user_docs(root):
         text = path.read_text()
-        found = quote_problems(text, root) + figure_problems(text, root) + missing_results(text, root)
+        found = quote_problems(text, root) + figure_problems(text, root) + unsourced_figures(text) + missing_results(text, root)
         out += [f"{path.relative_to(root).as_posix()}: {p}" for p in found]
     return out
 

@@ -121,6 +121,24 @@ def test_problems_name_the_doc_and_line(tmp_path):
         "README.md: line 4: 3.1 is not in benchmark/results/h200/run.md"]
 
 
+def test_a_measured_figure_outside_a_checked_block_is_reported():
+    hint = "cites no result (mark the paragraph <!-- fig: FILE -->, quote its file, or <!-- not-a-result: WHY -->)"
+    assert docs.unsourced_figures("# t\n\nIt runs 1.3x faster\nin 8.6 s.\n") == [
+        f"line 3: 1.3x {hint}", f"line 4: 8.6 s {hint}"]
+    for unit in ("12 MiB", "3.2 GiB", "45 ms", "16.2 us", "747.0 TFLOP/s", "0.36%", "2×"):
+        assert len(docs.unsourced_figures(f"takes {unit} here\n")) == 1, unit
+    # each way of sourcing it, on its own
+    assert docs.unsourced_figures(FIG + "It runs 1.3x faster.\n") == []
+    assert docs.unsourced_figures("<!-- quote: benchmark/results/h200/run.md -->\n| 2 | 3.0x |\n") == []
+    assert docs.unsourced_figures("<!-- not-a-result: the clip's size -->\na 60 KB clip\n") == []
+    assert docs.unsourced_figures("<!-- headline:start -->\n| 1.3x |\n<!-- headline:end -->\n") == []
+    assert docs.unsourced_figures("```bash\nsleep 5 s # 1.3x\n```\n") == []
+    # a marker covers its own paragraph only
+    assert docs.unsourced_figures(FIG + "1.3x\n\nthen 2.5x\n") == [f"line 4: 2.5x {hint}"]
+    # not figures: sizes of a layout, code, bare numbers
+    assert docs.unsourced_figures("448x448, 8x4096, `--budget-s 150`, 4 x tokens, 64 segments\n") == []
+
+
 def test_cited_results_must_be_in_the_tree(tmp_path):
     root = _tree(tmp_path)
     assert docs.missing_results("see `run.md` and `benchmark/results/h200/run.md`", root) == []
