@@ -199,7 +199,8 @@ def _file_numbers(path: Path) -> set[float]:
     else:
         text = path.read_text(errors="replace")
     out = set()
-    for n in re.findall(r"(?<!\w)(?<!\w\.)(?<![eE][-+])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", text):
+    # versions (0.5.23, 4.0.0b36) are not figures
+    for n in re.findall(r"(?<!\w)(?<!\w\.)(?<![eE][-+])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\.\d)", text):
         try:
             out.add(abs(float(n)))
         except ValueError:
