@@ -149,29 +149,36 @@ def render(text: str, sections=("env-table", "support-matrix")) -> str:
 QUOTE = re.compile(r"^<!-- quote: (\S+) -->$")
 
 
+def _marked_blocks(text: str, marker: re.Pattern):
+    """Each ``marker`` line of ``text`` with its match and the lines right after it, up to a blank
+    line, as (line index, text) pairs."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = marker.match(line.strip())
+        if not m:
+            continue
+        block = []
+        for j in range(i + 1, len(lines)):
+            if not lines[j].strip():
+                break
+            block.append((j, lines[j]))
+        yield i, m, block
+
+
 def quote_problems(text: str, root: Path = ROOT) -> list[str]:
     """Each quoted block's lines that its cited file does not hold, whole (code fences aside)."""
     out = []
-    lines = text.split("\n")
-    for i, line in enumerate(lines):
-        m = QUOTE.match(line.strip())
-        if not m:
-            continue
+    for i, m, block in _marked_blocks(text, QUOTE):
         src = root / m.group(1)
         if not src.is_file():
             out.append(f"line {i + 1}: quoted file {m.group(1)} is not in the tree")
             continue
         have = {x.rstrip() for x in src.read_text(errors="replace").split("\n")}
-        block = []
-        for q in lines[i + 1:]:
-            if not q.strip():
-                break
-            block.append(q)
         if not block:
             out.append(f"line {i + 1}: quote of {m.group(1)} is followed by no text")
-        for q in block:
+        for j, q in block:
             if not q.startswith("```") and q.rstrip() not in have:
-                out.append(f"line {i + 1}: not in {m.group(1)}: {q[:80]}")
+                out.append(f"line {j + 1}: not in {m.group(1)}: {q[:80]}")
     return out
 
 
@@ -222,27 +229,18 @@ def _printed_as(value: float, figure: str) -> bool:
 def figure_problems(text: str, root: Path = ROOT) -> list[str]:
     """Each figure paragraph's numbers that none of its cited files gives."""
     out = []
-    lines = text.split("\n")
-    for i, line in enumerate(lines):
-        m = FIG.match(line.strip())
-        if not m:
-            continue
+    for i, m, block in _marked_blocks(text, FIG):
         files = m.group(1).split()
         missing = [f for f in files if not (root / f).is_file()]
         if missing:
             out.append(f"line {i + 1}: figure file {', '.join(missing)} is not in the tree")
             continue
         values = set().union(*(_file_numbers(root / f) for f in files))
-        found = False
-        for j in range(i + 1, len(lines)):
-            if not lines[j].strip():
-                break
-            for fig in numbers(lines[j]):
-                found = True
-                if not any(_printed_as(v, fig) for v in values):
-                    out.append(f"line {j + 1}: {fig} is not in {' '.join(files)}")
-        if not found:
+        figures = [(j, fig) for j, line in block for fig in numbers(line)]
+        if not figures:
             out.append(f"line {i + 1}: figure paragraph of {' '.join(files)} holds no number")
+        out += [f"line {j + 1}: {fig} is not in {' '.join(files)}"
+                for j, fig in figures if not any(_printed_as(v, fig) for v in values)]
     return out
 
 

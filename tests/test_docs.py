@@ -63,6 +63,9 @@ def test_quote_matches_whole_lines_of_its_file(tmp_path):
     # a figure changed by one digit, or a part of a line, is reported
     assert len(docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 2 | 3.1x |\n", root)) == 1
     assert len(docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 2 |\n", root)) == 1
+    # the report names the line that disagrees
+    assert docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 1 | 2.5x |\n| 2 | 3.1x |\n", root) == [
+        "line 3: not in benchmark/results/h200/run.md: | 2 | 3.1x |"]
     # code fences around a quote are not part of it
     assert docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n```\n| 1 | 2.5x |\n```\n", root) == []
     gone = docs.quote_problems("<!-- quote: benchmark/results/h200/old.md -->\n| 1 | 2.5x |\n", root)
