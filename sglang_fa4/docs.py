@@ -4,8 +4,12 @@ Generated blocks (``<!-- NAME:start --> ... <!-- NAME:end -->``) come from their
 environ.yaml, features.py and the committed results (``result_figures``).
 ``python -m sglang_fa4.docs`` rewrites them in every file of ``GENERATED_IN``; ``--check`` only
 reports. A quoted block (``<!-- quote: FILE -->`` and the lines right after it, up to a blank line)
-must appear line by line in FILE, and every result file the docs cite must be in the tree: what
-``problems()`` reports, and a test fails on.
+must appear line by line in FILE. A figure paragraph (``<!-- fig: FILE [FILE ...] -->`` and the
+prose right after it, up to a blank line) must hold at least one number, and every number in it
+(outside code spans) must be one that some named FILE gives, to the digits the prose prints. Every
+result file the docs cite must be in the tree, and a measured-looking figure (``1.3x``, ``8.6 s``)
+outside those blocks needs ``<!-- not-a-result: WHY -->`` over its paragraph. ``problems()`` reports
+each disagreement with its file and line; a test fails on any.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def results_index(root: Path = ROOT) -> str:
         # a doc cites the file itself, or its markdown / JSON twin (the same run)
         names = {path.name, f"{stem}.md", f"{stem}.json", f"{stem}.json.gz"}
         cited = [d for d, text in docs.items()
-                 if f"quote: {rel} " in text or any(f"`{n}`" in text or f"/{n}`" in text for n in names)]
+                 if re.search(rf"<!-- (?:quote|fig): (?:\S+ )*{re.escape(rel)}[ ]", text) or any(f"`{n}`" in text or f"/{n}`" in text for n in names)]
         rows.append(f"| `{rel.removeprefix('benchmark/results/')}` | {', '.join(cited) or '(not named in the docs)'} "
                     f"| {_command_of(path)} |")
     return "\n".join(rows)
@@ -145,29 +149,143 @@ def render(text: str, sections=("env-table", "support-matrix")) -> str:
 QUOTE = re.compile(r"^<!-- quote: (\S+) -->$")
 
 
+def _marked_blocks(text: str, marker: re.Pattern):
+    """Each ``marker`` line of ``text`` with its match and the lines right after it, up to a blank
+    line, as (line index, text) pairs."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = marker.match(line.strip())
+        if not m:
+            continue
+        block = []
+        for j in range(i + 1, len(lines)):
+            if not lines[j].strip():
+                break
+            block.append((j, lines[j]))
+        yield i, m, block
+
+
 def quote_problems(text: str, root: Path = ROOT) -> list[str]:
     """Each quoted block's lines that its cited file does not hold, whole (code fences aside)."""
     out = []
-    lines = text.split("\n")
-    for i, line in enumerate(lines):
-        m = QUOTE.match(line.strip())
-        if not m:
-            continue
+    for i, m, block in _marked_blocks(text, QUOTE):
         src = root / m.group(1)
         if not src.is_file():
             out.append(f"line {i + 1}: quoted file {m.group(1)} is not in the tree")
             continue
         have = {x.rstrip() for x in src.read_text(errors="replace").split("\n")}
-        block = []
-        for q in lines[i + 1:]:
-            if not q.strip():
-                break
-            block.append(q)
         if not block:
             out.append(f"line {i + 1}: quote of {m.group(1)} is followed by no text")
-        for q in block:
+        for j, q in block:
             if not q.startswith("```") and q.rstrip() not in have:
-                out.append(f"line {i + 1}: not in {m.group(1)}: {q[:80]}")
+                out.append(f"line {j + 1}: not in {m.group(1)}: {q[:80]}")
+    return out
+
+
+FIG = re.compile(r"^<!-- fig: (\S+(?: \S+)*) -->$")
+
+#: A figure as prose prints it: not part of a word, a name or a version (``H200``, ``d128``,
+#: ``7B``, ``720p``, ``0.5.23``), optionally in e-notation (``2.4e-2``) or a ratio (``1.30x``).
+NUMBER = re.compile(r"(?<!\w)(?<!\w\.)(?<![eE][-+])(\d+(?:\.\d+)*(?:e[-+]?\d+)?)(?![A-Za-wyz_\d]|\.\d)")
+
+
+def numbers(text: str) -> list[str]:
+    """The figures of a prose text: every number outside code spans and link targets, versions
+    (two dots or more) aside."""
+    text = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", text)
+    return [n for n in NUMBER.findall(text) if n.split("e")[0].count(".") < 2]
+
+
+def _file_numbers(path: Path) -> set[float]:
+    if path.name.endswith((".json", ".json.gz")):
+        import json
+        text = json.dumps(report.read_json(path))
+    elif path.name.endswith(".gz"):
+        import gzip
+        text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+    else:
+        text = path.read_text(errors="replace")
+    out = set()
+    # versions (0.5.23, 4.0.0b36) are not figures
+    for n in re.findall(r"(?<!\w)(?<!\w\.)(?<![eE][-+])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\.\d)", text):
+        try:
+            out.add(abs(float(n)))
+        except ValueError:
+            pass
+    return out
+
+
+def _printed_as(value: float, figure: str) -> bool:
+    """Whether ``value`` printed to ``figure``'s digits reads ``figure`` (an integer must be exact)."""
+    mant, _, exp = figure.partition("e")
+    digits = len(mant.partition(".")[2])
+    if exp:
+        return f"{value:.{digits}e}" == f"{float(figure):.{digits}e}"
+    if not digits:
+        return value == int(figure)
+    return f"{value:.{digits}f}" == figure
+
+
+def figure_problems(text: str, root: Path = ROOT) -> list[str]:
+    """Each figure paragraph's numbers that none of its cited files gives."""
+    out = []
+    for i, m, block in _marked_blocks(text, FIG):
+        files = m.group(1).split()
+        missing = [f for f in files if not (root / f).is_file()]
+        if missing:
+            out.append(f"line {i + 1}: figure file {', '.join(missing)} is not in the tree")
+            continue
+        values = set().union(*(_file_numbers(root / f) for f in files))
+        figures = [(j, fig) for j, line in block for fig in numbers(line)]
+        if not figures:
+            out.append(f"line {i + 1}: figure paragraph of {' '.join(files)} holds no number")
+        out += [f"line {j + 1}: {fig} is not in {' '.join(files)}"
+                for j, fig in figures if not any(_printed_as(v, fig) for v in values)]
+    return out
+
+
+#: A measured-looking figure: a number with a unit of time, memory, throughput, or a ratio.
+UNIT_FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?:x|×|%|\s?(?:ms|us|µs|s|KB|MB|GB|MiB|GiB|TFLOP/s|PFLOP/s))(?![\w/])")
+NOT_A_RESULT = re.compile(r"^<!-- not-a-result: .+ -->$")
+GENERATED = re.compile(r"^<!-- [\w-]+:(start|end) -->$")
+
+
+def unsourced_figures(text: str) -> list[str]:
+    """Paragraphs with a measured-looking figure (``1.3x``, ``8.6 s``, ``12 MiB``; code aside) that
+    are neither a figure paragraph, a quote, a generated block, nor marked
+    ``<!-- not-a-result: WHY -->`` (a size or estimate that no run measured)."""
+    out = []
+    lines = text.split("\n")
+    fence = generated = False
+    para: list[tuple[int, str]] = []
+
+    def close():
+        if para and not any(FIG.match(x.strip()) or QUOTE.match(x.strip()) or NOT_A_RESULT.match(x.strip())
+                            for _, x in para[:1]):
+            for j, x in para:
+                hits = UNIT_FIGURE.findall(re.sub(r"`[^`]*`", " ", x))
+                if hits:
+                    out.append(f"line {j + 1}: {', '.join(hits)} cites no result (mark the paragraph "
+                               f"<!-- fig: FILE -->, quote its file, or <!-- not-a-result: WHY -->)")
+        para.clear()
+
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = not fence
+            close()
+            continue
+        if GENERATED.match(stripped):
+            generated = stripped.endswith(":start -->")
+            close()
+            continue
+        if fence or generated:
+            continue
+        if not stripped:
+            close()
+        else:
+            para.append((i, line))
+    close()
     return out
 
 
@@ -195,16 +313,17 @@ def user_docs(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
-def problems(root: Path = ROOT) -> list[str]:
+def problems(root: Path = ROOT, generated: dict | None = None) -> list[str]:
     """Every disagreement between the user docs and their sources, one line each."""
     out = []
-    for rel, sections in GENERATED_IN.items():
+    for rel, sections in (GENERATED_IN if generated is None else generated).items():
         text = (root / rel).read_text()
         if render(text, sections) != text:
             out.append(f"{rel}: generated blocks are stale (python -m sglang_fa4.docs)")
     for path in user_docs(root):
         text = path.read_text()
-        out += [f"{path.relative_to(root).as_posix()}: {p}" for p in quote_problems(text, root) + missing_results(text, root)]
+        found = quote_problems(text, root) + figure_problems(text, root) + unsourced_figures(text) + missing_results(text, root)
+        out += [f"{path.relative_to(root).as_posix()}: {p}" for p in found]
     return out
 
 

@@ -63,12 +63,83 @@ def test_quote_matches_whole_lines_of_its_file(tmp_path):
     # a figure changed by one digit, or a part of a line, is reported
     assert len(docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 2 | 3.1x |\n", root)) == 1
     assert len(docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 2 |\n", root)) == 1
+    # the report names the line that disagrees
+    assert docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n| 1 | 2.5x |\n| 2 | 3.1x |\n", root) == [
+        "line 3: not in benchmark/results/h200/run.md: | 2 | 3.1x |"]
     # code fences around a quote are not part of it
     assert docs.quote_problems("<!-- quote: benchmark/results/h200/run.md -->\n```\n| 1 | 2.5x |\n```\n", root) == []
     gone = docs.quote_problems("<!-- quote: benchmark/results/h200/old.md -->\n| 1 | 2.5x |\n", root)
     assert gone == ["line 1: quoted file benchmark/results/h200/old.md is not in the tree"]
     assert docs.quote_problems("x\n<!-- quote: benchmark/results/h200/run.md -->\n\n", root) == [
         "line 2: quote of benchmark/results/h200/run.md is followed by no text"]
+
+
+FIG = "<!-- fig: benchmark/results/h200/run.md -->\n"
+
+
+def test_numbers_are_the_prose_figures_only():
+    text = ("H200 d128 FA4 bf16 Qwen2.5-VL-7B 720p 4k on SGLang 0.5.23: 1.30x, 2.4e-2..1.5e-2, 0.5-0.94x, "
+            "8x4096, 3.14p, `--rounds 21` [a](h/7.md) and 12.5%.")
+    assert docs.numbers(text) == ["1.30", "2.4e-2", "1.5e-2", "0.5", "0.94", "8", "12.5"]
+
+
+def test_figure_paragraph_numbers_come_from_its_file(tmp_path):
+    root = _tree(tmp_path)
+    assert docs.figure_problems(FIG + "Speed 2.5x and 3.0x, in 2 rounds.\n\nOther 9.9x.\n", root) == []
+    # a planted wrong digit fails, with its line
+    assert docs.figure_problems(FIG + "Speed 2.5x\nand 3.1x.\n", root) == [
+        "line 3: 3.1 is not in benchmark/results/h200/run.md"]
+    # a figure is the file's value printed to the prose's digits; an integer must be exact
+    (root / "benchmark/results/h200/t.md").write_text("| 7.6 | 0.04372 | 1416.195 |\n")
+    t = "<!-- fig: benchmark/results/h200/t.md -->\n"
+    assert docs.figure_problems(t + "7.6, 7.60, 0.044, 4.37e-2, 4.4e-2, 1416.2\n", root) == []
+    for wrong in ("8", "7.7", "0.043", "4.38e-2", "1416"):
+        assert docs.figure_problems(t + wrong + "\n", root) == [f"line 2: {wrong} is not in benchmark/results/h200/t.md"]
+
+
+def test_figure_paragraph_cannot_pass_empty_or_without_its_file(tmp_path):
+    root = _tree(tmp_path)
+    assert docs.figure_problems(FIG + "no figures, `2.5x` in code only\n", root) == [
+        "line 1: figure paragraph of benchmark/results/h200/run.md holds no number"]
+    assert docs.figure_problems(FIG + "\n2.5x\n", root) == [
+        "line 1: figure paragraph of benchmark/results/h200/run.md holds no number"]
+    assert docs.figure_problems("<!-- fig: benchmark/results/h200/old.md -->\n2.5x\n", root) == [
+        "line 1: figure file benchmark/results/h200/old.md is not in the tree"]
+
+
+def test_figure_paragraph_reads_every_named_file_and_gzipped_json(tmp_path):
+    root = _tree(tmp_path)
+    res = root / "benchmark" / "results" / "h200"
+    (res / "b.json.gz").write_bytes(gzip.compress(json.dumps({"ms": [0.7113, -4.25]}).encode()))
+    two = "<!-- fig: benchmark/results/h200/run.md benchmark/results/h200/b.json.gz -->\n"
+    assert docs.figure_problems(two + "2.5x at 0.711 ms and 4.25\n", root) == []
+    assert docs.figure_problems(two + "2.5x at 0.712 ms\n", root) == [
+        "line 2: 0.712 is not in benchmark/results/h200/run.md benchmark/results/h200/b.json.gz"]
+
+
+def test_problems_name_the_doc_and_line(tmp_path):
+    root = _tree(tmp_path)
+    (root / "README.md").write_text("# x\n\n" + FIG + "2.5x and 3.1x\n")
+    assert docs.problems(root, generated={}) == [
+        "README.md: line 4: 3.1 is not in benchmark/results/h200/run.md"]
+
+
+def test_a_measured_figure_outside_a_checked_block_is_reported():
+    hint = "cites no result (mark the paragraph <!-- fig: FILE -->, quote its file, or <!-- not-a-result: WHY -->)"
+    assert docs.unsourced_figures("# t\n\nIt runs 1.3x faster\nin 8.6 s.\n") == [
+        f"line 3: 1.3x {hint}", f"line 4: 8.6 s {hint}"]
+    for unit in ("12 MiB", "3.2 GiB", "45 ms", "16.2 us", "747.0 TFLOP/s", "0.36%", "2×"):
+        assert len(docs.unsourced_figures(f"takes {unit} here\n")) == 1, unit
+    # each way of sourcing it, on its own
+    assert docs.unsourced_figures(FIG + "It runs 1.3x faster.\n") == []
+    assert docs.unsourced_figures("<!-- quote: benchmark/results/h200/run.md -->\n| 2 | 3.0x |\n") == []
+    assert docs.unsourced_figures("<!-- not-a-result: the clip's size -->\na 60 KB clip\n") == []
+    assert docs.unsourced_figures("<!-- headline:start -->\n| 1.3x |\n<!-- headline:end -->\n") == []
+    assert docs.unsourced_figures("```bash\nsleep 5 s # 1.3x\n```\n") == []
+    # a marker covers its own paragraph only
+    assert docs.unsourced_figures(FIG + "1.3x\n\nthen 2.5x\n") == [f"line 4: 2.5x {hint}"]
+    # not figures: sizes of a layout, code, bare numbers
+    assert docs.unsourced_figures("448x448, 8x4096, `--budget-s 150`, 4 x tokens, 64 segments\n") == []
 
 
 def test_cited_results_must_be_in_the_tree(tmp_path):
