@@ -496,11 +496,13 @@ all_loc = req_to_token[:, :longest].reshape(-1).long()
 pool.set_kv_buffer(layer, all_loc, (torch.randn(all_loc.numel(), hkv, d) * 0.1).to(torch.bfloat16),
                    (torch.randn(all_loc.numel(), hkv, d) * 0.1).to(torch.bfloat16), layer.k_scale, layer.v_scale)
 
-launches = []
+graph_launches, ran = [], []
 fpd.interpreting = lambda: True   # the launch path a GPU call takes: the launches are recorded, not run
-real_split, real_combine = fpd.SPLIT.launch, fpd.COMBINE.launch
+real_split, real_combine = _launch, fpd.COMBINE.launch
+def run_split(grid, args, index, **o):
+    ran.append(list(grid)); return real_split(grid, args, index, **o)
 def recorder(name):
-    return lambda grid, args, index, **o: launches.append(
+    return lambda grid, args, index, **o: graph_launches.append(
         [name, list(grid), [a for a in args if not isinstance(a, torch.Tensor)], sorted(o.items())])
 seen = []
 _counted = fpd.paged_decode_attention
@@ -534,9 +536,9 @@ for bs in (1, 4, 8):
     # the step's own K/V, shaped as RadixAttention.forward hands them to the backend
     k_new, v_new = ((torch.randn(bs, hkv, d) * 0.1).to(torch.bfloat16) for _ in "kv")
     fpd.SPLIT.launch, fpd.COMBINE.launch = recorder("split"), recorder("combine")
-    launches.clear(); seen.clear()
+    graph_launches.clear(); seen.clear()
     decode(fb, q, k_new, v_new, capturing=True)
-    rec["capture"] = list(launches)
+    rec["capture"] = list(graph_launches)
     ptrs = {"page_table": bufs["page_table"].data_ptr(), "cache_seqlens": bufs["cache_seqlens"].data_ptr(),
             "cu_seqlens_q": bufs["cu_seqlens_q"].data_ptr()}
     rec["capture_from_buffers"] = all(seen[-1][k] == v for k, v in ptrs.items()) and seen[-1]["pt_shape"] == [bs, be.max_num_pages]
@@ -550,13 +552,18 @@ for bs in (1, 4, 8):
         be.init_forward_metadata_in_graph(fb)
         r["metadata_is_graph_state"] = be.forward_metadata is md
         r["cache_seqlens"] = bufs["cache_seqlens"][:bs].tolist()
-        launches.clear(); seen.clear()
+        graph_launches.clear(); seen.clear()
         decode(fb, q, k_new, v_new, capturing=True)          # the graph's launches, recorded again
-        r["launches_equal_capture"] = launches == rec["capture"]
+        r["launches_equal_capture"] = graph_launches == rec["capture"]
         r["from_buffers"] = all(seen[-1][k] == v for k, v in ptrs.items())
-        # the result: the kernel itself in Triton's interpreter, on what the replay left in the buffers
-        fpd.SPLIT.launch, fpd.COMBINE.launch = real_split, real_combine
+        # the result, on what the replay left in the buffers: the kernel itself in Triton's interpreter
+        # at batch 4 (GQA 7, split + combine), its torch contract at 1 and 8 (CI time)
+        fpd.SPLIT.launch, fpd.COMBINE.launch = run_split, real_combine
+        fpd.interpreting = (lambda: True) if bs == 4 else (lambda: False)
+        ran.clear()
         out = decode(fb, q, k_new, v_new, capturing=False).view(bs, hq, d)
+        fpd.interpreting = lambda: True
+        r["interpreted_grids"] = list(ran)
         fpd.SPLIT.launch, fpd.COMBINE.launch = recorder("split"), recorder("combine")
         qf = q.view(bs, hq, d).to(torch.float8_e4m3fn)     # prepare_paged_mha_query's cast, as the route sees it
         key_cache, value_cache = be.get_paged_mha_kv_cache(layer)
@@ -717,8 +724,8 @@ def test_decode_graphs_through_sglangs_own_graph_metadata(sglang_version):
     with longer lengths (several pages, off a page end, exactly one page) and shorter ones (the page
     table's tail left stale from the longer replay): the recorded launches (grid and every host
     argument) equal the capture's, the kernel reads SGLang's graph buffers themselves (same
-    data_ptrs), and the kernel itself (Triton's interpreter, outside the faked capture) on what the
-    replay left in those buffers equals the fp32 reference on the dequantized pool for the new
+    data_ptrs), and the kernel on what the replay left in those buffers (outside the faked capture:
+    itself in Triton's interpreter at batch 4, its torch contract at 1 and 8) equals the fp32 reference on the dequantized pool for the new
     lengths (free pool memory poisoned with NaN; the reference's page table built from req_to_token,
     not from the buffers)."""
     from sglang_fa4.kernels.fp8_decode_splits import choose_splits
@@ -743,4 +750,5 @@ def test_decode_graphs_through_sglangs_own_graph_metadata(sglang_version):
             assert rep["metadata_is_graph_state"] and rep["from_buffers"], (bs, name, rep)
             assert rep["launches_equal_capture"], (bs, name, rep)
             assert rep["finite"] and rep["err"] < 1e-2, (bs, name, rep)
+            assert rep["interpreted_grids"] == ([r["capture"][0][1]] if bs == 4 else []), (bs, name, rep)
     assert len(grids) == 3  # one fixed grid per captured batch size
