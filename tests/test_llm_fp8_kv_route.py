@@ -438,7 +438,6 @@ res["interpreted_launches"] = len(launches)
 
 GRAPH_SNIPPET = r"""
 # ---- SGLang's own decode-graph metadata path (init_cuda_graph_state + init_forward_metadata_out_graph) ----
-import types
 torch.manual_seed(1)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.layers.radix_attention import RadixAttention
@@ -544,7 +543,6 @@ for bs in (1, 4, 8):
     rec["capture_from_buffers"] = all(seen[-1][k] == v for k, v in ptrs.items()) and seen[-1]["pt_shape"] == [bs, be.max_num_pages]
     # replays with other lengths: longer (several pages, off a page end, one page exactly) then shorter
     for name, lens in (("long", [200, 17, 16, 129, 64, 1, 33, 177][:bs]), ("short", [3, 16, 1, 15, 2, 31, 48, 5][:bs])):
-        lens = lens if bs > 1 else [lens[0]]
         r = rec[name] = {}
         fb = forward_batch(bs, req, torch.tensor(lens, dtype=torch.int64),   # the new token's slot: position len-1
                            req_to_token[req, torch.tensor(lens) - 1].long())
