@@ -2,9 +2,14 @@
 layout, page sizes 1/16/64), the routed call with the FP8 kernel replaced by a torch model of its
 contract (so the gather, cu_seqlens_k, descales and the bottom-right causal diagonal are checked
 against an fp32 reference on the dequantized cache), the route's refusals, and the hooks on SGLang
-0.5.20 / 0.5.23's real FlashAttentionBackend methods and fp8_e4m3 MHATokenToKVPool."""
+0.5.20 / 0.5.23's real FlashAttentionBackend methods and fp8_e4m3 MHATokenToKVPool, including SGLang's
+own decode CUDA-graph metadata path (init_cuda_graph_state, init_forward_metadata_out_graph at capture
+and at replay) with a capture faked in progress."""
 
 from __future__ import annotations
+
+import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -427,20 +432,160 @@ for P in (1, 16, 64):
             res[f"{mode}-P{P}"].update(lse_shape=list(lse.shape), lse_same_out=bool(torch.equal(o2, out)),
                                         lse_finite=bool(torch.isfinite(lse).all()))
 res["kernel_calls"] = len(calls)
-res["split_calls"] = split_calls
+res["split_calls"] = list(split_calls)
 res["interpreted_launches"] = len(launches)
-emit(res)
+"""
+
+GRAPH_SNIPPET = r"""
+# ---- SGLang's own decode-graph metadata path (init_cuda_graph_state + init_forward_metadata_out_graph) ----
+torch.manual_seed(1)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.layers.radix_attention import RadixAttention
+import sglang_fa4.kernels.fp8_paged_decode as fpd
+from test_fp8_paged_decode import _NoSync
+
+def graph_backend(P, max_context_len, pool, req_to_token):
+    be = object.__new__(fab.FlashAttentionBackend)
+    be.fa_impl_ver, be.kv_cache_dtype, be.kv_cache_dtype_str = 4, torch.float8_e4m3fn, "fp8_e4m3"
+    be.kv_cache_is_mxfp8, be.use_mla, be.device, be.page_size, be.token_to_kv_pool = False, False, "cpu", P, pool
+    be.max_context_len, be.max_num_pages = max_context_len, -(-max_context_len // P)
+    be.req_to_token = req_to_token
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator   # the plain pool's: passthrough
+    be.kv_index_translator = KVIndexTranslator(req_to_token=req_to_token, token_to_kv_pool_allocator=None,
+                                               token_to_kv_pool=pool, page_size=P, device="cpu")
+    be._get_scheduler_metadata = None; be._get_fa_runtime_policy = None
+    be.num_splits = be.decode_num_splits = 0; be._decode_uses_static_max_seqlen_k = False
+    be.has_local_attention = False; be.local_attn_builder = None; be.attention_chunk_size = None
+    be.topk = 0; be.speculative_num_steps = 0; be.speculative_step_id = 0; be.speculative_num_draft_tokens = None
+    be.sliding_window_size = None; be.has_swa = False; be.use_sliding_window_kv_pool = False
+    be.is_encoder_decoder = False; be.decode_cuda_graph_metadata = {}; be.target_verify_metadata = {}
+    be.forward_metadata = None; be.forward_metadata_spec_decode_expand = None
+    be.full_cg_prefill_metadata = None; be.needs_cpu_seq_lens = False; be.is_draft_runner = False
+    be.is_prefill_aware_swa = False; be.skip_prefill = False; be.fa_skip_kv_cache = False; be.has_softcap = False; be._verify_mask = None
+    return be
+
+graph = {"max_context_len": 2048}
+hq, hkv, d, P, max_bs = 28, 4, 128, 16, 8
+max_context_len = graph["max_context_len"]
+pool = MHATokenToKVPool(size=8192, page_size=P, dtype=torch.float8_e4m3fn, head_num=hkv, head_dim=d,
+                        layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+layer = RadixAttention(hq, d, d ** -0.5, hkv, layer_id=0)
+layer.k_scale, layer.v_scale = torch.tensor([0.05]), torch.tensor([0.04])   # the checkpoint's KV scales
+for buf in (pool.k_buffer[0], pool.v_buffer[0]):   # free pool memory poisoned: a read past a length shows
+    buf.view(torch.uint8).fill_(0x7F)               # E4M3 NaN
+# every request owns whole pages (shuffled) up to its longest length; req_to_token holds token slots
+longest = 200
+n_req = max_bs + 2
+req_to_token = torch.zeros(n_req, max_context_len, dtype=torch.int32)
+pages = (torch.randperm(8192 // P - 1)[: n_req * -(-longest // P)] + 1).view(n_req, -1)
+for r in range(n_req):
+    req_to_token[r, :longest] = torch.cat([torch.arange(p * P, p * P + P) for p in pages[r].tolist()])[:longest].to(torch.int32)
+be = graph_backend(P, max_context_len, pool, req_to_token)
+be.init_cuda_graph_state(max_bs, max_bs)
+bufs = be.decode_cuda_graph_metadata
+graph["buffers"] = {k: list(v.shape) for k, v in bufs.items() if isinstance(v, torch.Tensor)}
+
+def forward_batch(bs, req_pool_indices, seq_lens, out_cache_loc):   # as SGLang's decode graph runner builds it
+    return ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=torch.zeros(bs, dtype=torch.int64),
+                        req_pool_indices=req_pool_indices, seq_lens=seq_lens, out_cache_loc=out_cache_loc,
+                        seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.clone(), positions=seq_lens - 1)
+
+# fill every token slot the replays use (positions < longest) with real K/V
+all_loc = req_to_token[:, :longest].reshape(-1).long()
+pool.set_kv_buffer(layer, all_loc, (torch.randn(all_loc.numel(), hkv, d) * 0.1).to(torch.bfloat16),
+                   (torch.randn(all_loc.numel(), hkv, d) * 0.1).to(torch.bfloat16), layer.k_scale, layer.v_scale)
+
+graph_launches, ran = [], []
+fpd.interpreting = lambda: True   # the launch path a GPU call takes: the launches are recorded, not run
+real_split, real_combine = _launch, fpd.COMBINE.launch
+def run_split(grid, args, index, **o):
+    ran.append(list(grid)); return real_split(grid, args, index, **o)
+def recorder(name):
+    return lambda grid, args, index, **o: graph_launches.append(
+        [name, list(grid), [a for a in args if not isinstance(a, torch.Tensor)], sorted(o.items())])
+seen = []
+_counted = fpd.paged_decode_attention
+def seen_call(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *a, **k):
+    seen.append({"page_table": page_table.data_ptr(), "cache_seqlens": cache_seqlens.data_ptr(),
+                 "cu_seqlens_q": cu_seqlens_q.data_ptr(), "pt_shape": list(page_table.shape)})
+    return _counted(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *a, **k)
+fpd.paged_decode_attention = fpk.paged_decode_attention = seen_call
+
+def decode(fb, q, k, v, capturing):
+    torch.cuda.is_current_stream_capturing = (lambda: True) if capturing else (lambda: False)
+    try:
+        if capturing:
+            with _NoSync():
+                return be.forward_decode(q, k, v, layer, fb)
+        return be.forward_decode(q, k, v, layer, fb)
+    finally:
+        torch.cuda.is_current_stream_capturing = lambda: False
+
+fill = be.get_cuda_graph_seq_len_fill_value()
+for bs in (1, 4, 8):
+    rec = graph[f"bs{bs}"] = {}
+    req = torch.arange(1, bs + 1, dtype=torch.int64)
+    # capture: SGLang's graph runner fills seq_lens with the backend's fill value
+    fb = forward_batch(bs, req, torch.full((bs,), fill, dtype=torch.int64), torch.zeros(bs, dtype=torch.int64))
+    be.init_forward_metadata_out_graph(fb, in_capture=True)
+    be.init_forward_metadata_in_graph(fb)
+    md = be.forward_metadata
+    rec["metadata_is_graph_state"] = md is be.decode_cuda_graph_metadata[bs]
+    q = (torch.randn(bs, hq * d) * 0.5).to(torch.bfloat16)
+    # the step's own K/V, shaped as RadixAttention.forward hands them to the backend
+    k_new, v_new = ((torch.randn(bs, hkv, d) * 0.1).to(torch.bfloat16) for _ in "kv")
+    fpd.SPLIT.launch, fpd.COMBINE.launch = recorder("split"), recorder("combine")
+    graph_launches.clear(); seen.clear()
+    decode(fb, q, k_new, v_new, capturing=True)
+    rec["capture"] = list(graph_launches)
+    ptrs = {"page_table": bufs["page_table"].data_ptr(), "cache_seqlens": bufs["cache_seqlens"].data_ptr(),
+            "cu_seqlens_q": bufs["cu_seqlens_q"].data_ptr()}
+    rec["capture_from_buffers"] = all(seen[-1][k] == v for k, v in ptrs.items()) and seen[-1]["pt_shape"] == [bs, be.max_num_pages]
+    # replays with other lengths: longer (several pages, off a page end, one page exactly) then shorter
+    for name, lens in (("long", [200, 17, 16, 129, 64, 1, 33, 177][:bs]), ("short", [3, 16, 1, 15, 2, 31, 48, 5][:bs])):
+        r = rec[name] = {}
+        fb = forward_batch(bs, req, torch.tensor(lens, dtype=torch.int64),   # the new token's slot: position len-1
+                           req_to_token[req, torch.tensor(lens) - 1].long())
+        be.init_forward_metadata_out_graph(fb, in_capture=False)
+        be.init_forward_metadata_in_graph(fb)
+        r["metadata_is_graph_state"] = be.forward_metadata is md
+        r["cache_seqlens"] = bufs["cache_seqlens"][:bs].tolist()
+        graph_launches.clear(); seen.clear()
+        decode(fb, q, k_new, v_new, capturing=True)          # the graph's launches, recorded again
+        r["launches_equal_capture"] = graph_launches == rec["capture"]
+        r["from_buffers"] = all(seen[-1][k] == v for k, v in ptrs.items())
+        # the result, on what the replay left in the buffers: the kernel itself in Triton's interpreter
+        # at batch 4 (GQA 7, split + combine), its torch contract at 1 and 8 (CI time)
+        fpd.SPLIT.launch, fpd.COMBINE.launch = run_split, real_combine
+        fpd.interpreting = (lambda: True) if bs == 4 else (lambda: False)
+        ran.clear()
+        out = decode(fb, q, k_new, v_new, capturing=False).view(bs, hq, d)
+        fpd.interpreting = lambda: True
+        r["interpreted_grids"] = list(ran)
+        fpd.SPLIT.launch, fpd.COMBINE.launch = recorder("split"), recorder("combine")
+        qf = q.view(bs, hq, d).to(torch.float8_e4m3fn)     # prepare_paged_mha_query's cast, as the route sees it
+        key_cache, value_cache = be.get_paged_mha_kv_cache(layer)
+        ref_table = (req_to_token[req, ::P][:, : be.max_num_pages] // P).to(torch.int32)  # independent of the buffers
+        ref = paged_attention_fp32(qf, key_cache, value_cache, ref_table, torch.tensor(lens, dtype=torch.int32),
+                                   cu_seqlens([1] * bs), k_descale=layer.k_scale, v_descale=layer.v_scale, causal=True)
+        r["err"] = rel_err(out, ref); r["finite"] = bool(torch.isfinite(out.float()).all())
+fpd.interpreting = lambda: False
+res["graph"] = graph
 """
 
 
-def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
-    from pathlib import Path
-
+@functools.lru_cache(maxsize=None)
+def real_backend_run(sglang_version: str) -> dict:
+    """One subprocess per SGLang version runs both snippets (their start-up dominates CI time)."""
     root = Path(__file__).resolve().parents[1]
-    out = run_with_sglang(sglang_version, SNIPPET, env={
+    return run_with_sglang(sglang_version, SNIPPET + GRAPH_SNIPPET + "emit(res)\n", env={
         "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_FP8_KV_ROUTE": "1", "TRITON_INTERPRET": "1",
         "FP8KV_STUBS": str(root / "benchmark" / "sglang_on_gpu"), "FP8KV_TESTS": str(root / "tests"),
     }, timeout=600)
+
+
+def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
+    out = real_backend_run(sglang_version)
     assert out["hooked_dispatch"] and out["hooked_prepare"]
     # the long extend gathers for the WGMMA kernel (modelled); the short extend, decode and the LSE
     # request run the split-KV kernel itself (interpreted), per page size
@@ -567,3 +712,41 @@ def test_the_paged_form_refuses_each_contiguous_only_argument(change, message):
     q = torch.randn(2, 8, 64).to(FP8)
     with pytest.raises(FA4InputError, match=message):
         fa4_varlen_attention(q, k_cache, v_cache, cu_seqlens([1, 1]), 1, **kw)
+
+
+def test_decode_graphs_through_sglangs_own_graph_metadata(sglang_version):
+    """SGLang's decode CUDA graphs end to end on its real FlashAttentionBackend + fp8 pool (page 16):
+    init_cuda_graph_state(8, 8), then per captured batch size (1, 4, 8) init_forward_metadata_out_graph
+    at capture (seq_lens = the backend's fill value) and forward_decode with a capture in progress
+    (torch.cuda.is_current_stream_capturing faked True, every device->host path raising); then replays
+    with longer lengths (several pages, off a page end, exactly one page) and shorter ones (the page
+    table's tail left stale from the longer replay): the recorded launches (grid and every host
+    argument) equal the capture's, the kernel reads SGLang's graph buffers themselves (same
+    data_ptrs), and the kernel on what the replay left in those buffers (outside the faked capture:
+    itself in Triton's interpreter at batch 4, its torch contract at 1 and 8) equals the fp32 reference on the dequantized pool for the new
+    lengths (free pool memory poisoned with NaN; the reference's page table built from req_to_token,
+    not from the buffers)."""
+    from sglang_fa4.kernels.fp8_decode_splits import choose_splits
+    from sglang_fa4.kernels.fp8_paged_decode import DEFAULT_SM_COUNT
+
+    g = real_backend_run(sglang_version)["graph"]
+    max_context_len, hkv, P = g["max_context_len"], 4, 16
+    width = max_context_len // P
+    assert g["buffers"]["page_table"] == [8, width] and g["buffers"]["cache_seqlens"] == [8], g["buffers"]
+    lens = {"long": [200, 17, 16, 129, 64, 1, 33, 177], "short": [3, 16, 1, 15, 2, 31, 48, 5]}
+    grids = set()
+    for bs in (1, 4, 8):
+        r = g[f"bs{bs}"]
+        assert r["metadata_is_graph_state"] and r["capture_from_buffers"], (bs, r)
+        names = [launch[0] for launch in r["capture"]]
+        assert names == ["split", "combine"], (bs, names)  # several splits: the combine runs too
+        assert r["capture"][0][1] == [1, bs * hkv, choose_splits(bs, hkv, 1, max_context_len, DEFAULT_SM_COUNT)]
+        grids.add(tuple(r["capture"][0][1]))
+        for name in ("long", "short"):
+            rep = r[name]
+            assert rep["cache_seqlens"] == lens[name][:bs], (bs, name, rep)   # SGLang's replay wrote them
+            assert rep["metadata_is_graph_state"] and rep["from_buffers"], (bs, name, rep)
+            assert rep["launches_equal_capture"], (bs, name, rep)
+            assert rep["finite"] and rep["err"] < 1e-2, (bs, name, rep)
+            assert rep["interpreted_grids"] == ([r["capture"][0][1]] if bs == 4 else []), (bs, name, rep)
+    assert len(grids) == 3  # one fixed grid per captured batch size
