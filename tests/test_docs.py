@@ -206,3 +206,112 @@ def test_ci_runs_the_readmes_test_command():
     assert "pytest" in (ROOT / "tests" / "run.sh").read_text()
     for doc in re.findall(r"`(docs/[\w.-]+\.md)`", README):
         assert (ROOT / doc).is_file(), doc
+
+
+# Result files cited in the package's comments and docstrings and in environ.yaml's meanings.
+# A superseded result leaves the tree (git keeps it), so a citation names a committed file or its git
+# location, written `git show <commit>:benchmark/results/<dir>/<file>`.
+_RESULT_FILE = re.compile(r"(?<![\w./<>*{}$-])((?:[\w.-]+/)*\w[\w.-]*?\.(?:json\.gz|log\.gz|md|json|log))\b")
+_RESULT_PREFIX = re.compile(r"(?:fp8_|vit_|kernels|server|start[-.]|warmup|internvl_|short_windows|pad_head_dim|fa4_drift|fa4_call)")
+_AT_COMMIT = re.compile(r"git show ([0-9a-f]{7,40}):(benchmark/results/[\w./-]+)")
+
+
+def _comment_and_docstring_texts(path: Path) -> list[tuple[int, str]]:
+    """(first line, text) of each docstring and each run of consecutive comment lines."""
+    import ast
+    import io
+    import tokenize
+
+    src = path.read_text()
+    out, block, last = [], [], -2
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            if tok.start[0] != last + 1 and block:
+                out.append(_block_text(block))
+                block = []
+            block.append((tok.start[0], tok.string.lstrip("#:").strip()))
+            last = tok.start[0]
+    if block:
+        out.append(_block_text(block))
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out.append((node.body[0].lineno, doc))
+    return out
+
+
+def _block_text(block: list[tuple[int, str]]) -> tuple[int, str]:
+    return block[0][0], "\n".join(text for _, text in block)
+
+
+def _result_citations(text: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(result files named in the tree's terms, (commit, path) of the `git show` ones)."""
+    text = re.sub(r"/[ \t]*\n\s*", "/", text)  # a path wrapped after a slash
+    at_commit = _AT_COMMIT.findall(text)
+    names = []
+    for name in _RESULT_FILE.findall(_AT_COMMIT.sub("", text)):
+        name = re.sub(r"^(?:benchmark/)?(?:results/)?(h200|cpu)/", r"benchmark/results/\1/", name)
+        if name.startswith("benchmark/results/") or ("/" not in name and _RESULT_PREFIX.match(name)):
+            names.append(name)
+    return names, at_commit
+
+
+def _stale_citations(sources: list[tuple[str, str]], root: Path = ROOT) -> tuple[list[str], set, set]:
+    """Problems (where, name), the result names found in the tree, and the `git show` ones."""
+    problems, present, at_commit = [], set(), set()
+    for where, text in sources:
+        names, old = _result_citations(text)
+        at_commit |= set(old)
+        for name in names:
+            # a bare *.json / *.log also stands for its gzipped twin: the writers' docstrings name what
+            # they write, the tree holds it gzipped
+            twin = "/" not in name and name.endswith((".json", ".log")) and not docs.missing_results(f"`{name}.gz`", root)
+            if docs.missing_results(f"`{name}`", root) and not twin:
+                problems.append(f"{where}: {name} is not in the tree (cite the file that backs it now, or "
+                                "`git show <commit>:benchmark/results/...`)")
+            else:
+                present.add(name)
+    return problems, present, at_commit
+
+
+def _package_sources() -> list[tuple[str, str]]:
+    out = []
+    for path in sorted((ROOT / "sglang_fa4").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        out += [(f"{rel}:{line}", text) for line, text in _comment_and_docstring_texts(path)]
+    return out + [(f"environ.yaml {var.name}", var.meaning) for var in envs]
+
+
+def test_package_comments_cite_results_that_exist():
+    problems, present, at_commit = _stale_citations(_package_sources())
+    assert problems == []
+    # not vacuous: the scan reads comments, docstrings (a path wrapped after a slash too) and meanings
+    assert {"benchmark/results/h200/vit_graphs-ladder896-0.5.23.json.gz", "start-lazy-run2.md",
+            "benchmark/results/h200/start.md", "vit_fp8-0.5.23.md"} <= present
+    assert ("244b9bd", "benchmark/results/h200/fp8_attention_speed4.md") in at_commit
+    assert any(name.endswith("vit_graphs-dense-0.5.23.md") for _, name in at_commit)  # environ.yaml
+    cmd = ["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", "244b9bd", "--", "benchmark/results"]
+    import subprocess
+
+    listed = subprocess.run(cmd, capture_output=True, text=True)
+    if listed.returncode == 0:  # a shallow clone may not hold the commit
+        old = set(listed.stdout.split())
+        assert [name for commit, name in at_commit if commit == "244b9bd" and name not in old] == []
+
+
+def test_stale_result_citation_is_reported(tmp_path):
+    root = _tree(tmp_path)
+    (root / "benchmark/results/h200/vit_here.md").write_text("x\n")
+    src = tmp_path / "m.py"
+    src.write_text('"""Measured (benchmark/results/\n    h200/gone.md)."""\n\n# wide tile: fp8_attention_speed9.md,\n'
+                   "# vit_here.md, results/h200/run.md, docs/startup.md, $OUT/vit_x.json\nX = 'vit_gone.md'  # git show abc1234:benchmark/results/h200/y.md\n")
+    sources = [(f"m.py:{line}", text) for line, text in _comment_and_docstring_texts(src)]
+    problems, present, at_commit = _stale_citations(sources, root)
+    assert sorted(p.split(" is not")[0] for p in problems) == ["m.py:1: benchmark/results/h200/gone.md",
+                                                               "m.py:4: fp8_attention_speed9.md"]
+    assert present == {"vit_here.md", "benchmark/results/h200/run.md"}
+    assert at_commit == {("abc1234", "benchmark/results/h200/y.md")}
+    # code strings are not comments; a bare name counts with its gzipped twin, a path must be exact
+    assert _stale_citations([("t", "kernels.json")], ROOT)[0] == []
+    assert _stale_citations([("t", "benchmark/results/h200/kernels.json")], ROOT)[0] != []

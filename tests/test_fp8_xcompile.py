@@ -114,14 +114,14 @@ def test_fp8_forward_cross_compiles_to_e4m3_wgmma(defaults):
     assert d128["wgmma_count"] == 2 * (128 // 32 + 128 // 32 + 128 // 32)
     assert d64["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n64k32.e4m3.e4m3", "m64n8k32.e4m3.e4m3"]
     assert d64["wgmma_count"] == 2 * (64 // 32 + 128 // 32 + 128 // 32)
-    # d=128 non-causal (the wide tile, results/h200/fp8_attention_speed4.md): S over 192 keys
+    # d=128 non-causal (the wide tile, git show 244b9bd:benchmark/results/h200/fp8_attention_speed4.md): S over 192 keys
     # (m64n192k32), O += P V over 192/32 key steps into O itself (one level: no m64n8 row sums);
     # the first key tile's QK^T also at 64 and 96 keys (narrow, kernel_config.Fp8KernelConfig)
     assert wide["wgmma_e4m3"] == ["m64n128k32.e4m3.e4m3", "m64n192k32.e4m3.e4m3", "m64n64k32.e4m3.e4m3",
                                   "m64n96k32.e4m3.e4m3"]
     assert wide["wgmma_count"] == 2 * (128 // 32 + 192 // 32) + 2 * 128 // 32
     # ping-pong of the consumer warpgroups (named barriers 1/2): on at d=128 (the turn passed once
-    # S is complete with the 128-key tile, results/h200/fp8_attention_speed3.md; right after the
+    # S is complete with the 128-key tile, git show 244b9bd:benchmark/results/h200/fp8_attention_speed3.md; right after the
     # GEMM issue with the wide tile), off at other head dims
     assert d128["named_bar_arrive"] >= 3 and wide["named_bar_arrive"] >= 3
     assert d64["named_bar_arrive"] == 0

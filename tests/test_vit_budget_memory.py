@@ -27,7 +27,7 @@ def test_budget_cost_formula():
 
 
 def test_reference_towers_against_the_h200_measurement():
-    # the 9-budget default ladder; H200 reserved growth 1494 / 1512 MiB (vit_graphs-ladder896-0.5.23.json):
+    # the 9-budget default ladder; H200 reserved growth 1494 / 1512 MiB (vit_graphs-ladder896-0.5.23.json.gz):
     # the estimate is above both (the bound errs towards trimming)
     ladder = (896, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192)
     q25, q3 = vbm.REFERENCE_TOWERS["Qwen2.5-VL-7B"], vbm.REFERENCE_TOWERS["Qwen3-VL-8B"]

@@ -1,4 +1,4 @@
-"""Which inputs hung the SM90 FP8 forward (results/h200/fp8_nan_hang.md): 1x8192 causal, 16/4 heads,
+"""Which inputs hung the SM90 FP8 forward (git show 244b9bd:benchmark/results/h200/fp8_nan_hang.md): 1x8192 causal, 16/4 heads,
 three calls, the given tiles (n96: the d=256 causal default, layout.D256_CAUSAL_DEFAULT_SWITCHES;
 n128: 128-key tiles) and input case.  Run each case in its own process under a deadline:
 

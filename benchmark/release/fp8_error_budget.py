@@ -1,7 +1,7 @@
 """Where the FP8 ViT attention's error comes from, and what would remove it (CPU emulation).
 
 The SM90 FP8 forward quantizes q, k, v to E4M3 with one scale per (sequence, head), and P to
-E4M3 (exp2(s - max + 8), the kernel's offset). On the H200 (benchmark/results/h200/vit_fp8.md)
+E4M3 (exp2(s - max + 8), the kernel's offset). On the H200 (benchmark/results/h200/vit_fp8-run1.md)
 that gives attention outputs ~0.1 rel. error from FA4 bf16 at logit std ~4, and a random-weight
 Qwen tower with every full-attention layer in FP8 ends at cosine 0.6-0.77. This script emulates
 each quantization step in fp32 on the CPU (round-to-nearest E4M3 through torch.float8_e4m3fn,

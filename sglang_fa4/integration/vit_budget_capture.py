@@ -87,7 +87,7 @@ def shared_graph_pool(on: bool):
     ONE private memory pool. Safe here: the budget graphs never replay concurrently (one runner,
     one stream) and the runner keeps every graph's inputs and outputs alive, so a capture reuses
     only earlier captures' temporaries. A pool per graph keeps a reserve per budget (16 budgets:
-    14 GiB reserved for 2.9 GiB allocated, benchmark/results/h200/vit_graphs-fine.md), which a
+    14 GiB reserved for 2.9 GiB allocated, ``git show 244b9bd:benchmark/results/h200/vit_graphs-fine.md``), which a
     ladder dense enough for little padding cannot afford (vit_budget_layouts.dense_ladder)."""
     if not on:
         yield

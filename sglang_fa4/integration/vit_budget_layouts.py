@@ -100,7 +100,8 @@ def full_slots(budget: Optional[int] = None, largest: Optional[int] = None,
     (SGLANG_FA4_VIT_GRAPH_TOKENS_PER_SEGMENT_SLOT; 0: ``max_segments`` everywhere), at least
     MIN_FULL_SLOTS. Why: FA4's SM90 varlen grid is (total_q + segments * 127) / 128 tiles a head
     and every tile decodes the segment list, so 70 slots gave a 1024-token budget 77 tiles a head
-    for 7 real ones (Qwen3-VL 448: 1.26-1.28x the exact-layout graph, vit_graphs-dense-0.5.23.md).
+    for 7 real ones (Qwen3-VL 448: 1.26-1.28x the exact-layout graph,
+    ``git show 244b9bd:benchmark/results/h200/vit_graphs-dense-0.5.23.md``).
     A batch with more segments than a budget holds runs in the next budget that holds them
     (:func:`budgets_holding`), so the largest budget still takes any batch of up to
     ``max_segments`` segments."""

@@ -21,7 +21,7 @@ output widths of block 0's linear layers summed, per tensor-parallel rank):
     pool   = dtype * (2 * linear_out + 3 * hidden)                (one block's temporaries)
 
 Against the H200's reserved growth over the 9-budget default ladder (1494 MiB Qwen2.5-VL-7B,
-1512 MiB Qwen3-VL-8B; benchmark/results/h200/vit_graphs-ladder896-0.5.23.json) it gives 2103 and
+1512 MiB Qwen3-VL-8B; benchmark/results/h200/vit_graphs-ladder896-0.5.23.json.gz) it gives 2103 and
 1666 MiB: 1.41x and 1.10x over.
 """
 

@@ -5,7 +5,7 @@ Why the second exists: a budget graph's GEMMs run at the budget's row count, and
 kernel by shape, so a larger budget can replay faster than a smaller one. On the H200 Qwen3-VL's
 448x448 picture (784 tokens) in the 832-token budget ran its GEMMs in 1.77 ms against 1.56 ms for
 the exact 784-row layout (+14% for 6% more rows; other kernels were picked:
-benchmark/results/h200/vit_graphs-dense-slots-0.5.23.md, profile). With ``fastest``, the startup
+``git show 244b9bd:benchmark/results/h200/vit_graphs-dense-slots-0.5.23.md``, profile). With ``fastest``, the startup
 times each captured budget's replay (CUDA events, after one warm replay; the graphs replay their
 capture inputs) and a batch goes to the holding budget with the lowest time, ties to the smaller.
 """

@@ -51,7 +51,7 @@ FP8_ARCHS = (90,)
 #: 0.91-1.34x, the quantize 0.04-0.36 ms on top); d72 (Qwen3-VL) 0.51-0.99x everywhere (no entry:
 #: bf16); 64-token windows 0.10-0.18x (they stay on the short-window route). With this table the 4K
 #: Qwen2.5-VL tower is 1.027x (SGLang 0.5.23) / 1.036x (0.5.20) in graph mode and 1.006x / 1.035x
-#: eager, every other size runs exactly the bf16 path (vit_fp8-0.5.2x.md). Re-measure with
+#: eager, every other size runs exactly the bf16 path (vit_fp8-0.5.23.md, vit_fp8-0.5.20.md). Re-measure with
 #: ``check_vit_fp8.py --sections crossover towers`` when the FP8 kernel or the quantize changes.
 FP8_MIN_SEGMENT: dict[int, int] = {80: 42196}
 

@@ -8,7 +8,7 @@ it. Python's import lock makes any other import of the module wait for this one,
 a half-imported module. Measured, the import holds the GIL and overlaps little (benchmark/results/
 h200/start.md); on a restart whose kernels are in the shared-library store
 (:mod:`sglang_fa4.kernels.fa4_shared_libs`) FA4 is not imported at all, and the thread imports
-only ``tvm_ffi``, the store's loader (0.34 s on the H200, start-lazy.md), which the warmup would
+only ``tvm_ffi``, the store's loader (0.34 s on the H200, start-lazy-run2.md), which the warmup would
 otherwise import after the load. A failed import is only logged here: the warmup's own import
 then raises with its own message.
 """

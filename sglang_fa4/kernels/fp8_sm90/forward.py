@@ -17,11 +17,12 @@ Shape of the kernel (one CTA per 128 query rows of one head of one sequence, 3 w
   the fp32 O update of PV_{i-2} runs while S_i is in flight, a branch keeps ptxas from hoisting
   the PV wait above the softmax (``pin_below``), the row sums come from the tensor cores as
   P x ones with the PV GEMM (``rowsum_mma``) and the row max is 4 interleaved chains.  Measured
-  side by side on the H200 (benchmark/results/h200/fp8_attention_speed2.md): d64 11-16% faster
+  side by side on the H200 (``git show 244b9bd:benchmark/results/h200/fp8_attention_speed2.md``): d64 11-16% faster
   than without these four, d128 unchanged (+-2%).  At d=128 causal / windowed the two consumer
   warpgroups also take turns issuing their GEMMs, the turn passed once S is complete
   (``pingpong_late``), and every 8th exp2 runs on the FMA pipe (``emu``): 3-5% less time
-  (fp8_attention_speed3.md).  Where the d128 time goes (Nsight Compute): fp8_attention_ncu.md.
+  (``git show 244b9bd:benchmark/results/h200/fp8_attention_speed3.md``).  Where the d128 time goes (Nsight Compute):
+  ``git show 244b9bd:benchmark/results/h200/fp8_attention_ncu.md``.
 * d=128 non-causal without a window: the persistent kernel (:mod:`.persistent_entry`), 128 x 192
   tiles, O accumulated by the PV GEMM itself (:mod:`.consumer_mainloop_wide`, FA3's way; S of 192
   keys needs the 64 registers of the two-level loop's tile accumulator), ping-pong with the turn

@@ -98,11 +98,12 @@ class Fp8KernelConfig:
 
 _TWO_LEVEL = Fp8KernelConfig(tile_n=128, stages=4, two_level=True)
 # d=128 causal / windowed: ping-pong with the turn passed once S is complete, every 8th exp2 on the
-# FMA pipe: 3-5% less time (fp8_attention_speed3.md)
+# FMA pipe: 3-5% less time (git show 244b9bd:benchmark/results/h200/fp8_attention_speed3.md)
 _D128_MASKED = Fp8KernelConfig(tile_n=128, stages=4, two_level=True, pingpong=True, pingpong_late=True, emu=8)
 # d=128 non-causal: 128 x 192 tiles, O accumulated by the PV GEMM, ping-pong passed after the issue
-# (fp8_attention_speed4.md), persistent CTAs (speed5 / _persist / _speed6), narrow first key tiles +
-# split K/V^T barriers (fp8_attention_kvsplit.md, _default2.md: 1.34x / 1.44x FA4 bf16); 3 stages
+# (git show 244b9bd:benchmark/results/h200/fp8_attention_speed4.md), persistent CTAs (the speed5,
+# persist and speed6 runs at the same commit), narrow first key tiles + split K/V^T barriers
+# (benchmark/results/h200/fp8_attention_kvsplit.md, fp8_attention_default2.md: 1.34x / 1.44x FA4 bf16); 3 stages
 # beside the two Q buffers and the O staging buffers
 _D128_FULL = Fp8KernelConfig(tile_n=192, stages=3, two_level=False, pingpong=True, persistent=True)
 _D192 = Fp8KernelConfig(tile_n=128, stages=3, two_level=False)

@@ -3,7 +3,7 @@ together (the default), or one each (switch ``kv_split``, persistent kernel).
 
 Why split: with one barrier a stage is freed only when its PV GEMM is done, a key tile after its
 QK^T, so the producer refills it one key tile ahead of its QK^T; Nsight Compute of the persistent
-kernel (narrow first tiles, fp8_attention_ncu_nokv.md) has the consumers waiting on that barrier for
+kernel (narrow first tiles, ``git show 244b9bd:benchmark/results/h200/fp8_attention_ncu_nokv.md``) has the consumers waiting on that barrier for
 3.0% of all stall samples.
 Split, the QK^T waits for K alone and frees it as soon as S is complete; V^T is waited for just
 before the PV GEMM a key tile later and freed after it.  The producer still loads K_j, V^T_j, K_j+1,

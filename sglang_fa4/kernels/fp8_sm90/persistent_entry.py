@@ -4,7 +4,7 @@ its share of the (q tile, head) work slots with a static stride (:mod:`.schedule
 twin of the order: longest sequences first, neighbouring slots sharing K/V).
 
 Why: the non-persistent kernel pays ~3.9 us per CTA it could hide (CTA start, Q and first K/V
-loads, the last PV GEMM and the O store; results/h200/fp8_attention_speed4.md), 9% of an 8x4096
+loads, the last PV GEMM and the O store; ``git show 244b9bd:benchmark/results/h200/fp8_attention_speed4.md``), 9% of an 8x4096
 CTA.  Here the producer warp loads the next tile's Q (a ring of two Q buffers) and its first K/V^T
 stages while the consumers finish the current one (the K/V ring flows on across tiles), and the
 consumers hand O to a TMA store from shared memory (:mod:`.persistent_consumer`).
