@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from vit_budget_tower import C
 from vit_graph_fakes import STATE, FakeGraph, fake_graph, log
-from vit_internvl_layers import Layer, ir
+from vit_internvl_layers import Layer, ir, replaying_capture
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 from emit import emit
@@ -43,18 +43,7 @@ def make(tiles=12, backend="fa4", radio=False, cfg=True):
     return NS(model=m), m.vision_model.encoder
 
 captured = []
-hooked_capture = ir.InternViTCudaGraphRunner._capture_graph
-def recording_capture(self, key):
-    captured.append(list(key))
-    hooked_capture(self, key)
-    static = self.out[key]
-    def again():  # the captured body over the same static buffers, into the same output
-        with torch.no_grad():
-            y = self.inp[key]
-            for blk in self.encoder.layers:
-                y = blk(y, cu_seqlens=[self.cu[key], int(self.cu_kk[key].max())], output_ws=self.ws[key])
-        static.copy_(y)
-    self.graphs[key].again = again
+recording_capture = replaying_capture(captured)
 
 def eager(enc, x):
     with torch.no_grad():

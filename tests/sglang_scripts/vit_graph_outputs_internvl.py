@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from vit_budget_tower import C
 from vit_graph_fakes import FakeGraph, fake_graph
-from vit_internvl_layers import Layer, ir
+from vit_internvl_layers import Layer, ir, replaying_capture
 
 from emit import emit
 
@@ -18,27 +18,11 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList([Layer() for _ in range(3)])
 
 
-hooked_capture = ir.InternViTCudaGraphRunner._capture_graph
-
-
-def recording_capture(self, key):
-    hooked_capture(self, key)
-    static = self.out[key]
-
-    def again():  # the captured body over the same static buffers, written into the same output
-        with torch.no_grad():
-            y = self.inp[key]
-            for blk in self.encoder.layers:
-                y = blk(y, cu_seqlens=[self.cu[key], int(self.cu_kk[key].max())], output_ws=self.ws[key])
-        static.copy_(y)
-    self.graphs[key].again = again
-
-
 enc = Encoder()
 held = []
 with mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph), mock.patch.object(torch.cuda, "graph", fake_graph), \
      mock.patch.object(torch.cuda, "synchronize", lambda *a: None), \
-     mock.patch.object(ir.InternViTCudaGraphRunner, "_capture_graph", recording_capture):
+     mock.patch.object(ir.InternViTCudaGraphRunner, "_capture_graph", replaying_capture()):
     runner = ir.InternViTCudaGraphRunner(enc)
     for i in range(12):
         x = torch.randn(1 + i % 3, 5, C)  # 1..3 tiles of 5 tokens: three graphs, each replayed 4 times
