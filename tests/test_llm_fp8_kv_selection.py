@@ -7,14 +7,12 @@ by SGLang's plugin loader."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sglang_fa4 import llm_selection
 from sglang_fa4.environ import envs
 from sglang_fa4.llm_selection import LlmModelFacts, fp8_kv_upgrade
-from sglang_harness import run_with_sglang
+from sglang_harness import run_file
 
 QWEN = LlmModelFacts(head_dim=128, v_head_dim=128)
 
@@ -113,31 +111,6 @@ MODELS = {
                   "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"},
 }
 
-SNIPPET = r"""
-import json, os, warnings; warnings.simplefilter("ignore")
-from sglang.srt.plugins import load_plugins
-load_plugins()
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.arg_groups.overrides import resolved_view
-from sglang.srt.runtime_context import override_platform
-MODELS = json.loads(os.environ["FP8KV_MODELS"]); CASES = json.loads(os.environ["FP8KV_CASES"]); ROOT = os.environ["FP8KV_ROOT"]
-for name, cfg in MODELS.items():
-    os.makedirs(f"{ROOT}/{name}", exist_ok=True)
-    json.dump(cfg, open(f"{ROOT}/{name}/config.json", "w"))
-PLATFORMS = {
-    "sm90": dict(is_sm90=True, is_hopper_with_cuda_12_3=True, is_sm100=False, is_sm120=False, is_blackwell=False),
-    "sm100": dict(is_sm90=False, is_hopper_with_cuda_12_3=False, is_sm100=True, is_sm120=False, is_blackwell=True),
-}
-out = []
-for case in CASES:
-    with override_platform(is_cuda=True, **PLATFORMS[case["platform"]]):
-        sa = ServerArgs(model_path=f"{ROOT}/{case['model']}", device="cuda", **case["args"])
-        sa.resolve_once()
-        v = resolved_view(sa)
-        out.append({"backend": v.attention_backend, "page_size": v.page_size})
-emit(out)
-"""
-
 # (model, platform, server args, expected backend with the upgrade on, expected with it off)
 CASES = [
     ("qwen2_d128", "sm90", {"kv_cache_dtype": "fp8_e4m3"}, "fa4", "fa3"),
@@ -158,11 +131,11 @@ CASES = [
 @pytest.mark.parametrize("upgrade", [True, False])
 def test_rules_through_sglangs_server_args(sglang_version, tmp_path, upgrade):
     cases = [{"model": m, "platform": p, "args": a} for m, p, a, _, _ in CASES]
-    out = run_with_sglang(sglang_version, SNIPPET, env={
-        "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
-        "SGLANG_FA4_FP8_KV_UPGRADE": "1" if upgrade else "0",
-        "FP8KV_MODELS": json.dumps(MODELS), "FP8KV_CASES": json.dumps(cases), "FP8KV_ROOT": str(tmp_path),
-    }, timeout=600)
+    out = run_file(sglang_version, "llm_fp8_kv_server_args.py",
+                   {"models": MODELS, "cases": cases, "root": str(tmp_path)}, env={
+                       "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
+                       "SGLANG_FA4_FP8_KV_UPGRADE": "1" if upgrade else "0",
+                   }, timeout=600)
     got = [r["backend"] for r in out]
     want = [on if upgrade else off for _, _, _, on, off in CASES]
     assert got == want, list(zip([c[:3] for c in CASES], got, want))

@@ -17,7 +17,7 @@ import pytest
 
 from sglang_fa4 import features, plugin
 from sglang_fa4.integration import upstream_code
-from sglang_harness import ROOT, REGISTRATION_VERSIONS, SUPPORTED_VERSIONS, require_version, run_with_sglang, target_dir
+from sglang_harness import ROOT, REGISTRATION_VERSIONS, SUPPORTED_VERSIONS, require_version, run_file, target_dir
 
 # Upstream since 0.5.21 (read in the wheels: vision.py's fa4 list branch and sm_103 default, the
 # runners' fa4 layouts); 0.5.20 lacks all three.
@@ -31,49 +31,6 @@ ALL_ON = {name: "1" for name in (
     "SGLANG_FA4_VIT_GRAPH_EAGER_POS_EMBED", "SGLANG_FA4_VIT_POS_EMBED_BATCH_INVARIANT",
     "SGLANG_VIT_ENABLE_CUDA_GRAPH")}  # the ViT budget graphs replace SGLang's ViT graphs only when they are on
 
-REGISTRATION = """
-import io, logging, sys, warnings
-warnings.simplefilter("ignore")
-# sgl_kernel / flashinfer are CUDA-only wheels: the LLM attention backend's module imports them
-sys.path.insert(0, STUBS)
-import cuda_only_stubs; cuda_only_stubs.install_missing()
-log = io.StringIO()
-handler = logging.StreamHandler(log)
-logging.getLogger("sglang_fa4").addHandler(handler)
-logging.getLogger("sglang_fa4").setLevel(logging.INFO)
-from unittest import mock
-import sglang.srt.plugins as plugins
-from sglang.srt.plugins.hook_registry import HookRegistry
-plugins.load_plugins()
-from sglang_fa4 import doctor, plugin
-from sglang_fa4.integration import hooks
-
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.runtime_context import get_context, override_platform
-import sglang.srt.layers.attention.vision as vision
-
-def determine(cap):
-    get_context().set_server_args(ServerArgs(model_path="dummy"))
-    obj = object.__new__(vision.VisionAttention)
-    with mock.patch.object(vision, "is_cuda", lambda: True), \\
-         mock.patch.object(vision, "get_device_capability", lambda *a, **k: cap), \\
-         override_platform(is_blackwell=cap[0] in (10, 11, 12)):
-        return vision.VisionAttention._determine_attention_backend(obj, None)
-
-plan = plugin._registered_plan
-report = doctor.collect("10.3")
-emit({
-    "version": plan.sglang_version, "supported": plan.supported,
-    "hooked": plan.hooked, "upstream": plan.upstream,
-    "registered": sorted(HookRegistry._hooks), "patched": sorted(HookRegistry._patched),
-    "targets": {"backend": hooks.DETERMINE_BACKEND, "runner": hooks.GENERIC_RUNNER},
-    "backend": {"10.0": determine((10, 0)), "10.3": determine((10, 3)), "9.0": determine((9, 0))},
-    "doctor": {"supported": report["sglang"]["supported"], "features": report["features"],
-               "backend": report["vit_backend"]["backend"]},
-    "log": log.getvalue(),
-})
-"""
-
 
 @pytest.fixture(params=REGISTRATION_VERSIONS)
 def window_version(request: pytest.FixtureRequest) -> str:
@@ -84,9 +41,10 @@ def window_version(request: pytest.FixtureRequest) -> str:
 
 def test_registration_through_the_real_loader(window_version):
     env = {**ALL_ON, "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
-    code = f"STUBS = {str(ROOT / 'benchmark' / 'sglang_on_gpu')!r}\n" + REGISTRATION
+    stubs = str(ROOT / "benchmark" / "sglang_on_gpu")
     # the full-suite releases share their zygote with the other tests; one fresh start for the others
-    out = run_with_sglang(window_version, code, env=env, fresh=window_version not in SUPPORTED_VERSIONS)
+    out = run_file(window_version, "sglang_registration.py", {"stubs": stubs}, env=env,
+                   fresh=window_version not in SUPPORTED_VERSIONS)
     upstream = set() if window_version == "0.5.20" else FROM_0_5_21
     assert out["version"] == window_version and out["supported"]
     assert set(out["upstream"]) == upstream

@@ -217,32 +217,9 @@ def test_chunked_quantize_equals_the_per_sequence_kernel_bitwise():
     graph's layout with trailing empty slots and max_seqlen above every segment, a leading empty
     segment), into outputs poisoned with E4M3 NaN / NaN descales first: every byte rewritten."""
     root = Path(__file__).resolve().parents[1]
-    code = (
-        "import torch\n"
-        "from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, quantize_qkv\n"
-        "from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked\n"
-        "from sglang_fa4.testing import cu_seqlens\n"
-        "torch.manual_seed(0)\n"
-        "cases = ((80, 2, 2, [300, 5, 0, 530], 0, None), (72, 4, 2, [17, 260], 7, None),\n"
-        "         (80, 2, 1, [600, 40, 40] + [0] * 6, 0, 1024), (80, 1, 1, [0, 700], 0, 700))\n"
-        "for d, hq, hkv, lens, extra, max_seqlen in cases:\n"
-        "    total = sum(lens)\n"
-        "    c = cu_seqlens(lens)\n"
-        "    q = (torch.randn(total + extra, hq, d) * 3).to(torch.bfloat16)\n"
-        "    k = (torch.randn(total + extra, hkv, d) * 3).to(torch.bfloat16)\n"
-        "    v = torch.randn(total + extra, hkv, d).to(torch.bfloat16)\n"
-        "    b = quantize_qkv(q, k, v, c, c)\n"
-        "    out = Fp8QKV(*(torch.full_like(x.view(torch.uint8), 0x7F).view(x.dtype) for x in b[:3]),\n"
-        "                 torch.full_like(b.descale, float('nan')), d)\n"
-        "    a = quantize_qkv_chunked(q, k, v, c, c, max_seqlen or max(lens), out=out)\n"
-        "    for x, y in ((a.q, b.q), (a.k, b.k)):\n"
-        "        assert torch.equal(x[:total].view(torch.uint8), y[:total].view(torch.uint8))\n"
-        "    assert torch.equal(a.vt, b.vt) and torch.equal(a.descale, b.descale)\n"
-        "    assert a.descale.min() > 0 and a.q.shape[-1] == 96\n"
-        "print('ok')\n"
-    )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    script = root / "tests" / "sglang_scripts" / "vit_fp8_quantize_chunked_interpreted.py"
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
 
 
