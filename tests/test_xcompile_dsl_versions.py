@@ -1,8 +1,7 @@
 """Our CuTe kernels cross-compile on the CPU under every CUTLASS DSL a supported SGLang pins (4.6.2:
 0.5.20 / 0.5.21; 4.8.0: 0.5.22 / 0.5.23); the newest (4.8.1) is covered in depth by
-tests/test_fp8_xcompile.py and tests/test_fa4_shared_libs_xcompile.py. A smoke, one kernel per code
-path, through tests/xcompile_dsl_smoke.py: the SM90 FP8 forward's persistent default (d128
-non-causal), its non-persistent local two-level loop (d64) and its one-level loop (d256 causal);
+tests/test_fp8_xcompile.py and tests/test_fa4_shared_libs_xcompile.py. Through
+tests/xcompile_dsl_smoke.py: every SM90 FP8 kernel the product compiles (the 15 defaults), and
 FA4 b36's ViT forward in every form the warmup compiles (d80, d72, a sliding window with sinks, > 256
 segments) for sm_90a and sm_103a (SM100's kernel with the tcgen05.ld.red row max of sm_103 on top). One process per target and version.
 Each version's answers must match the version gate (sglang_fa4/kernels/dsl_versions.py): a kernel
@@ -22,12 +21,15 @@ from pathlib import Path
 import pytest
 
 from sglang_fa4.kernels import dsl_versions
+from sglang_fa4.kernels.fp8_sm90.kernel_config import DEFAULT_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FA4 = ROOT / ".cache" / "fa4-b36"
 # the DSL each supported SGLang pins (tests/test_install_pins.py reads the pins from the wheels)
 PINNED = {"4.6.2": ("0.5.20", "0.5.21"), "4.8.0": ("0.5.22", "0.5.23")}
-FP8 = ("128,0,0", "64,0,1", "256,1,0")
+#: every SM90 FP8 kernel the product compiles (the 15 of DEFAULT_CONFIGS: d 64/96/128/192/256 x full /
+#: causal / windowed), as xcompile_dsl_smoke.fp8's head_dim,causal,local
+FP8 = tuple(f"{v.head_dim},{int(v.causal)},{int(v.local)}" for v in DEFAULT_CONFIGS)
 #: FA4 b36's ViT forward in every form the startup warmup compiles (xcompile_dsl_smoke.fa4's spec):
 #: d80 (Qwen2.5-VL), d72 (Qwen3-VL, padded to 80 inside), MiMo-VL's 64-token sliding window with
 #: attention sinks at d64, and > 256 segments (FA4's scheduler kernels) at d128 (InternViT-6B)

@@ -25,8 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _new_ptx(dump: Path, before: set[Path]) -> str:
-    new = sorted(set(dump.glob("*.ptx")) - before)
+def _written(dump: Path) -> dict:
+    """Each PTX file's modification time now: a kernel whose file name repeats an earlier one's
+    overwrites it, so "new" means written since, not a new name."""
+    return {p: p.stat().st_mtime_ns for p in dump.glob("*.ptx")}
+
+
+def _new_ptx(dump: Path, before: dict) -> str:
+    new = sorted((p for p in dump.glob("*.ptx") if before.get(p) != p.stat().st_mtime_ns),
+                 key=lambda p: p.stat().st_mtime_ns)
     return new[-1].read_text() if new else ""
 
 
@@ -35,7 +42,7 @@ def fp8(dump: Path, spec: str) -> dict:
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
     d, causal, local = (int(x) for x in spec.split(","))
-    before = set(dump.glob("*.ptx"))
+    before = _written(dump)
     compile_variant(Fp8Variant(d, bool(causal), bool(local)))
     ptx = _new_ptx(dump, before)
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.f32\.(\w+)\.(\w+)", ptx)
@@ -55,7 +62,7 @@ def fa4(dump: Path, spec: str) -> dict:
 
     head_dim, window, sinks, segments = ([int(x) for x in spec.split(",")] + [0, 0, 2])[:4]
     heads, tokens = 16, 4544
-    before = set(dump.glob("*.ptx"))
+    before = _written(dump)
     with FakeTensorMode(allow_non_fake_inputs=True):
         q, k, v = (torch.empty(tokens, heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
         cu = torch.empty(segments + 1, dtype=torch.int32, device="cuda")
