@@ -125,6 +125,20 @@ def paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_seql
                           causal=causal)
 
 
+def page_table(pages_needed: Sequence[int], perm: torch.Tensor, width: Optional[int] = None,
+               fill: int = 0) -> torch.Tensor:
+    """SGLang's page table (int32) for a shuffled allocation: sequence b owns the next
+    ``pages_needed[b]`` page ids of ``perm``; rows are ``width`` wide (default: the most pages plus
+    one, as SGLang's table is wider than needed) and hold ``fill`` past a sequence's pages."""
+    width = width or max(max(pages_needed), 1) + 1
+    table = torch.full((len(pages_needed), width), fill, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages_needed):
+        table[b, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return table
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64; NaN when ``out`` has a non-finite value (so a
     threshold comparison fails instead of passing on ``inf - inf``)."""

@@ -16,7 +16,7 @@ import time
 import torch
 
 from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention
-from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
+from sglang_fa4.testing import attention_fp32, cu_seqlens, page_table, rel_err
 
 FP8 = torch.float8_e4m3fn
 ULP = {"cpu": 2.0 ** -7, "cuda": 2.0 ** -8}
@@ -30,13 +30,8 @@ def make_pool(lens, page_size, hkv, d, seed, device, width=None):
     total_pages = sum(need) + 2
     k = torch.full((total_pages, page_size, hkv, d), float("nan")).to(FP8)
     v = k.clone()
-    perm = torch.randperm(total_pages, generator=g)
-    width = width or max(max(need), 1) + 1
-    table = torch.full((len(lens), width), 2**30, dtype=torch.int32)  # garbage past the pages
-    at = 0
-    for b, n in enumerate(need):
-        table[b, :n] = perm[at:at + n].to(torch.int32)
-        at += n
+    table = page_table(need, torch.randperm(total_pages, generator=g), width, fill=2**30)  # garbage past the pages
+    for b in range(len(lens)):
         t = torch.arange(lens[b])
         slots = table[b].long()[t // page_size] * page_size + t % page_size
         k.view(-1, hkv, d)[slots] = (torch.randn(lens[b], hkv, d, generator=g) * 2).to(FP8)

@@ -23,7 +23,7 @@ from sglang_fa4.kernels.fp8_paged_kv import (
     paged_fp8_attention,
 )
 from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
-from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, paged_attention_fp32, rel_err
+from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, page_table, paged_attention_fp32, rel_err
 from sglang_harness import run_file
 from test_fp8_paged_decode import _NoSync
 
@@ -38,13 +38,7 @@ def make_pool(lens, page_size, hkv=4, d=128, seed=0, spare_pages=3):
     total_pages = sum(pages_needed) + spare_pages
     k = (torch.randn(total_pages, page_size, hkv, d, generator=g) * 2).to(FP8)
     v = (torch.randn(total_pages, page_size, hkv, d, generator=g) * 2).to(FP8)
-    perm = torch.randperm(total_pages, generator=g)
-    width = max(max(pages_needed), 1) + 1  # wider than needed, like SGLang's max_seq_len_k slice
-    table = torch.zeros(len(lens), width, dtype=torch.int32)
-    at = 0
-    for b, n in enumerate(pages_needed):
-        table[b, :n] = perm[at:at + n].to(torch.int32)
-        at += n
+    table = page_table(pages_needed, torch.randperm(total_pages, generator=g))
     return k, v, table, torch.tensor(lens, dtype=torch.int32)
 
 

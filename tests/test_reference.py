@@ -150,3 +150,12 @@ def test_float64_and_the_log_sum_exp():
     _, lse = attention_fp32(q, k, v, [0, 2, 5], [0, 0, 6], return_lse=True)
     assert torch.isneginf(lse[:, :2]).all() and torch.isfinite(lse[:, 2:]).all()
     assert attention_fp32(q, k, v, [0, 5]).dtype == torch.float32  # float32 unless asked
+
+
+def test_page_table_gives_each_sequence_the_next_pages_of_the_allocation():
+    from sglang_fa4.testing import page_table
+
+    perm = torch.tensor([5, 2, 7, 0, 3, 1, 6, 4])
+    table = page_table([2, 0, 3], perm)  # width: the most pages (3) plus one
+    assert table.dtype == torch.int32 and table.tolist() == [[5, 2, 0, 0], [0, 0, 0, 0], [7, 0, 3, 0]]
+    assert page_table([1, 1], perm, width=2, fill=-1).tolist() == [[5, -1], [2, -1]]

@@ -5,6 +5,7 @@ child process (no SGLang) by tests/test_fp8_paged_gather.py."""
 import torch
 from sglang_fa4.kernels import fp8_paged_gather as G
 from sglang_fa4.kernels.fp8_sm90.layout import vt_column_offset, vt_region_end
+from sglang_fa4.testing import page_table
 from sglang_fa4.kernels.fp8_sm90.vt_pack import allocate_vt, pack_vt, pack_vt_reference, _BLOCK_R, VT_ALIGN
 
 FP8 = torch.float8_e4m3fn
@@ -17,13 +18,7 @@ def pool(lens, P, hkv, d, seed, width=None):
     total_pages = sum(need) + 3
     k = torch.randint(0, 256, (total_pages, P, hkv, d), generator=g, dtype=torch.uint8).view(FP8)
     v = torch.randint(0, 256, (total_pages, P, hkv, d), generator=g, dtype=torch.uint8).view(FP8)
-    perm = torch.randperm(total_pages, generator=g)
-    width = width or max(max(need), 1) + 1  # wider than needed, like SGLang's page table
-    table = torch.zeros(len(lens), width, dtype=torch.int32)
-    at = 0
-    for b, n in enumerate(need):
-        table[b, :n] = perm[at:at + n].to(torch.int32)
-        at += n
+    table = page_table(need, torch.randperm(total_pages, generator=g), width)
     return k, v, table, torch.tensor(lens, dtype=torch.int32)
 
 
