@@ -59,13 +59,15 @@ def run_case(c: dict, device: str) -> dict:
     torch.manual_seed(c.get("seed", 0))
     lens, P, hq, hkv, d = c["lens"], c["page"], c["hq"], c["hkv"], c["d"]
     new = c.get("new", [1] * len(lens))
-    k, v, table, seqlens = make_pool(lens, P, hkv, d, c.get("seed", 0), "cpu")
+    k, v, table, seqlens = make_pool(lens, P, hkv, d, c.get("seed", 0), "cpu", c.get("width"))
     cu_q = cu_seqlens(new)
     q = torch.randn(sum(new), hq, d)
     q = q.to(FP8) if c.get("q", "fp8") == "fp8" else q.to(torch.bfloat16)
     kind = c.get("descale", "per")
     if kind == "per":  # differs per (batch, kv head)
         kd, vd = 0.5 + torch.rand(len(lens), hkv), 0.5 + torch.rand(len(lens), hkv)
+    elif kind == "wide":  # per (batch, kv head), log-uniform over 1e-3 .. 1e2
+        kd, vd = (10.0 ** (-3 + 5 * torch.rand(len(lens), hkv)) for _ in range(2))
     elif kind == "scalar":  # as SGLang passes a layer scale: a (batch, kv head) expand of one value
         kd, vd = torch.tensor([0.7]).expand(len(lens), hkv), torch.tensor([1.3]).expand(len(lens), hkv)
     else:
@@ -141,6 +143,12 @@ GPU_CASES = {
     "gpu-128k-d96-g8-bf16q": dict(lens=[131071], page=16, hq=8, hkv=1, d=96, q="bf16"),
     "gpu-32k-d64-noncausal-splits64": dict(lens=[32768], page=16, hq=4, hkv=1, d=64, causal=False, splits=64),
     "gpu-decode-vs-extend-32k": dict(L=32768, n=16, page=16, hq=28, hkv=4, d=128),
+    # descales per (batch, kv head) over 1e-3 .. 1e2, ragged long batches (Llama's and Qwen's GQA)
+    "gpu-wide-descales-b8-llama": dict(lens=[8192 + 997 * b for b in range(8)], page=16, hq=32, hkv=8, d=128,
+                                       descale="wide"),
+    "gpu-wide-descales-b4-d256": dict(lens=[30000, 1, 4097, 12345], page=64, hq=16, hkv=8, d=256, descale="wide"),
+    # SGLang's decode graphs: a page table as wide as the context limit (128k) over 4k contexts
+    "gpu-wide-table-128k-4k": dict(lens=[4096, 3900, 4300, 17], page=16, hq=32, hkv=8, d=128, width=8192),
 }
 
 

@@ -18,32 +18,81 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_matrix_is_the_issues():
-    full = decode.cases(decode.BATCHES, decode.CONTEXTS, decode.PAGES, decode.HEAD_DIMS)
-    assert len(full) == 4 * 4 * 3 * 2 and len({c.name for c in full}) == 96
-    assert {(c.batch, c.context, c.page, c.head_dim) for c in full} == {
-        (b, x, p, d) for b in (1, 8, 32, 64) for x in (1024, 8192, 32768, 131072) for p in (1, 16, 64) for d in (128, 256)}
-    assert {(c.head_dim, c.hq, c.hkv) for c in full} == {(128, 28, 4), (256, 16, 4)}
+    """Three model shapes x batches 1-256 x contexts 1k-128k at page 16, plus pages 1 and 64 for the
+    Llama shape (issue #42, item 3)."""
+    full = decode.cases()
+    assert decode.MODELS == {"llama3-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128), "d256": (16, 8, 256)}
+    assert len(full) == 3 * 6 * 4 + 6 * 4 * 2 and len({c.name for c in full}) == len(full)
+    assert {(c.model, c.batch, c.context, c.page) for c in full} == {
+        (m, b, x, p) for m in decode.MODELS for b in (1, 8, 32, 64, 128, 256) for x in (1024, 8192, 32768, 131072)
+        for p in ((16, 1, 64) if m == "llama3-8b" else (16,))}
+    assert all((c.hq, c.hkv, c.head_dim) == decode.MODELS[c.model] for c in full)
+    assert set(decode.BACKENDS) == {"fa4_fp8_split_kv", "fa3_fp8", "triton_fp8", "fa3_bf16"}
+
+
+def test_lengths_are_ragged_within_ten_percent_and_reproducible():
+    import torch
+
+    case = decode.Case("llama3-8b", 256, 8192, 16, 128, 32, 8)
+    lens = decode.ragged_lens(case, torch.Generator().manual_seed(3))
+    assert len(lens) == 256 and min(lens) >= round(8192 * 0.9) and max(lens) <= round(8192 * 1.1)
+    assert max(lens) - min(lens) > 8192 * 0.15  # spread over the range, not one value
+    assert lens == decode.ragged_lens(case, torch.Generator().manual_seed(3))
+    one = decode.Case("llama3-8b", 3, 1, 1, 128, 32, 8)
+    assert decode.ragged_lens(one, torch.Generator().manual_seed(0)) == [1, 1, 1]
 
 
 def test_kv_bytes_is_one_read_of_k_and_v_plus_the_page_table():
-    case = decode.Case(64, 4096, 16, 128, 28, 4)
-    assert decode.kv_bytes(case, 1) == 2 * 64 * 4096 * 4 * 128 + 4 * 64 * 256  # 268 MB: the issue's FA3 figure
-    assert decode.kv_bytes(case, 2) == 2 * 2 * 64 * 4096 * 4 * 128 + 4 * 64 * 256
-    assert decode.kv_bytes(decode.Case(1, 17, 16, 64, 1, 1), 1) == 2 * 17 * 64 + 4 * 2  # a partial last page
+    case = decode.Case("qwen2.5-7b", 64, 4096, 16, 128, 28, 4)
+    lens = [4096] * 64
+    assert decode.kv_bytes(lens, case, 1) == 2 * 64 * 4096 * 4 * 128 + 4 * 64 * 256  # 268 MB
+    assert decode.kv_bytes(lens, case, 2) == 2 * 2 * 64 * 4096 * 4 * 128 + 4 * 64 * 256
+    small = decode.Case("x", 1, 17, 16, 64, 1, 1)
+    assert decode.kv_bytes([17], small, 1) == 2 * 17 * 64 + 4 * 2  # a partial last page
+    assert decode.pool_bytes([17], small, 1) == 2 * 3 * 16 * 64  # 2 pages + SGLang's page 0
 
 
-def test_markdown_has_time_spread_bandwidth_error_and_the_ratio():
-    rows = [dict(name="b64 ctx4096 P16 d128", backend="fa4_fp8_split_kv", median_us=100.0, spread=0.04, gbps=2684.0,
-                 rel_err=3e-3, speedup_vs_fa3_fp8=1.38),
-            dict(name="b64 ctx4096 P16 d128", backend="fa3_fp8", median_us=138.0, spread=0.02, gbps=1945.0,
+def test_layers_make_every_case_l2_cold():
+    """Enough pools that one replay's calls span COLD_BYTES (each call on another layer's cache), at
+    most MAX_LAYERS; one layer once a single cache is that large."""
+    small = decode.Case("llama3-8b", 1, 1024, 16, 128, 32, 8)
+    one = decode.kv_bytes([1024], small, 1)
+    n = decode.layers_for([1024], small)
+    assert n == min(decode.MAX_LAYERS, -(-decode.COLD_BYTES // one)) and n * one >= min(decode.COLD_BYTES, 48 * one)
+    big = decode.Case("llama3-8b", 64, 32768, 16, 128, 32, 8)
+    assert decode.kv_bytes([32768] * 64, big, 1) > decode.COLD_BYTES and decode.layers_for([32768] * 64, big) == 1
+    mid = decode.Case("llama3-8b", 8, 8192, 16, 128, 32, 8)
+    k = decode.layers_for([8192] * 8, mid)
+    assert (k - 1) * decode.kv_bytes([8192] * 8, mid, 1) < decode.COLD_BYTES <= k * decode.kv_bytes([8192] * 8, mid, 1)
+
+
+def test_wide_table_points_past_the_pages_at_page_zero():
+    torch = __import__("torch")
+    case = decode.Case("smoke", 2, 40, 16, 64, 4, 1)
+    x = decode.make_inputs(case, "cpu", 5, wide_tokens=1024)
+    assert x["table"].shape == (2, 64)
+    for b, n in enumerate(x["lens"]):
+        used = -(-n // 16)
+        assert (x["table"][b, :used] > 0).all() and (x["table"][b, used:] == 0).all()
+    assert sorted(torch.cat([x["table"][b, :-(-n // 16)] for b, n in enumerate(x["lens"])]).tolist()) == list(
+        range(1, x["k"].shape[0]))
+
+
+def test_markdown_has_time_spread_bandwidth_copy_share_error_and_the_ratios():
+    rows = [dict(name="llama3-8b b64 ctx4096 P16", backend="fa4_fp8_split_kv", median_us=100.0, spread=0.04,
+                 gbps=2684.0, copy_fraction=0.65, rel_err=3e-3, speedup_vs_fa3_fp8=1.38, speedup_vs_fa3_bf16=2.1),
+            dict(name="llama3-8b b64 ctx4096 P16", backend="fa3_fp8", median_us=138.0, spread=0.02, gbps=1945.0,
                  rel_err=4e-3, speedup_vs_fa3_fp8=1.0),
-            dict(name="b64 ctx4096 P16 d128", backend="triton_fp8", error="ImportError: no sglang")]
+            dict(name="llama3-8b b64 ctx4096 P16", backend="fa3_bf16", median_us=210.0, spread=0.01, gbps=2557.0,
+                 rel_err=2e-3),
+            dict(name="llama3-8b b64 ctx4096 P16", backend="triton_fp8", error="ImportError: no sglang")]
     result = {"meta": {"command": "sglang-fa4 bench decode", "gpu": {"name": "H200"}, "ceilings": {"copy_gbps": 4100.0},
-                       "settings": {"backends": ["fa4_fp8_split_kv", "fa3_fp8", "triton_fp8"]}}, "rows": rows}
+                       "settings": {"backends": ["fa4_fp8_split_kv", "fa3_fp8", "fa3_bf16", "triton_fp8"]}},
+              "rows": rows}
     md = decode.markdown(result)
-    assert "(device copy rate 4100 GB/s)" in md
-    assert ("| b64 ctx4096 P16 d128 | 100.0 ±4% · 2684 GB/s · 3.0e-03 | 138.0 ±2% · 1945 GB/s · 4.0e-03 | "
-            "— ImportError: no sglang | 1.38x |") in md, md
+    assert "device copy rate (4100 GB/s, same process)" in md and "L2-cold" in md
+    assert ("| llama3-8b b64 ctx4096 P16 | 100.0 ±4% · 2684 GB/s (65%) · 3.0e-03 | 138.0 ±2% · 1945 GB/s · 4.0e-03 | "
+            "210.0 ±1% · 2557 GB/s · 2.0e-03 | — ImportError: no sglang | 1.38x | 2.10x | — |") in md, md
 
 
 def test_cli_has_decode(capsys):
@@ -53,11 +102,12 @@ def test_cli_has_decode(capsys):
         main(["bench", "decode", "--help"])
     assert exc.value.code == 0 and "bench decode" in capsys.readouterr().out
     args = build_parser().parse_args(["bench", "decode", "--batches", "8", "--contexts", "32768", "--pages", "16",
-                                      "--head-dims", "256", "--tag", "x", "--num-splits", "12"])
-    assert (args.batches, args.contexts, args.pages, args.head_dims, args.rounds, args.tag, args.num_splits) == (
-        [8], [32768], [16], [256], 11, "x", 12)
+                                      "--models", "d256", "--tag", "x", "--num-splits", "12", "--wide-table", "131072",
+                                      "--no-extra-pages"])
+    assert (args.batches, args.contexts, args.pages, args.models, args.rounds, args.tag, args.num_splits,
+            args.wide_table, args.extra_pages) == ([8], [32768], [16], ["d256"], 7, "x", 12, 131072, False)
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "decode", "--head-dims", "96"])
+        build_parser().parse_args(["bench", "decode", "--models", "gemma"])
 
 
 def test_smoke_needs_the_interpreter(monkeypatch, tmp_path):
@@ -83,8 +133,10 @@ def test_cpu_smoke_runs_the_command_end_to_end(tmp_path):
     for r in rows:
         if r["backend"] == "fa4_fp8_split_kv":  # ran, checked against fp32, timed
             assert r["finite"] and r["rel_err"] < 1e-2 and len(r["per_round_us"]) == 2 and "error" not in r, r
-            case = decode.Case(r["batch"], r["context"], r["page"], r["head_dim"], r["hq"], r["hkv"])
-            assert r["kv_bytes"] == decode.kv_bytes(case, 1)
+            case = decode.Case(r["model"], r["batch"], r["context"], r["page"], r["head_dim"], r["hq"], r["hkv"])
+            assert r["layers"] == 1 and r["lens_min"] >= 1
+            lens = decode.ragged_lens(case, __import__("torch").Generator().manual_seed(1000 + smoke.index(case)))
+            assert r["kv_bytes"] == decode.kv_bytes(lens, case, 1) and (min(lens), max(lens)) == (r["lens_min"], r["lens_max"])
             assert r["gbps"] == pytest.approx(r["kv_bytes"] / (r["median_us"] * 1e-6) / 1e9)
         else:
             assert r["error"] == "RuntimeError: needs a CUDA GPU" and "median_us" not in r, r

@@ -39,13 +39,31 @@ def test_ctypes_mirror_matches_the_c_struct():
 
 
 def test_build_script_pins_and_kernels():
+    """The build pins its sources; every paged kernel comes as a pair, one split and split-KV, as
+    sgl-kernel's FA3 has them (SGLang's num_splits=0 lets FA3 pick either), with the combine; the
+    decode set covers what a decode step launches (d128 keeps causal, d256 drops it); the C side
+    finds kernels through the generated table, so no kernel is named by hand."""
     sh = (ROOT / "benchmark" / "fa3_build" / "build.sh").read_text()
     assert re.search(r"^FA3_COMMIT=[0-9a-f]{40}\b", sh, re.M) and re.search(r"^CUTLASS_COMMIT=[0-9a-f]{40}\b", sh, re.M)
-    built = re.findall(r"^(fa3k_\w+) ", sh, re.M)
-    called = set(re.findall(r"FA3_CALL\((fa3k_\w+)\)", CAPI.read_text()))
-    assert called == set(built) and len(built) == 7
-    for flag in ("BACKWARD", "SPLIT", "SOFTCAP", "LOCAL", "APPENDKV", "FP16", "CLUSTER", "SM8x"):
+    rows = re.findall(r"^(fa3k_\w+) (\d+) (e4m3|bf16) ([01]) ([01]) ([01]) (decode|all)$", sh, re.M)
+    assert len(rows) == len(re.findall(r"^fa3k_", sh, re.M)) == 15
+    paged = {(dt, int(hd), c): set() for _, hd, dt, c, p, _, _ in rows if p == "1"}
+    for name, hd, dt, c, p, split, _ in rows:
+        assert name == f"fa3k_{dt}_d{hd}_{'paged' if p == '1' else 'varlen'}{'_causal' if c == '1' else ''}" + (
+            "_split" if split == "1" else "")
+        if p == "1":
+            paged[(dt, int(hd), c)].add(split)
+    assert all(splits == {"0", "1"} for splits in paged.values()), paged
+    decode = {(dt, int(hd), c, split) for _, hd, dt, c, p, split, s in rows if s == "decode"}
+    assert decode == {(dt, hd, c, sp) for dt in ("e4m3", "bf16") for hd, c in ((128, "1"), (256, "0")) for sp in "01"}
+    assert "-DFLASHATTENTION_DISABLE_SPLIT" not in sh
+    for flag in ("BACKWARD", "SOFTCAP", "LOCAL", "APPENDKV", "FP16", "CLUSTER", "SM8x"):
         assert f"-DFLASHATTENTION_DISABLE_{flag}" in sh
+    assert "run_mha_fwd_combine_<cutlass::bfloat16_t, float, 128>" in sh
+    capi = CAPI.read_text()
+    assert not re.search(r"\bfa3k_\w+\(", capi), "kernels are found through fa3_kernels.inc's table"
+    assert "FA3_KERNEL(name, dtype, hdim, causal, paged, split)" in capi and "num_splits_heuristic(" in capi
+    assert "run_mha_fwd_combine_<cutlass::bfloat16_t, float, 128>(p, stream, true" in capi
 
 
 def test_absent_library_is_unavailable(tmp_path):
@@ -136,7 +154,14 @@ def test_sgl_kernel_signature_maps_sglangs_fa3_call_onto_paged_fp8():
             0.088, True, (-1, -1), None, 0.0, True, None, 0, None)
     assert call(*args, sm_margin=0, only_qv=False, return_softmax_lse=False, sinks=None, out="o") == "out"
     assert seen == [((q, kc, vc, table, seqlens, cu, 1), dict(k_descale=kd, v_descale=vd, q_descale=None,
-                                                               softmax_scale=0.088, causal=True, out="o"))]
+                                                               softmax_scale=0.088, causal=True, out="o",
+                                                               num_splits=0, pack_gqa=None))]
+    # FA3's scheduling arguments reach it as given: a forced split count and GQA packing
+    seen.clear()
+    forced = list(args)
+    forced[26], forced[27] = 5, True
+    call(*forced)
+    assert seen[0][1]["num_splits"] == 5 and seen[0][1]["pack_gqa"] is True
     for i, value, name in ((3, object(), "k"), (21, (127, 0), "window_size"), (23, 30.0, "softcap"),
                            (25, object(), "scheduler_metadata")):
         bad = list(args)
@@ -183,30 +208,62 @@ def test_gpu_fa3_bf16_varlen_matches_fp32():
         assert backends.rel_err(out, backends.reference_fp32(p)) < 1e-2, d
 
 
-def test_gpu_fa3_paged_fp8_matches_fp32():
+@pytest.mark.parametrize("dtype,d,page,lens,new,num_splits", [
+    ("e4m3", 128, 16, [300, 77], [40, 1], 1),        # an extend + a decode row, one split forced
+    ("e4m3", 128, 16, [20000, 9000, 1], [1, 1, 1], 0),  # decode at 20k: FA3 splits on its own
+    ("e4m3", 128, 1, [5000, 333], [1, 1], 7),         # a forced split count, page size 1
+    ("e4m3", 256, 64, [30000, 64], [1, 1], 0),        # d256 decode (causal dropped), FA3's choice
+    ("e4m3", 256, 1, [300, 77], [40, 1], 1),          # d256 causal extend
+    ("bf16", 128, 16, [20000, 5], [1, 1], 0),         # the bf16 pool, FA3's choice
+    ("bf16", 256, 16, [9000, 3000], [1, 1], 3),
+])
+def test_gpu_fa3_paged_matches_fp32(dtype, d, page, lens, new, num_splits):
+    """FA3's paged call as SGLang makes it, on E4M3 and bf16 pools, with one split, a forced count
+    and FA3's own choice (num_splits=0: the Split kernel + combine where it splits), against the
+    fp32 contract, output NaN-poisoned first; a variant the library was not built with skips."""
     torch = _gpu_lib()
+    from sglang_fa4.bench import backends
     from sglang_fa4.testing import paged_attention_fp32
 
     fp8, hq, hkv = torch.float8_e4m3fn, 8, 2
-    for d, page in ((128, 16), (256, 1)):
-        lens, new = [300, 77], [40, 1]
-        pages = [-(-n // page) for n in lens]
-        kc = (torch.randn(sum(pages) + 2, page, hkv, d, device="cuda") * 20).to(fp8)
-        vc = (torch.randn(sum(pages) + 2, page, hkv, d, device="cuda") * 20).to(fp8)
-        table = torch.zeros(2, max(pages), dtype=torch.int32)
-        perm = (torch.randperm(sum(pages)) + 1).tolist()
-        table[0, :pages[0]] = torch.tensor(perm[:pages[0]])
-        table[1, :pages[1]] = torch.tensor(perm[pages[0]:])
-        table, seqlens = table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
-        cu_q = torch.tensor([0, new[0], sum(new)], dtype=torch.int32, device="cuda")
-        q8 = torch.randn(sum(new), hq, d, device="cuda").to(fp8)
+    pages = [-(-n // page) for n in lens]
+    kc = torch.randn(sum(pages) + 2, page, hkv, d, device="cuda") * 20
+    vc = torch.randn(sum(pages) + 2, page, hkv, d, device="cuda") * 20
+    table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    perm, at = (torch.randperm(sum(pages)) + 1).tolist(), 0
+    for b, n in enumerate(pages):
+        table[b, :n] = torch.tensor(perm[at:at + n])
+        at += n
+    table, seqlens = table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0] + list(__import__("itertools").accumulate(new)), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(new), hq, d, device="cuda")
+    out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if dtype == "e4m3":
+        q, kc, vc = q.to(fp8), kc.to(fp8), vc.to(fp8)
         ks, vs = torch.tensor([0.02], device="cuda"), torch.tensor([0.015], device="cuda")
-        out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-        fa3.paged_fp8(q8, kc, vc, table, seqlens, cu_q, max(new), k_descale=ks.expand(2, hkv),
-                      v_descale=vs.expand(2, hkv), out=out)
-        torch.cuda.synchronize()
-        ref = paged_attention_fp32(q8, kc, vc, table, seqlens, cu_q, k_descale=ks, v_descale=vs, causal=True)
-        assert backends.rel_err(out, ref) < 3e-2, d
+        kw, ref_kw = dict(k_descale=ks.expand(len(lens), hkv), v_descale=vs.expand(len(lens), hkv)), dict(
+            k_descale=ks, v_descale=vs)
+        call = fa3.paged_fp8
+    else:
+        q, kc, vc = q.bfloat16(), (kc * 0.02).bfloat16(), (vc * 0.015).bfloat16()
+        kw, ref_kw, call = {}, {}, fa3.paged_bf16
+    plan = fa3.plan(q, kc, vc, table, seqlens, cu_q, max(new), causal=True, num_splits=num_splits)
+    if not plan.built:
+        pytest.skip(f"this build has no {dtype} d{d} kernel for {plan}")
+    call(q, kc, vc, table, seqlens, cu_q, max(new), out=out, num_splits=num_splits, scratch=fa3.Scratch(), **kw)
+    torch.cuda.synchronize()
+    if dtype == "e4m3":
+        ref = paged_attention_fp32(q, kc, vc, table, seqlens, cu_q, causal=True, **ref_kw)
+    else:  # the bf16 pool's own values, gathered by slot
+        from sglang_fa4.testing import attention_fp32, offsets
+
+        slots = torch.cat([table[b].long()[torch.arange(n, device="cuda") // page] * page
+                           + torch.arange(n, device="cuda") % page for b, n in enumerate(lens)])
+        ref = attention_fp32(q.float(), kc.view(-1, hkv, d)[slots].float(), vc.view(-1, hkv, d)[slots].float(), cu_q,
+                             offsets(lens), causal=True)
+    assert backends.rel_err(out, ref) < 3e-2, (plan, backends.rel_err(out, ref))
+    if num_splits == 0 and max(lens) >= 9000:
+        assert plan.num_splits > 1, plan  # a long decode at this batch: FA3 splits
 
 
 def test_committed_fa3_results():

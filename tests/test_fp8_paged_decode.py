@@ -36,7 +36,7 @@ def _matrix_cases() -> dict:
         lens = ([1] if i % 2 else []) + [P, P + 1, 2 * P + 37]
         c = dict(lens=lens, page=P, hq=g * hkv, hkv=hkv, d=d, seed=i,
                  window=(37, 0) if i % 3 == 0 else None, splits=(None, 2, 3)[i % 3],
-                 descale=("per", "per", "scalar", "none")[i % 4], q="bf16" if i % 5 == 4 else "fp8")
+                 descale=("per", "wide", "scalar", "none")[i % 4], q="bf16" if i % 5 == 4 else "fp8")
         if i % 7 == 3:  # non-causal (SGLang's cascade / decode calls), a window open on both sides
             c.update(causal=False, window=(20, 5) if i % 2 else None)
         cases[f"d{d}-g{g}-P{P}-hkv{hkv}"] = c
@@ -50,6 +50,9 @@ def _matrix_cases() -> dict:
     cases["ctx3-splits8"] = dict(lens=[3, 1], page=16, hq=4, hkv=1, d=64, splits=8)
     cases["ctx1-splits64"] = dict(lens=[1], page=1, hq=8, hkv=1, d=96, splits=64)
     cases["one-page-P64-splits2"] = dict(lens=[64], page=64, hq=7, hkv=1, d=192, splits=2)
+    # a page table 8192 tokens wide over short contexts (SGLang's decode graphs): the plan's 32
+    # splits meet MIN_KEYS_PER_SPLIT on the device, so all but the first two stay empty
+    cases["wide-table-empty-splits"] = dict(lens=[300, 40, 257], page=16, hq=4, hkv=1, d=128, width=512)
     # extend with a few new rows per sequence through the same kernel (bottom-right causal)
     cases["extend-few-rows"] = dict(lens=[70, 300, 17], new=[5, 16, 17], page=16, hq=4, hkv=1, d=128, splits=3)
     # decode == extend for one cache: its last rows (window off / on, different split structures)

@@ -123,8 +123,10 @@ def setup(cpu_smoke: bool) -> dict:
 
 
 def fa3_model(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, *, k_descale=None,
-              v_descale=None, q_descale=None, softmax_scale=None, causal=True, out=None):
-    """--cpu-smoke: FA3's paged FP8 call (sglang_fa4.bench.fa3.paged_fp8's signature) in fp32 torch."""
+              v_descale=None, q_descale=None, softmax_scale=None, causal=True, out=None, num_splits=0,
+              pack_gqa=None):
+    """--cpu-smoke: FA3's paged FP8 call (sglang_fa4.bench.fa3.paged_fp8's signature) in fp32 torch
+    (FA3's split count and GQA packing change no value here)."""
     from sglang_fa4.testing import paged_attention_fp32
 
     assert q_descale is None, "SGLang's fa3 path passes no q descale"

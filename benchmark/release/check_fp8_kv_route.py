@@ -112,12 +112,14 @@ def sglang_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=N
         k_descale=kd, v_descale=vd)
 
 
-def fa3_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=None, lse=None, ws=None):
-    """SGLang's fa3 call on the same fp8 pool (FA3 built from source, sglang_fa4.bench.fa3)."""
+def fa3_call(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, kd, vd, out=None, lse=None, scratch=None):
+    """SGLang's fa3 call on the same fp8 pool (FA3 built from source, sglang_fa4.bench.fa3), with
+    num_splits=0 as SGLang passes it: FA3 picks its split count."""
     from sglang_fa4.bench import fa3
 
     return fa3.paged_fp8(q8, k_cache, v_cache, table, seqlens, cu_q, max_q, k_descale=kd, v_descale=vd,
-                         softmax_scale=q8.shape[-1] ** -0.5, causal=True, out=out, lse=lse, ws=ws)
+                         softmax_scale=q8.shape[-1] ** -0.5, causal=True, out=out, lse=lse, scratch=scratch,
+                         num_splits=0)
 
 
 def fa3_available() -> bool:
@@ -232,9 +234,9 @@ def section_speed(budget_s):
             from sglang_fa4.bench import fa3
 
             lse3 = torch.empty(HQ, tq, dtype=torch.float32, device=DEV)
-            ws3 = fa3.workspace(B, DEV)
+            scratch3 = fa3.Scratch()
             timed("fa3_fp8_ms", lambda: fa3_call(q8, kc, vc, table, seqlens, cu_q, max(new), kd, vd, out=out,
-                                                 lse=lse3, ws=ws3), row)
+                                                 lse=lse3, scratch=scratch3), row)
         # the same kernel on K / V^T already contiguous (what the gather costs is the difference)
         vt = pack_vt(v, cu_kg, bound)
         desc = descales(kd, vd, B, HKV, q8.device)

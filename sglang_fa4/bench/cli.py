@@ -73,8 +73,8 @@ def add_parser(subparsers) -> None:
     for name, module, handler, summary in (
         ("kernels", kernels, _kernels, "varlen attention kernels: fa4 vs fa4_public vs triton_attn vs sdpa"),
         ("vit", vit, _vit, "transformers Qwen2.5-VL / Qwen3-VL vision towers end to end per attention backend"),
-        ("decode", decode, _decode, "paged FP8-KV decode: the split-KV kernel vs FA3-FP8, SGLang's triton fp8, "
-                                    "fa4 bf16"),
+        ("decode", decode, _decode, "paged FP8-KV decode: the split-KV kernel vs FA3-FP8 and FA3-bf16 (FA3's "
+                                    "own splits), SGLang's triton fp8"),
     ):
         parser = sub.add_parser(name, help=summary, description=(module.__doc__ or "").split("\n\n")[0])
         module.add_arguments(parser)

@@ -65,30 +65,55 @@ def block_m(rows: int) -> int:
     return min(MAX_BLOCK_M, max(16, pow2_at_least(rows)))
 
 
+def num_warps(block_m_: int, head_dim: int) -> int:
+    """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
+    at large head dims)."""
+    return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+
+
+#: software-pipelining depth of the key loop (Triton's num_stages): the K/V tiles in flight
+NUM_STAGES = 3
+
+
 class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits): the launch's host facts (tests read them)."""
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk): the launch's
+    host facts (tests read them)."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m, row_blocks, block_n, num_splits):
-        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits))
+    def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
+                min_chunk=MIN_KEYS_PER_SPLIT):
+        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
     block_n = property(lambda s: s[2])
     num_splits = property(lambda s: s[3])
+    num_warps = property(lambda s: s[4])
+    num_stages = property(lambda s: s[5])
+    #: keys a split takes at least, applied on the device to the real context: a page table wider
+    #: than the batch's contexts (SGLang's decode graphs) leaves the surplus splits empty, not thin
+    min_chunk = property(lambda s: s[6])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
-         num_splits: Optional[int] = None) -> DecodePlan:
-    """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench)."""
+         num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
+    """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
+    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm, for the
+    tuning sweep)."""
+    launch = launch or {}
     rows = max_seqlen_q * group
     bm = block_m(rows)
     row_blocks = max(1, -(-rows // bm))
+    min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
     if num_splits is None:
-        num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms)
+        num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
+                                   programs_per_sm=launch.get("programs_per_sm", PROGRAMS_PER_SM),
+                                   min_keys_per_split=min_chunk)
     if not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
         from sglang_fa4.kernels.fp8_paged_gather import PagedKVError
 
         raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    return DecodePlan(bm, row_blocks, block_n(head_dim), num_splits)
+    bn = launch.get("block_n", block_n(head_dim))
+    return DecodePlan(bm, row_blocks, bn, num_splits, launch.get("num_warps", num_warps(bm, head_dim)),
+                      launch.get("num_stages", NUM_STAGES), min_chunk)

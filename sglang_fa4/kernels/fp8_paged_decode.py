@@ -95,14 +95,14 @@ def _make_split_kernel():
 
     # integers that vary with the batch (row strides of the page table and the LSE buffers) or only
     # address scalars (descale strides) are not specialized: fewer variants to compile and warm
-    @triton.jit(do_not_specialize=["num_splits", "width", "left", "right", "pt_stride", "lse_stride_h",
+    @triton.jit(do_not_specialize=["num_splits", "min_chunk", "width", "left", "right", "pt_stride", "lse_stride_h",
                                    "lpart_stride_s", "kd_stride_b", "kd_stride_h", "vd_stride_b", "vd_stride_h"])
     def fp8_paged_decode_split(
         Q, K_CACHE, V_CACHE, PAGE_TABLE, SEQLENS, CU_Q, K_DESC, V_DESC,
         OUT, LSE, O_PART, LSE_PART,
         q_stride_t, q_stride_h, pt_stride, kd_stride_b, kd_stride_h, vd_stride_b, vd_stride_h,
         o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
-        num_splits, width, page_size, tok_stride, hkv, qk_scale_log2, left, right,
+        num_splits, min_chunk, width, page_size, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
     ):
@@ -129,7 +129,9 @@ def _make_split_kernel():
             hi = tl.max(tl.where(row_ok, hi_row, 0), axis=0)
             lo = lo // BLOCK_N * BLOCK_N
             span = tl.maximum(hi - lo, 0)
-            chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+            # at least min_chunk keys a split (rounded to whole key blocks), from the real span: a
+            # page table wider than the contexts leaves the surplus splits empty
+            chunk = tl.cdiv(tl.maximum(tl.cdiv(span, num_splits), min_chunk), BLOCK_N) * BLOCK_N
             k_start = lo + split * chunk
             k_end = tl.minimum(hi, k_start + chunk)
 
@@ -174,9 +176,10 @@ def _make_split_kernel():
                 if WRITE_LSE:
                     tl.store(LSE + head * lse_stride_h + t64, lse2 * 0.6931471805599453, mask=row_ok)
             else:
+                # an empty split writes only its -inf LSE: the combine reads no partial for it
                 p_ptr = (O_PART + split.to(tl.int64) * part_stride_s + t64[:, None] * part_stride_t
                          + head[:, None] * D_POW2 + dd[None, :])
-                tl.store(p_ptr, o, mask=row_ok[:, None])
+                tl.store(p_ptr, o, mask=row_ok[:, None] & (k_start < k_end))
                 tl.store(LSE_PART + split.to(tl.int64) * lpart_stride_s + t64 * (hkv * G) + head, lse2, mask=row_ok)
 
     return fp8_paged_decode_split
@@ -207,11 +210,13 @@ def _make_combine_kernel():
         total = tl.zeros([G_POW2], tl.float32)
         acc = tl.zeros([G_POW2, D_POW2], tl.float32)
         for s in range(num_splits):
-            # an empty split's lse is -inf: weight exp2(-inf) = 0
-            w = tl.exp2(tl.load(lse_row + s * lpart_stride_s, mask=h_ok, other=float("-inf")) - m_safe)
+            # a split that saw no key (empty, or all masked) has lse -inf, weight 0, and its
+            # partial is not read (an empty split never wrote it)
+            lse_s = tl.load(lse_row + s * lpart_stride_s, mask=h_ok, other=float("-inf"))
+            w = tl.exp2(lse_s - m_safe)
             total += w
             part = tl.load(O_PART + s * part_stride_s + t * part_stride_t + head[:, None] * D_POW2 + dd[None, :],
-                           mask=h_ok[:, None], other=0.0)
+                           mask=(h_ok & (lse_s > float("-inf")))[:, None], other=0.0)
             acc += w[:, None] * part
         seen = total > 0.0
         o = acc / tl.where(seen, total, 1.0)[:, None]
@@ -254,7 +259,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
                            max_seqlen_q: Optional[int], *, k_descale=None, v_descale=None,
                            softmax_scale: Optional[float] = None, causal: bool = False, window_size=(-1, -1),
                            out=None, return_lse: bool = False, num_splits: Optional[int] = None,
-                           sms: Optional[int] = None):
+                           sms: Optional[int] = None, launch: Optional[dict] = None):
     """q (total_q, Hq, d), E4M3 or bf16, against SGLang's paged E4M3 cache (pages, P, Hkv, d) ->
     bf16 (total_q, Hq, d) (into ``out`` when given), and with ``return_lse`` also the log-sum-exp
     of the scaled scores, natural log, (Hq, total_q) fp32 (FlashAttention's varlen layout; -inf for
@@ -283,7 +288,8 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     device = q.device
     group = hq // hkv
-    p = plan(batch, hkv, group, d, max(max_seqlen_q, 1), width * page_size, sms or sm_count(device), num_splits)
+    p = plan(batch, hkv, group, d, max(max_seqlen_q, 1), width * page_size, sms or sm_count(device), num_splits,
+             launch=launch)
 
     if out is not None:
         _need(isinstance(out, torch.Tensor) and out.numel() == total_q * hq * d,
@@ -315,12 +321,11 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
                 o, lse, o_part, lse_part,
                 q.stride(0), q.stride(1), page_table.stride(0), kd_sb, kd_sh, vd_sb, vd_sh,
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
-                p.num_splits, width, page_size, hkv * d, hkv, scale * LOG2E, left, right,
+                p.num_splits, p.min_chunk, width, page_size, hkv * d, hkv, scale * LOG2E, left, right,
                 group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
         index = device.index or 0
-        # 8 warps once the fp32 accumulator passes 16 rows x 256 (extend row blocks at large head dims)
-        warps = 4 if p.block_m * d_pow2 <= 16 * 256 else 8
-        SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=warps)
+        SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
+                     num_stages=p.num_stages)
         if not single:
             COMBINE.launch((total_q, hkv), (o_part, lse_part, o, lse, part_s, part_t, lpart_s, o.stride(0),
                                             o.stride(1), lse_h, p.num_splits, hq, group, pow2_at_least(group), d,

@@ -1,0 +1,267 @@
+"""Lab: tune the paged split-KV FP8 decode kernel's launch (key block, warps, pipeline stages, split
+count) against the device's copy bandwidth, L2-cold, on ragged batches.
+
+Not a product path: the product's constants live in ``sglang_fa4/kernels/fp8_decode_splits.py``;
+this script measures candidates for them (issue #42, item 4).  For each shape, every candidate is
+CUDA-graphed over ``layers`` separate pools (one layer's cache each, as a model's decode step reads
+them: no call hits L2 from the call before), all candidates interleaved in rounds in one process
+(``sglang_fa4.bench.timing.interleaved_ms``).  Each candidate's output is checked against the fp32
+contract (NaN-poisoned first) before it is timed; a wrong candidate is reported, not timed.
+
+    python benchmark/lab/decode_tune.py --out $OUT --budget-s 400              # GPU
+    TRITON_INTERPRET=1 python benchmark/lab/decode_tune.py --cpu-smoke         # plumbing only
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from sglang_fa4.bench.stats import median  # noqa: E402
+from sglang_fa4.kernels import fp8_decode_splits as S  # noqa: E402
+from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+#: (name, batch, context, page, q heads, kv heads, head dim)
+SHAPES = [
+    ("llama b1 32k P16", 1, 32768, 16, 32, 8, 128),
+    ("llama b8 8k P16", 8, 8192, 16, 32, 8, 128),
+    ("llama b32 8k P16", 32, 8192, 16, 32, 8, 128),
+    ("llama b128 4k P16", 128, 4096, 16, 32, 8, 128),
+    ("llama b8 8k P1", 8, 8192, 1, 32, 8, 128),
+    ("llama b8 8k P64", 8, 8192, 64, 32, 8, 128),
+    ("qwen b1 32k P16", 1, 32768, 16, 28, 4, 128),
+    ("qwen b16 8k P16", 16, 8192, 16, 28, 4, 128),
+    ("d256 b1 32k P16", 1, 32768, 16, 16, 8, 256),
+    ("d256 b16 8k P16", 16, 8192, 16, 16, 8, 256),
+]
+SMOKE_SHAPES = [("smoke b2 200 P16", 2, 200, 16, 8, 2, 128)]
+#: the wide sweep: 4k contexts in a table as wide as a 128k context limit, against a tight table
+WIDE_SHAPES = [("llama b1 4k P16", 1, 4096, 16, 32, 8, 128), ("llama b8 4k P16", 8, 4096, 16, 32, 8, 128),
+               ("llama b32 4k P16", 32, 4096, 16, 32, 8, 128), ("llama b128 4k P16", 128, 4096, 16, 32, 8, 128),
+               ("qwen b4 4k P16", 4, 4096, 16, 28, 4, 128), ("d256 b8 4k P16", 8, 4096, 16, 16, 8, 256)]
+WIDE_TOKENS = 131072
+#: the shapes the launch sweep runs on (the split sweep runs on all)
+LAUNCH_SHAPES = ("llama b1 32k P16", "llama b32 8k P16", "qwen b1 32k P16", "d256 b16 8k P16")
+#: bytes the layers of one shape span at least (several times the 50-60 MB L2)
+COLD_BYTES = 384 << 20
+MAX_LAYERS = 48
+
+
+def ragged_lens(batch: int, context: int, g) -> list[int]:
+    """Lengths uniform in context +- 10% (a real batch is ragged)."""
+    lo, hi = max(1, int(context * 0.9)), int(context * 1.1)
+    return [int(x) for x in torch.randint(lo, hi + 1, (batch,), generator=g)]
+
+
+def make_layers(lens, page, hkv, d, layers, device, g):
+    """``layers`` E4M3 pools sharing one shuffled page table (SGLang: one table, a pool per layer),
+    NaN everywhere a sequence has no token."""
+    need = [-(-n // page) for n in lens]
+    width = max(need)
+    n_pages = sum(need) + 1
+    order = torch.randperm(n_pages - 1, generator=g) + 1
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = order[at:at + n].to(torch.int32)
+        at += n
+    table = table.to(device)
+    pools = []
+    for _ in range(layers):
+        k = torch.randn(n_pages, page, hkv, d, device=device).mul_(2).to(FP8)
+        v = torch.randn(n_pages, page, hkv, d, device=device).to(FP8)
+        pools.append((k, v))
+    return table, pools
+
+
+def reference_row(q, k, v, table, n, page, kd, vd, scale):
+    """fp32 attention of one decode row on the dequantized pool."""
+    t = torch.arange(n, device=k.device)
+    slots = table.long()[t // page] * page + t % page
+    hkv, d = k.shape[2], k.shape[3]
+    kk = k.view(-1, hkv, d)[slots].float() * kd[None, :, None].float()
+    vv = v.view(-1, hkv, d)[slots].float() * vd[None, :, None].float()
+    g = q.shape[0] // hkv
+    qf = q.float().view(hkv, g, d)
+    s = torch.einsum("hgd,nhd->hgn", qf, kk) * scale
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("hgn,nhd->hgd", p, vv).reshape(q.shape[0], d)
+
+
+def candidates(d: int, smoke: bool) -> list[dict]:
+    if smoke:
+        return [{}, {"block_n": 32}]
+    bns = (32, 64, 128) if d <= 128 else (32, 64)
+    out = [{}]
+    for bn, st in itertools.product(bns, (2, 3, 4)):
+        out.append({"block_n": bn, "num_warps": 4, "num_stages": st})
+    out += [{"block_n": bn, "num_warps": 8, "num_stages": 3} for bn in bns[1:]]
+    out += [{"block_n": bns[1], "num_warps": 2, "num_stages": 3}]
+    return out
+
+
+def split_candidates(smoke: bool) -> list[int]:
+    return [1, 2] if smoke else [1, 2, 4, 8, 16, 32, 64]
+
+
+def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, copy_gbps, sweep: str) -> list[dict]:
+    name, batch, context, page, hq, hkv, d = shape
+    g = torch.Generator().manual_seed(seed)
+    lens = ragged_lens(batch, context, g)
+    layer_bytes = 2 * sum(lens) * hkv * d
+    layers = 1 if smoke else max(1, min(MAX_LAYERS, -(-COLD_BYTES // layer_bytes)))
+    table, pools = make_layers(lens, page, hkv, d, layers, device, g)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    q = torch.randn(batch, hq, d, generator=g).to(FP8).to(device)
+    kd = (0.02 + torch.rand(batch, hkv, generator=g) * 0.08).to(device)
+    vd = (0.02 + torch.rand(batch, hkv, generator=g) * 0.08).to(device)
+    scale = d ** -0.5
+    out = torch.empty(batch, hq, d, dtype=torch.bfloat16, device=device)
+    ref = reference_row(q[batch - 1], pools[0][0], pools[0][1], table[batch - 1], lens[batch - 1], page,
+                        kd[batch - 1], vd[batch - 1], scale)
+    sms = 132 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    heuristic = S.plan(batch, hkv, hq // hkv, d, 1, table.shape[1] * page, sms)
+    tables = {"tight": table}
+    if sweep == "launch":
+        variants = {json.dumps(c, sort_keys=True): (c, None, "tight") for c in candidates(d, smoke)}
+    elif sweep == "splits":
+        variants = {f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS}
+    else:  # SGLang's decode graphs pass the table as wide as the context limit: the same batch both ways
+        wide_tokens = 1024 if smoke else WIDE_TOKENS
+        wide = torch.zeros(batch, -(-wide_tokens // page), dtype=torch.int32, device=device)
+        wide[:, :table.shape[1]] = table
+        tables["wide"] = wide
+        variants = {"tight table": ({}, None, "tight"), f"table {wide_tokens} tokens wide": ({}, None, "wide")}
+    rows, calls = [], {}
+    for label, (launch, splits, which) in variants.items():
+        row = {"shape": name, "batch": batch, "context": context, "page": page, "hq": hq, "hkv": hkv, "d": d,
+               "lens_min": min(lens), "lens_max": max(lens), "layers": layers, "variant": label,
+               "heuristic_splits": heuristic.num_splits}
+
+        row["splits"] = S.plan(batch, hkv, hq // hkv, d, 1, tables[which].shape[1] * page, sms, splits,
+                               launch=launch or None).num_splits
+
+        def call(k, v, launch=launch, splits=splits, t=tables[which]):
+            return paged_decode_attention(q, k, v, t, seqlens, cu_q, 1, k_descale=kd, v_descale=vd,
+                                          softmax_scale=scale, causal=True, out=out, num_splits=splits,
+                                          launch=launch or None)
+        try:
+            out.fill_(float("nan"))
+            call(*pools[0])
+            got = out[batch - 1].float().reshape(hq, d)
+            row["rel_err"] = float((got - ref).norm() / ref.norm())
+            row["finite"] = bool(torch.isfinite(out).all())
+            if not row["finite"] or row["rel_err"] > 2e-2:
+                row["error"] = "wrong result"
+            else:
+                calls[label] = (lambda: [call(k, v) for k, v in pools])
+        except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a finding
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(row)
+    if smoke:
+        timed = {}
+        for label, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            timed[label] = {"ms": (time.perf_counter() - t0) * 1e3, "rounds": [(time.perf_counter() - t0) * 1e3]}
+    else:
+        from sglang_fa4.bench.timing import interleaved_ms
+
+        timed = interleaved_ms(calls, rounds=rounds, replays=replays)
+    nbytes = 2 * sum(lens) * hkv * d + 4 * sum(-(-n // page) for n in lens)
+    for row in rows:
+        t = timed.get(row["variant"], {})
+        if t.get("ms"):
+            us = t["ms"] * 1e3 / layers
+            row.update(us=us, per_round_us=[r * 1e3 / layers for r in t["rounds"]],
+                       spread=(max(t["rounds"]) - min(t["rounds"])) / t["ms"], gbps=nbytes / (us * 1e-6) / 1e9)
+            if copy_gbps:
+                row["copy_fraction"] = row["gbps"] / copy_gbps
+        elif "error" not in row and t:
+            row["error"] = t.get("error") or t.get("graph_error") or "not timed"
+    del pools
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=400)
+    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "both"], default="both")
+    ap.add_argument("--shapes", nargs="*", default=None, help="names (substrings) of SHAPES to run")
+    ap.add_argument("--cpu-smoke", action="store_true")
+    args = ap.parse_args()
+    smoke = args.cpu_smoke
+    device = "cpu" if smoke else "cuda"
+    t0 = time.monotonic()
+    meta = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
+            "plan_defaults": {"block_n(128)": S.block_n(128), "block_n(256)": S.block_n(256),
+                              "num_stages": S.NUM_STAGES, "programs_per_sm": S.PROGRAMS_PER_SM,
+                              "min_keys_per_split": S.MIN_KEYS_PER_SPLIT}}
+    copy_gbps = None
+    if not smoke:
+        from sglang_fa4.bench.meta import base_meta
+        from sglang_fa4.bench.timing import measure_copy_gbps
+
+        meta.update(base_meta("decode_tune"))
+        cp = measure_copy_gbps()
+        copy_gbps = cp["gbps"]
+        meta["copy"] = cp
+    pool = WIDE_SHAPES if args.sweep == "wide" else SHAPES
+    shapes = SMOKE_SHAPES if smoke else [s for s in pool if not args.shapes or any(x in s[0] for x in args.shapes)]
+    sweeps = ["launch", "splits"] if args.sweep == "both" else [args.sweep]
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "decode_tune" + (f"-{args.tag}" if args.tag else "")
+    for sweep in sweeps:
+        for i, shape in enumerate(shapes):
+            if sweep == "launch" and not smoke and shape[0] not in LAUNCH_SHAPES:
+                continue
+            if time.monotonic() - t0 > args.budget_s:
+                meta["truncated"] = f"budget reached before {sweep} {shape[0]}"
+                break
+            got = run_shape(shape, smoke, args.rounds, args.replays, device, 100 + i, copy_gbps, sweep)
+            for r in got:
+                r["sweep"] = sweep
+            rows += got
+            best = min((r for r in got if r.get("us")), key=lambda r: r["us"], default=None)
+            default = next((r for r in got if r["variant"] in ("{}",) and r.get("us")), None)
+            msg = f"[{sweep}] {shape[0]}: layers={got[0]['layers']}"
+            if best:
+                msg += f" best {best['variant']} {best['us']:.1f}us {best['gbps']:.0f}GB/s"
+            if default:
+                msg += f"; default {default['us']:.1f}us {default['gbps']:.0f}GB/s"
+            print(msg, flush=True)
+            meta["elapsed_s"] = round(time.monotonic() - t0, 1)
+            (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    # the table the reply shows: per shape, default / best / splits sweep
+    print(f"copy {copy_gbps or 0:.0f} GB/s")
+    for r in rows:
+        if r.get("us"):
+            frac = f" {100 * r['copy_fraction']:.0f}%" if r.get("copy_fraction") else ""
+            print(f"{r['sweep'][:1]} {r['shape']:<20} {r['variant']:<50} {r['us']:8.1f}us ±{100 * r['spread']:.0f}% "
+                  f"{r['gbps']:6.0f}GB/s{frac} err {r['rel_err']:.1e} splits {r['splits']}")
+        else:
+            print(f"{r['sweep'][:1]} {r['shape']:<20} {r['variant']:<50} ERROR {r.get('error')}")
+    print(f"done in {time.monotonic() - t0:.0f}s; heuristic splits per shape: "
+          + ", ".join(sorted({f"{r['shape']}={r['heuristic_splits']}" for r in rows})))
+
+
+if __name__ == "__main__":
+    main()

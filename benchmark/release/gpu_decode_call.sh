@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call of the paged FP8-KV decode work (issue #42): correctness on the GPU, FA3's build
+# checked against fp32, the launch/split sweep of our kernel, the decode matrix against FA3-FP8,
+# FA3-bf16 and SGLang's Triton decode. Each step has its own time limit so one slow step cannot
+# take the call; every result lands in $OUT (the reply carries the log's tail).
+#
+#   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
+#
+# STEPS (in the order given): env correctness fa3 tune tune-splits matrix-short matrix-long wide
+# (see the case statement). .fa3: benchmark/fa3_build/build.sh; .sgl_decode:
+# benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD:$PWD/.sgl_decode${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+log() { echo "[$(date +%T)] $*"; }
+step() {  # step LIMIT_S NAME CMD...: run with a time limit, log its status
+    local limit=$1 name=$2; shift 2
+    log "step $name (limit ${limit}s): $*"
+    timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log" | tail -n 60
+    log "step $name: exit ${PIPESTATUS[0]}"
+}
+for s in "$@"; do
+  case "$s" in
+    env)
+      nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv | tee "$OUT/gpu.csv"
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.csv"
+      [ -f .fa3/BUILD_INFO ] && cat .fa3/BUILD_INFO ;;
+    correctness)
+      step 240 correctness python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
+          --out "$OUT/fp8_decode_correctness.json" ;;
+    fa3)
+      step 120 fa3 python3 -m pytest -q -rs tests/test_fa3_baseline.py -k gpu ;;
+    tune)
+      step 260 tune python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep launch --budget-s 230 ;;
+    tune-splits)
+      step 200 tune-splits python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep splits --tag splits --budget-s 180 ;;
+    matrix-short)
+      step 300 matrix-short python3 -m sglang_fa4.cli bench decode --contexts 1024 8192 --out-dir "$OUT" \
+          --tag short --time-budget-s 280 ;;
+    matrix-long)
+      step 300 matrix-long python3 -m sglang_fa4.cli bench decode --contexts 32768 131072 --out-dir "$OUT" \
+          --tag long --time-budget-s 280 ;;
+    matrix-first)
+      step 240 matrix-first python3 -m sglang_fa4.cli bench decode --batches 1 8 64 256 --contexts 8192 32768 \
+          --no-extra-pages --out-dir "$OUT" --tag first --time-budget-s 220 ;;
+    wide)
+      step 150 wide python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep wide --tag wide --rounds 11 --budget-s 130 ;;
+    *) echo "unknown step $s" >&2 ;;
+  esac
+done
+log "done"
