@@ -281,7 +281,7 @@ class EnvRegistry:
     def raw_with_prefixes(self, prefixes: tuple[str, ...]) -> dict[str, str]:
         """The raw value of every variable in the environment whose name starts with one of
         ``prefixes``, declared here or not: another library's settings as one fingerprint (the
-        key of a stored FA4 kernel, :mod:`sglang_fa4.kernels.fa4_shared_libs`)."""
+        key of a stored FA4 kernel, :mod:`sglang_fa4.kernels.fa4.shared_libs`)."""
         return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
 
     def snapshot(self) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang_fa4.environ import EnvRegistry, envs
-from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS
+from sglang_fa4.kernels.fp8_sm90 import SUPPORTED_HEAD_DIMS
 
 FA4 = "fa4"
 #: SGLang's own Hopper MHA default, the one the rule upgrades.

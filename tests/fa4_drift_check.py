@@ -12,7 +12,7 @@ every configuration falls back to the public API with one warning and no error; 
 ``sglang-fa4 doctor`` says about the installed FA4.
 
 With ``--gpu`` (the H200): the same configurations for real through
-``sglang_fa4.kernels.dispatch.fa4_varlen_attention``, twice each, compared with an fp32 reference on
+``sglang_fa4.kernels.varlen.fa4_varlen_attention``, twice each, compared with an fp32 reference on
 fresh random data (output poisoned with NaN first), then the forced public-API path likewise.
 
     PYTHONPATH=OTHER_FA4:DSL:REPO python tests/fa4_drift_check.py --arch 90 [--gpu]
@@ -75,7 +75,7 @@ def _inputs(torch, d, heads, lens, sinks, device, gen=None):
 
 def run_configs(torch, dispatch_call, gpu: bool, cache) -> list[dict]:
     from sglang_fa4.testing import attention_fp32, rel_err
-    from sglang_fa4.kernels.fa4_kernel_cache import PublicLauncher
+    from sglang_fa4.kernels.fa4.cache import PublicLauncher
 
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0) if gpu else None
@@ -118,9 +118,10 @@ def main() -> int:
     logger.setLevel(logging.INFO)
 
     from sglang_fa4 import doctor
-    from sglang_fa4.kernels import fa4_b36, fa4_kernel_cache
-    from sglang_fa4.kernels.fa4_b36 import FA4Backend
-    from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+    from sglang_fa4.kernels.fa4 import b36 as fa4_b36
+    from sglang_fa4.kernels.fa4 import cache as fa4_kernel_cache
+    from sglang_fa4.kernels.fa4.b36 import FA4Backend
+    from sglang_fa4.kernels.fa4.cache import KernelCache
 
     import torch
     import flash_attn.cute.interface as iface
@@ -146,7 +147,7 @@ def main() -> int:
 
     # 1) as installed: the recorded-call check decides per configuration
     if args.gpu:
-        from sglang_fa4.kernels import dispatch
+        from sglang_fa4.kernels import varlen as dispatch
 
         cache = dispatch.kernel_cache()
         call = lambda q, k, v, cu, m, w, s, out: dispatch.fa4_varlen_attention(  # noqa: E731

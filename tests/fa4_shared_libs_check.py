@@ -1,4 +1,4 @@
-"""The shared-library store (sglang_fa4/kernels/fa4_shared_libs.py) against the real flash-attn-4
+"""The shared-library store (sglang_fa4/kernels/fa4/shared_libs.py) against the real flash-attn-4
 b36 on a machine without a GPU. Run as a script in a fresh process whose PYTHONPATH has FA4 b36,
 the CUTLASS DSL 4.8.1 and this repo; FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH / FLASH_ATTENTION_NUM_SMS
 pick the target (set by the test). Prints one JSON object (last line).
@@ -96,9 +96,9 @@ def store(args) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import flash_attn.cute.interface as iface
-    from sglang_fa4.kernels.fa4_b36 import FA4Backend
-    from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
-    from sglang_fa4.kernels.fa4_shared_libs import Store
+    from sglang_fa4.kernels.fa4.b36 import FA4Backend
+    from sglang_fa4.kernels.fa4.cache import KernelCache
+    from sglang_fa4.kernels.fa4.shared_libs import Store
 
     _no_launch(iface, compile_too=True)
     cache = KernelCache(FA4Backend(), Store(args.root))
@@ -120,10 +120,10 @@ def store(args) -> dict:
 def load(args) -> dict:
     import torch
 
-    from sglang_fa4.kernels import fa4_b36
-    from sglang_fa4.kernels.fa4_config import FwdCall, config_for
-    from sglang_fa4.kernels.fa4_launcher import Launcher
-    from sglang_fa4.kernels.fa4_shared_libs import Store
+    from sglang_fa4.kernels.fa4 import b36 as fa4_b36
+    from sglang_fa4.kernels.fa4.config import FwdCall, config_for
+    from sglang_fa4.kernels.fa4.launcher import Launcher
+    from sglang_fa4.kernels.fa4.shared_libs import Store
 
     arch = fa4_b36.device_arch()
     layout = fa4_b36.layout_for_arch(arch)
@@ -187,8 +187,8 @@ def keys(args) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import flash_attn.cute.interface as iface
-    from sglang_fa4.kernels.fa4_b36 import FA4Backend
-    from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+    from sglang_fa4.kernels.fa4.b36 import FA4Backend
+    from sglang_fa4.kernels.fa4.cache import KernelCache
 
     _no_launch(iface, compile_too=False)
     backend = FA4Backend()

@@ -13,9 +13,9 @@
    not uses. The names the issue listed are always in the set, so the rule holds even where
    SGLang is not installed.
 3. flash-attn-4's private names (``iface._flash_attn_fwd``...) appear only in
-   ``sglang_fa4/kernels/fa4_b36.py``: private attributes taken from a ``flash_attn`` module.
-4. FA4 behind one door: outside ``kernels/`` no module imports ``kernels/fa4_b36.py`` (the
-   release-specific module); they ask ``kernels/fa4.py``, its small public API.
+   ``sglang_fa4/kernels/fa4/b36.py``: private attributes taken from a ``flash_attn`` module.
+4. FA4 behind one door: outside ``kernels/`` no module imports ``kernels/fa4/b36.py`` (the
+   release-specific module); they ask ``kernels/fa4/installation.py``, its small public API.
 5. SGLang knowledge in one place: ``sglang`` is imported only under ``integration/`` (plus the
    entry point's hook registration in ``plugin.py`` and the bench's SGLang baseline kernels), and
    the attribute names of SGLang's model objects (``sglang_model.SGLANG_ATTRIBUTES``:
@@ -53,7 +53,7 @@ NOT_SGLANGS = frozenset({
     "_attn_implementation",  # transformers' PretrainedConfig (the bench's HF towers set it)
 })
 KERNEL_FIRST_PARTY = ("sglang_fa4.kernels", "sglang_fa4.environ")
-FA4_RELEASE_MODULE = "sglang_fa4.kernels.fa4_b36"
+FA4_RELEASE_MODULE = "sglang_fa4.kernels.fa4.b36"
 #: modules outside integration/ that may import sglang, and why
 SGLANG_IMPORT_ALLOWED = {
     "plugin.py": "the entry point registers its hooks with SGLang's HookRegistry",
@@ -200,10 +200,10 @@ def kernel_import_violations(trees: dict[str, ast.AST]) -> list[str]:
 
 def fa4_private_violations(trees: dict[str, ast.AST]) -> list[str]:
     """Private attributes read from a name bound to a flash_attn module (import or a function
-    returning one, like fa4_b36's ``_interface()``), outside kernels/fa4_b36.py."""
+    returning one, like fa4_b36's ``_interface()``), outside kernels/fa4/b36.py."""
     out = []
     for rel, tree in trees.items():
-        if rel == "kernels/fa4_b36.py":
+        if rel == "kernels/fa4/b36.py":
             continue
         fa4_names = set()
         for node in ast.walk(tree):
@@ -326,7 +326,7 @@ def test_sglang_private_names_only_under_integration():
 def test_fa4_private_names_only_in_the_b36_module():
     assert fa4_private_violations(_parsed()) == []
     # and fa4_b36 does use them: the rule is not vacuous
-    assert any(name == "_flash_attn_fwd" for _, name in used_private_names(_parsed()["kernels/fa4_b36.py"]))
+    assert any(name == "_flash_attn_fwd" for _, name in used_private_names(_parsed()["kernels/fa4/b36.py"]))
 
 
 def test_fa4_release_module_only_behind_the_facade():
@@ -410,10 +410,10 @@ def test_checker_catches_planted_violations():
 
 PLANTED_FACADES = '''
 import sglang.srt.server_args
-from sglang_fa4.kernels import fa4_b36
-from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
+from sglang_fa4.kernels.fa4 import b36 as fa4_b36
+from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS
 from sglang_fa4.kernels import fa4
-HOOK = "sglang_fa4.kernels.fa4_b36"
+HOOK = "sglang_fa4.kernels.fa4.b36"
 
 class Mine:
     sinks: object = None
@@ -427,7 +427,7 @@ def test_checker_catches_planted_facade_violations():
     trees = {name: ast.parse(PLANTED_FACADES) for name in (
         "startup/planted.py", "kernels/planted.py", "integration/planted.py", "plugin.py", SGLANG_MODEL_MODULE)}
     assert sorted(fa4_release_import_violations(trees)) == sorted(
-        f"{rel}:{line}: sglang_fa4.kernels.fa4_b36"
+        f"{rel}:{line}: sglang_fa4.kernels.fa4.b36"
         for rel in ("startup/planted.py", "integration/planted.py", "plugin.py", SGLANG_MODEL_MODULE)
         for line in (3, 4, 6))
     assert sorted(sglang_import_violations(trees)) == sorted([

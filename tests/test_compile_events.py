@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sglang_fa4.kernels import compile_events, triton_handles
-from sglang_fa4.kernels.fp8_sm90 import launch, quantize_chunked
+from sglang_fa4.kernels.fp8_sm90 import launch
+from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_docs_agree_with_their_sources():
-    """Regenerate with `python -m sglang_fa4.docs`; `--check` prints the same list."""
+    """Regenerate with `python -m tools.docs`; `--check` prints the same list."""
     assert docs.problems() == []
 
 

@@ -22,7 +22,7 @@ def fa4():
     pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4")
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
 
     def public(q, k, v, cu, ms, window=(None, None), sinks=None):
         r = flash_attn_varlen_func(
@@ -60,8 +60,8 @@ def test_many_segments(fa4):
     fresh kernel cache, so no earlier test's configuration can satisfy the check), then launched
     directly, bitwise FA4's public API both times."""
     dispatch, public = fa4
-    from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS, FA4Backend
-    from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+    from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS, FA4Backend
+    from sglang_fa4.kernels.fa4.cache import KernelCache
 
     lens = [int(x) for x in torch.randint(1, 40, (MANY_SEGMENTS + 44,))]
     lens[0] = 100  # a segment over 64 tokens: FA4's route, not the short-window kernel (never bitwise FA4)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_fa4.kernels import dispatch, short_segments
-from sglang_fa4.kernels.fa4_config import FA4InputError
-from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.vit import short_windows as short_segments
+from sglang_fa4.kernels.fa4.config import FA4InputError
+from sglang_fa4.kernels.fa4.cache import KernelCache
 
 FP8 = torch.float8_e4m3fn
 

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from sglang_fa4.kernels import dispatch
-from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, LAYOUT_SM100, FA4LayoutError, Resolved, layout_for_arch
-from sglang_fa4.kernels.fa4_config import FA4FeatureError, FA4InputError, normalize_window, seqlen_class
-from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.fa4.b36 import LAYOUT_SM90, LAYOUT_SM100, FA4LayoutError, Resolved, layout_for_arch
+from sglang_fa4.kernels.fa4.config import FA4FeatureError, FA4InputError, normalize_window, seqlen_class
+from sglang_fa4.kernels.fa4.cache import KernelCache
 from sglang_fa4.testing import cu_seqlens
 
 STATIC = object()  # stands in for FA4's AuxData(None, None)
@@ -361,7 +361,7 @@ def test_cuda_required_with_real_backend_flag():
 def test_layout_drift_falls_back_to_the_public_api(corrupt, match, caplog, monkeypatch):
     """Another flash-attn-4 whose kernel call is not the recorded layout: one warning naming what
     differs, then FA4's public API for that configuration (right results, never an error per call)."""
-    from sglang_fa4.kernels import fa4_kernel_cache
+    from sglang_fa4.kernels.fa4 import cache as fa4_kernel_cache
 
     monkeypatch.setattr(fa4_kernel_cache, "_layout_fallback_warned", False)
     fake = FakeBackend(90)
@@ -420,7 +420,7 @@ def test_sm100_hd256_runs_fa4_every_call_without_caching():
 
 def test_importing_does_not_import_cutlass_or_flash_attn():
     code = (
-        "import sys, sglang_fa4.kernels.dispatch, sglang_fa4.kernels.fa4_kernel_cache, sglang_fa4.kernels.fa4_b36;"
+        "import sys, sglang_fa4.kernels.varlen, sglang_fa4.kernels.fa4.cache, sglang_fa4.kernels.fa4.b36;"
         "bad = [m for m in ('cutlass', 'flash_attn', 'tvm_ffi') if m in sys.modules];"
         "assert not bad, bad"
     )
@@ -482,7 +482,7 @@ _flash_attn_fwd.compile_cache = JITCache()
 def fake_interface(monkeypatch):
     import types
 
-    from sglang_fa4.kernels import fa4_b36
+    from sglang_fa4.kernels.fa4 import b36 as fa4_b36
     mod = types.ModuleType("fake_fa4_interface")
     mod.__dict__.update(torch=torch, ARCH=90, KERNEL_CALLS=[], AUX=STATIC)
     exec(_FAKE_INTERFACE, mod.__dict__)
@@ -492,7 +492,7 @@ def fake_interface(monkeypatch):
 
 
 def test_fa4_backend_records_kernel_and_restores_fa4(fake_interface):
-    from sglang_fa4.kernels.fa4_b36 import FA4Backend
+    from sglang_fa4.kernels.fa4.b36 import FA4Backend
 
     mod = fake_interface
     cache_obj, cumsum = mod._flash_attn_fwd.compile_cache, mod._compute_tile_cumsum

@@ -1,4 +1,4 @@
-"""CPU tests of the shared-library store (sglang_fa4/kernels/fa4_shared_libs.py), no FA4 needed:
+"""CPU tests of the shared-library store (sglang_fa4/kernels/fa4/shared_libs.py), no FA4 needed:
 FA4's exported kernel is played by a C stub with the TVM-FFI calling convention that records the
 arguments it is called with, compiled and linked by the system C compiler as the store links FA4's.
 Checked: a stored kernel is loaded and launched through the kernel cache by a backend that must not
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fa4.kernels import dispatch, fa4_b36, fa4_shared_libs
-from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, Resolved
-from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
-from sglang_fa4.kernels.fa4_shared_libs import Store
+from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.fa4 import b36 as fa4_b36
+from sglang_fa4.kernels.fa4 import shared_libs as fa4_shared_libs
+from sglang_fa4.kernels.fa4.b36 import LAYOUT_SM90, Resolved
+from sglang_fa4.kernels.fa4.cache import KernelCache
+from sglang_fa4.kernels.fa4.shared_libs import Store
 from sglang_fa4.startup import fa4_preload, jit_monitor, warmup
 from sglang_fa4.startup.variants import enumerate_variants
 from sglang_fa4.testing import cu_seqlens

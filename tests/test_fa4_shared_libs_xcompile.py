@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fa4.kernels import fa4_b36
+from sglang_fa4.kernels.fa4 import b36 as fa4_b36
 
 ROOT = Path(__file__).resolve().parents[1]
 FA4 = ROOT / ".cache" / "fa4-b36"
@@ -121,7 +121,7 @@ def test_one_configuration_one_fa4_key(pythonpath, arch):
         assert dict(differing) == {}
     else:
         # is_static_persistent is in FA4's key for every class but is passed to the SM100 kernel
-        # class only (sglang_fa4.kernels.fa4_config.seqlen_class): one SM90 kernel for both values
+        # class only (sglang_fa4.kernels.fa4.config.seqlen_class): one SM90 kernel for both values
         assert set(differing) == {"is_static_persistent"}
         src = (FA4 / "flash_attn" / "cute" / "interface.py").read_text()
         takers = re.findall(r"fa_fwd = (\w+)\((?:(?!fa_fwd = ).)*?is_static_persistent=is_static_persistent", src, re.S)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_fa4.kernels import dispatch
-from sglang_fa4.kernels.fa4_config import FA4InputError
+from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.fa4.config import FA4InputError
 from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.launch import Fp8AttentionError, check_device, resolve_descale
 from sglang_fa4.testing import cu_seqlens

@@ -23,7 +23,8 @@ BAR = 3e-2
 def fp8():
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl")
     pytest.importorskip("triton", reason="needs triton")
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize, vt_pack
+    from sglang_fa4.kernels.fp8_sm90 import launch, vt_pack
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
 
     return launch, quantize, vt_pack
 
@@ -63,8 +64,8 @@ def test_fp8_forward_matches_fp32_reference(fp8, lens, hq, hkv, d, causal):
 def test_vit_fp8_path_on_budget_layouts_matches_fp32(fp8, lens, max_seqlen, d):
     """vit_attn_dtype.fp8_attention (token-chunked quantize + FP8 forward, both on their linear
     grids) against fp32 attention on the bf16 inputs, output and every V^T column poisoned first."""
-    from sglang_fa4.kernels import vit_attn_dtype
-    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked
+    from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
+    from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
 
     _, quantize, _ = fp8
     torch.manual_seed(1)

@@ -9,7 +9,7 @@ import torch
 
 from sglang_fa4.kernels.fp8_sm90 import layout
 from sglang_fa4.kernels.fp8_sm90.launch import Fp8AttentionError, check_inputs, descale_tensor
-from sglang_fa4.kernels.fp8_sm90.quantize import E4M3_MAX, quantize_qkv_reference
+from sglang_fa4.kernels.vit.fp8_quantize import E4M3_MAX, quantize_qkv_reference
 from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt_reference
 from sglang_fa4.testing import cu_seqlens, offsets
 
@@ -104,7 +104,7 @@ def test_window_normalization(causal, window, want):
 def test_one_window_convention_every_route(window):
     """Unbounded is None, or SGLang's negative -1, on every route: the FP8 kernel reads a window
     through the same fa4_config.window_bounds as FA4's and the short-window route."""
-    from sglang_fa4.kernels.fa4_config import normalize_window
+    from sglang_fa4.kernels.fa4.config import normalize_window
 
     assert layout.normalize_window(False, window) == (False, False, layout.WINDOW_UNBOUNDED, layout.WINDOW_UNBOUNDED)
     assert normalize_window(window) == (False, None, None)
@@ -112,7 +112,7 @@ def test_one_window_convention_every_route(window):
 
 @pytest.mark.parametrize("window", [(64.0, 0), (True, None), ("64", 0), (1, 2, 3)])
 def test_a_window_side_is_an_int_or_none_on_every_route(window):
-    from sglang_fa4.kernels.fa4_config import FA4InputError, normalize_window
+    from sglang_fa4.kernels.fa4.config import FA4InputError, normalize_window
 
     with pytest.raises(FA4InputError, match="window_size"):
         layout.normalize_window(False, window)
@@ -310,7 +310,7 @@ def test_pack_vt_triton_kernel_matches_reference_in_the_interpreter(tmp_path):
 
 
 def test_fa4_varlen_attention_routes_e4m3_to_the_fp8_forward():
-    from sglang_fa4.kernels.dispatch import FA4FeatureError, fa4_varlen_attention
+    from sglang_fa4.kernels.varlen import FA4FeatureError, fa4_varlen_attention
 
     q = torch.zeros(16, 4, 128).to(FP8)
     c = cu_seqlens([16])
@@ -372,7 +372,8 @@ def test_quantize_kernels_divide_with_ieee_rounding():
     (and q / k bytes with them)."""
     import re
 
-    from sglang_fa4.kernels.fp8_sm90 import quantize as Q, quantize_chunked as C
+    from sglang_fa4.kernels.vit import fp8_quantize as Q
+    from sglang_fa4.kernels.vit import fp8_quantize_chunked as C
 
     if Q.triton is None:
         pytest.skip("no triton")

@@ -1,4 +1,4 @@
-"""The paged FP8 decode kernel (kernels/fp8_paged_decode.py) in Triton's CPU interpreter, against an
+"""The paged FP8 decode kernel (kernels/fp8_paged_kv/decode.py) in Triton's CPU interpreter, against an
 fp64 reference on the dequantized pool (pools NaN-poisoned first: tests/fp8_decode_child.py), plus
 its host side on the CPU: the split heuristic, the launch plan, input checks, and no host sync with
 a grid that depends on host facts only (what SGLang's decode CUDA graphs need).
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_fa4.kernels import fp8_paged_decode as D
-from sglang_fa4.kernels.fp8_decode_splits import MAX_SPLITS, choose_splits
+from sglang_fa4.kernels.fp8_paged_kv import decode as D
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import MAX_SPLITS, choose_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 FP8 = torch.float8_e4m3fn

@@ -1,4 +1,4 @@
-"""The fused paged-KV gather (kernels/fp8_paged_gather.py): its Triton kernel, run by Triton's CPU
+"""The fused paged-KV gather (kernels/fp8_paged_kv/gather.py): its Triton kernel, run by Triton's CPU
 interpreter in a child process (uint8 data: exact), against the torch gather + V^T pack it replaced
 (bitwise wherever that pair wrote) and the torch reference pack (every V^T column the FP8 kernel
 can read), on random pools in shuffled pages, page sizes 1/16/64, GQA head counts, exact sizes and
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_fa4.kernels import fp8_paged_gather as G
+from sglang_fa4.kernels.fp8_paged_kv import gather as G
 from sglang_fa4.kernels.fp8_sm90.layout import vt_column_offset
 
 ROOT = Path(__file__).resolve().parents[1]

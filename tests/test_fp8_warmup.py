@@ -114,7 +114,7 @@ def test_enumerate_fp8_variants_pads_head_dims_and_skips_sinks():
 
 
 def test_warm_model_fp8_warms_the_models_fp8_variants_then_arms(fake_fp8, monkeypatch):
-    from sglang_fa4.kernels import fa4_b36
+    from sglang_fa4.kernels.fa4 import b36 as fa4_b36
 
     monkeypatch.setattr(fa4_b36, "fa4_available", lambda: True)
     report = warmup.warm_model(qwen25_vl(), fp8=True)

@@ -228,7 +228,7 @@ def sglang_fa_call(q, k_cache, v_cache, k=None, v=None, page_table=None, cache_s
 def split_kv_calls(monkeypatch):
     """paged_decode_attention replaced by a recorder returning the fp32 reference (the kernel itself
     runs in Triton's interpreter in tests/test_fp8_paged_decode.py and in the SGLang harness below)."""
-    from sglang_fa4.kernels import fp8_paged_decode
+    from sglang_fa4.kernels.fp8_paged_kv import decode as fp8_paged_decode
 
     calls = []
 
@@ -292,7 +292,7 @@ def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
     route's entry (flash_attn_with_kvcache, ver=4) with a capture in progress: no tensor reaches the
     host, and each batch size's launches (grid, every host argument) are the same at capture and at
     replays with other lengths."""
-    from sglang_fa4.kernels import fp8_paged_decode as D
+    from sglang_fa4.kernels.fp8_paged_kv import decode as D
 
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
@@ -325,7 +325,7 @@ def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
             per_bs.setdefault(bs, []).append(list(launches))
         assert per_bs[bs][0] == per_bs[bs][1] and per_bs[bs][0], bs  # capture == replay: the grid is fixed
     grids = {bs: runs[0][0][1] for bs, runs in per_bs.items()}
-    from sglang_fa4.kernels.fp8_decode_splits import choose_splits
+    from sglang_fa4.kernels.fp8_paged_kv.decode_plan import choose_splits
 
     assert grids == {bs: (1, bs * hkv, choose_splits(bs, hkv, 1, max_context_len, D.DEFAULT_SM_COUNT))
                      for bs in (1, 4, 8)}, grids
@@ -368,14 +368,14 @@ def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
 def test_backend_init_warms_the_fp8_variants(monkeypatch):
     import types
 
-    from sglang_fa4.kernels.fp8_paged_gather import GatherShape
+    from sglang_fa4.kernels.fp8_paged_kv.gather import GatherShape
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
     from sglang_fa4.startup import warmup
 
     warmed = []
     monkeypatch.setattr(warmup, "warm_fp8_kv_route", lambda variants, shapes, device: warmed.append(
         (list(variants), list(shapes), device)))
-    from sglang_fa4.kernels import fp8_paged_decode
+    from sglang_fa4.kernels.fp8_paged_kv import decode as fp8_paged_decode
 
     split_kv = []
     monkeypatch.setattr(fp8_paged_decode, "warm", lambda *a: split_kv.append(a))
@@ -406,8 +406,9 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch):
 
 def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     """warm_fp8_kv_route: the gather's compiles are warmup work; afterwards one is flagged."""
-    from sglang_fa4.kernels import compile_events, fp8_paged_gather, triton_handles
-    from sglang_fa4.kernels.fp8_paged_gather import GatherShape
+    from sglang_fa4.kernels import compile_events, triton_handles
+    from sglang_fa4.kernels.fp8_paged_kv import gather as fp8_paged_gather
+    from sglang_fa4.kernels.fp8_paged_kv.gather import GatherShape
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.startup import jit_monitor, warmup
 
@@ -435,7 +436,7 @@ def test_the_one_entry_point_takes_the_paged_form(fake_kernel, split_kv_calls):
     """dispatch.fa4_varlen_attention with page_table / cache_seqlens is the FP8 KV route: decode to the
     split-KV kernel, a long extend to the gather + FP8 forward, return_lse to the split-KV kernel with
     the LSE; the same results as paged_fp8_attention called directly."""
-    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+    from sglang_fa4.kernels.varlen import fa4_varlen_attention
 
     k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
     kd = torch.tensor([0.7]).expand(2, 2)
@@ -465,7 +466,7 @@ def test_the_one_entry_point_takes_the_paged_form(fake_kernel, split_kv_calls):
     (dict(q_descale=torch.ones(1)), "q_descale do not apply to the paged FP8 KV form"),
 ])
 def test_the_paged_form_refuses_each_contiguous_only_argument(change, message):
-    from sglang_fa4.kernels.dispatch import FA4InputError, fa4_varlen_attention
+    from sglang_fa4.kernels.varlen import FA4InputError, fa4_varlen_attention
 
     k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
     kw = dict(page_table=table, cache_seqlens=seqlens)
@@ -487,8 +488,8 @@ def test_decode_graphs_through_sglangs_own_graph_metadata(sglang_version):
     itself in Triton's interpreter at batch 4, its torch contract at 1 and 8) equals the fp32 reference on the dequantized pool for the new
     lengths (free pool memory poisoned with NaN; the reference's page table built from req_to_token,
     not from the buffers)."""
-    from sglang_fa4.kernels.fp8_decode_splits import choose_splits
-    from sglang_fa4.kernels.fp8_paged_decode import DEFAULT_SM_COUNT
+    from sglang_fa4.kernels.fp8_paged_kv.decode_plan import choose_splits
+    from sglang_fa4.kernels.fp8_paged_kv.decode import DEFAULT_SM_COUNT
 
     g = real_backend_run(sglang_version)["graph"]
     max_context_len, hkv, P = g["max_context_len"], 4, 16

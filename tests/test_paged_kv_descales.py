@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_fa4.kernels.fp8_paged_gather import PagedKVError
+from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
 from sglang_fa4.kernels.fp8_paged_kv import FP8, descales
 from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, paged_attention_fp32, rel_err
 

@@ -5,7 +5,7 @@ The plugin is loaded through SGLang's own loader (``sglang.srt.plugins.load_plug
 installed entry point). Stubbed, because it cannot run on a CPU, and only that:
 - the CUDA facts vision.py reads (``is_cuda``, ``get_device_capability``, the platform's is_blackwell,
   ``_is_cuda`` for VisionFlash4Attention's constructor);
-- the FA4 kernel call itself (``sglang_fa4.kernels.dispatch.fa4_varlen_attention``, or SGLang's
+- the FA4 kernel call itself (``sglang_fa4.kernels.varlen.fa4_varlen_attention``, or SGLang's
   ``flash_attn_func`` when the plugin is off) -> a recorder;
 - CUDA graph objects (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``, ``torch.cuda.synchronize``) and the
   runner's tensor-parallel capture context.

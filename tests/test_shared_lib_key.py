@@ -1,4 +1,4 @@
-"""Every field of a stored FA4 kernel's key (sglang_fa4/kernels/fa4_shared_libs.py) moves the entry:
+"""Every field of a stored FA4 kernel's key (sglang_fa4/kernels/fa4/shared_libs.py) moves the entry:
 each environment field (entry format, Python minor, machine, FA4/DSL versions, FA4/quack sources,
 FA4/DSL settings, kernel class, the GPU's SM count) and each FA4Config field. The rows are keyed by
 field name, so a field added to the key without a row here, or a row whose field left the key,
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_fa4.kernels import fa4_shared_libs
-from sglang_fa4.kernels.fa4_config import FA4Config
-from sglang_fa4.kernels.fa4_shared_libs import Store
+from sglang_fa4.kernels.fa4 import shared_libs as fa4_shared_libs
+from sglang_fa4.kernels.fa4.config import FA4Config
+from sglang_fa4.kernels.fa4.shared_libs import Store
 
 #: environment field -> a change of the world that must move it (applied with monkeypatch)
 ENVIRONMENT_CHANGES = {

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_fa4.kernels import short_segments
+from sglang_fa4.kernels.vit import short_windows as short_segments
 from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
 
 
@@ -59,7 +59,7 @@ def test_threshold_from_env(monkeypatch):
 
 def test_cpu_tensors_never_reach_the_fa2_op(monkeypatch):
     """fa4_call on CPU inputs goes to the kernel cache, never to the CUDA-only FA2 op."""
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     seen = []
 
     class Cache:
@@ -107,7 +107,7 @@ def test_short_attention_picks_the_kernel(monkeypatch):
 
 INTERPRETED = """
 import json, torch
-from sglang_fa4.kernels.short_window_kernel import short_window_attention
+from sglang_fa4.kernels.vit.short_window_kernel import short_window_attention
 from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
 torch.manual_seed(0)
 out_json = {}
@@ -144,7 +144,7 @@ def test_short_window_kernel_in_the_triton_interpreter():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_short_window_kernel_on_gpu():
-    from sglang_fa4.kernels.short_window_kernel import short_window_attention
+    from sglang_fa4.kernels.vit.short_window_kernel import short_window_attention
 
     torch.manual_seed(0)
     seqlens = [64] * 40 + [4, 16, 0, 36]
@@ -180,7 +180,7 @@ def _bad_call(**over):
 def test_short_route_rejects_bad_input(case, message):
     import torch
 
-    from sglang_fa4.kernels.fa4_config import FA4InputError
+    from sglang_fa4.kernels.fa4.config import FA4InputError
 
     over = {
         "fp32": {n: torch.randn(8, 2, 64) for n in ("q", "k", "v")},
@@ -198,7 +198,7 @@ def test_short_route_rejects_bad_input(case, message):
 def test_out_of_the_wrong_shape_is_an_error():
     import torch
 
-    from sglang_fa4.kernels.fa4_config import FA4InputError
+    from sglang_fa4.kernels.fa4.config import FA4InputError
     from sglang_fa4.kernels.inputs import check_out_shape
 
     q = torch.randn(8, 2, 64, dtype=torch.bfloat16)
@@ -213,7 +213,7 @@ def test_short_window_launch_memo_and_checks(monkeypatch):
     specialization (dtype, the four stride tuples, heads per kv head, head dim, warps) when every
     pointer is 16-byte aligned, none otherwise; its public entry rejects mixed dtypes and int64
     cu_seqlens (the memo relies on both)."""
-    from sglang_fa4.kernels import short_window_kernel as sw
+    from sglang_fa4.kernels.vit import short_window_kernel as sw
 
     seen = []
     monkeypatch.setattr(sw.HANDLES, "launch", lambda grid, args, dev, memo=None, **o: seen.append((grid, memo, args)))
@@ -245,7 +245,7 @@ def _sm90_global_accesses(head_dim: int, align8: bool) -> dict:
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
-    from sglang_fa4.kernels import short_window_kernel as sw
+    from sglang_fa4.kernels.vit import short_window_kernel as sw
 
     fn = sw._kernel()
     names = list(fn.arg_names)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_fa4.kernels import short_segments, vit_attn_dtype
-from sglang_fa4.kernels.fa4_b36 import LAYOUT_SM90, LAYOUT_SM100, layout_for_arch
-from sglang_fa4.kernels.fa4_config import seqlen_class
+from sglang_fa4.kernels.vit import short_windows as short_segments
+from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
+from sglang_fa4.kernels.fa4.b36 import LAYOUT_SM90, LAYOUT_SM100, layout_for_arch
+from sglang_fa4.kernels.fa4.config import seqlen_class
 from sglang_fa4.llm_selection import LlmModelFacts, fp8_kv_upgrade
 from sglang_fa4.selection import select_mm_attention_backend
 

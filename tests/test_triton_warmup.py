@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_fa4.kernels import short_segments, short_window_kernel, vit_rotary
+from sglang_fa4.kernels.vit import short_windows as short_segments
+from sglang_fa4.kernels.vit import short_window_kernel
+from sglang_fa4.kernels.vit import rotary as vit_rotary
 from sglang_fa4.startup import triton_warmup
 from fake_vision_models import VLM, FakeVisionAttention, MiMoTower, QwenTower, internvl
 

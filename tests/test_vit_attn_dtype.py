@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from sglang_fa4.integration import vision_fa4
-from sglang_fa4.kernels import compile_events, dispatch, short_segments, vit_attn_dtype
+from sglang_fa4.kernels import compile_events
+from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.vit import short_windows as short_segments
+from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import warmup
@@ -181,7 +184,7 @@ def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_wa
     monkeypatch.setattr(launch, "_compiled", {})
     monkeypatch.setattr(compile_events, "_events", [])
     monkeypatch.setattr(compile_events, "_listeners", [])
-    monkeypatch.setattr("sglang_fa4.kernels.fa4_b36.fa4_available", lambda: True)
+    monkeypatch.setattr("sglang_fa4.kernels.fa4.b36.fa4_available", lambda: True)
     return compiled
 
 
@@ -230,7 +233,7 @@ def test_chunk_list_bounds_the_quantize_grid_by_tokens_not_slots(lens, max_seqle
     twin of the kernels' _locate), each sequence's chunks consecutive, and grows with tokens +
     sequences: a 4K picture's budget graph (70 slots) launched 70 x 165 programs per pass and
     head before, now 305."""
-    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
+    from sglang_fa4.kernels.vit import fp8_quantize_chunked as qc
 
     c = offsets(lens)
     grid = qc.chunk_grid(max_seqlen, c[-1], len(lens))
@@ -244,7 +247,7 @@ def test_chunk_list_bounds_the_quantize_grid_by_tokens_not_slots(lens, max_seqle
 
 
 def test_chunked_quantize_rejects_a_tensor_max_seqlen():
-    from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+    from sglang_fa4.kernels.vit.fp8_quantize_chunked import quantize_qkv_chunked
 
     q = torch.randn(8, 2, 80).to(torch.bfloat16)
     with pytest.raises(TypeError, match="max_seqlen must be a non-negative Python int"):
@@ -252,7 +255,7 @@ def test_chunked_quantize_rejects_a_tensor_max_seqlen():
 
 
 def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, caplog):
-    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked
+    from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
     from sglang_fa4.startup import jit_monitor
 
     monkeypatch.setattr(quantize_chunked, "_seen", {})
@@ -275,7 +278,7 @@ def test_quantize_kernels_specialize_on_nothing_that_varies_per_layout():
     alignment) not seen at the warmup compiles on the request path: every int argument and the
     cu_seqlens pointers (views at any int32 offset: seen on the H200 with Qwen2.5-VL's split host
     layouts) are exempt; only q/k/v/outputs keep their alignment (vectorized access)."""
-    from sglang_fa4.kernels.fp8_sm90 import quantize_chunked as qc
+    from sglang_fa4.kernels.vit import fp8_quantize_chunked as qc
 
     for fn in (qc._amax_pass, qc._quant_pass):
         specialized = {p.name for p in fn.params if not p.do_not_specialize and not p.is_constexpr}

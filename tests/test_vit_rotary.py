@@ -1,4 +1,4 @@
-"""The fused ViT rotary (kernels/vit_rotary.py) against SGLang's own native rotary, its cached-handle
+"""The fused ViT rotary (kernels/vit/rotary.py) against SGLang's own native rotary, its cached-handle
 launch (kernels/triton_handles.py), and its hook on the real SGLang 0.5.20 / 0.5.23 (CPU: Triton's
 interpreter, TRITON_INTERPRET=1, in a child process)."""
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from sglang_harness import run_file, run_with_sglang
-from sglang_fa4.kernels import triton_handles, vit_rotary
+from sglang_fa4.kernels import triton_handles
+from sglang_fa4.kernels.vit import rotary as vit_rotary
 
 # Qwen2.5-VL (d=80, bf16 tables, q/k views into one qkv projection) and Qwen3-VL (d=72, fp32 or bf16
 # tables), fp16 q/k (the interpreter rounds fp32 -> fp16 to nearest, as the GPU does; its

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from sglang_fa4.integration import hooks
-from sglang_fa4.kernels import dispatch, fa4_b36
-from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS
-from sglang_fa4.kernels.fa4_config import FA4Config, config_for
-from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.fa4 import b36 as fa4_b36
+from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS
+from sglang_fa4.kernels.fa4.config import FA4Config, config_for
+from sglang_fa4.kernels.fa4.cache import KernelCache
 from sglang_fa4.startup import fa4_env, jit_monitor, warmup
 from sglang_fa4.startup.variants import enumerate_variants
 from sglang_fa4.testing import cu_seqlens
@@ -329,9 +330,9 @@ HEAVY = "[m for m in sys.modules if m.split('.')[0] in ('cutlass', 'flash_attn',
 def test_importing_the_package_imports_no_fa4_or_cutlass():
     out = run_py(f"""
         import sys, json
-        import sglang_fa4, sglang_fa4.plugin, sglang_fa4.integration.hooks, sglang_fa4.kernels.dispatch, sglang_fa4.startup.warmup
+        import sglang_fa4, sglang_fa4.plugin, sglang_fa4.integration.hooks, sglang_fa4.kernels.varlen, sglang_fa4.startup.warmup
         import sglang_fa4.startup.variants
-        import sglang_fa4.kernels.fa4_kernel_cache, sglang_fa4.integration.vision_fa4, sglang_fa4.integration.vit_graph_runners
+        import sglang_fa4.kernels.fa4.cache, sglang_fa4.integration.vision_fa4, sglang_fa4.integration.vit_graph_runners
         from test_warmup import qwen25_vl
         variants = sglang_fa4.startup.variants.enumerate_variants(qwen25_vl(), 100)
         print(json.dumps({{"heavy": {HEAVY}, "n": len(variants)}}))
@@ -354,8 +355,9 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
     out = run_py(f"""
         import importlib.util, json, sys, logging
         from sglang_fa4.startup import warmup
-        from sglang_fa4.kernels import dispatch, fa4_b36
-        from sglang_fa4.kernels.fa4_kernel_cache import KernelCache
+        from sglang_fa4.kernels import varlen as dispatch
+        from sglang_fa4.kernels.fa4 import b36 as fa4_b36
+        from sglang_fa4.kernels.fa4.cache import KernelCache
         from test_fa4_kernel_cache import FakeBackend
         from test_warmup import qwen25_vl
         try:
@@ -382,7 +384,7 @@ def test_fa2_only_install_is_not_fa4(tmp_path):
     (pkg / "flash_attn_interface.py").write_text("")
     out = run_py(f"""
         import json, sys
-        from sglang_fa4.kernels import fa4_b36
+        from sglang_fa4.kernels.fa4 import b36 as fa4_b36
         print(json.dumps({{"available": fa4_b36.fa4_available(), "heavy": {HEAVY}}}))
     """, extra_path=tmp_path)
     assert out == {"available": False, "heavy": []}

@@ -102,7 +102,7 @@ def test_the_gate(version, ok):
 
 def test_the_gate_stops_a_compile_before_the_dsl(monkeypatch):
     """Both compile entry points ask the gate first: an old DSL gets our message, not the DSL's."""
-    from sglang_fa4.kernels import fa4_b36
+    from sglang_fa4.kernels.fa4 import b36 as fa4_b36
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 

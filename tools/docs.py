@@ -2,7 +2,7 @@
 
 Generated blocks (``<!-- NAME:start --> ... <!-- NAME:end -->``) come from their sources:
 environ.yaml, features.py and the committed results (``result_figures``).
-``python -m sglang_fa4.docs`` rewrites them in every file of ``GENERATED_IN``; ``--check`` only
+``python -m tools.docs`` rewrites them in every file of ``GENERATED_IN``; ``--check`` only
 reports. A quoted block (``<!-- quote: FILE -->`` and the lines right after it, up to a blank line)
 must appear line by line in FILE. A figure paragraph (``<!-- fig: FILE [FILE ...] -->`` and the
 prose right after it, up to a blank line) must hold at least one number, and every number in it
@@ -319,7 +319,7 @@ def problems(root: Path = ROOT, generated: dict | None = None) -> list[str]:
     for rel, sections in (GENERATED_IN if generated is None else generated).items():
         text = (root / rel).read_text()
         if render(text, sections) != text:
-            out.append(f"{rel}: generated blocks are stale (python -m sglang_fa4.docs)")
+            out.append(f"{rel}: generated blocks are stale (python -m tools.docs)")
     for path in user_docs(root):
         text = path.read_text()
         found = quote_problems(text, root) + figure_problems(text, root) + unsourced_figures(text) + missing_results(text, root)

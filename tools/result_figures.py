@@ -2,7 +2,7 @@
 
 Each speed figure is the median of per-round ratios from interleaved rounds in one process, shown
 with the range of the rounds (or of the layouts' medians, where a row sums up several layouts).
-``sglang_fa4.docs`` renders them into the README; a test keeps the README equal to them.
+``tools.docs`` renders them into the README; a test keeps the README equal to them.
 """
 
 from __future__ import annotations

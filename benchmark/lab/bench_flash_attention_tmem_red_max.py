@@ -55,7 +55,7 @@ def worker() -> int:
 
     from sglang_fa4.bench.backends import make_problem
     from sglang_fa4.bench.timing import event_time_ms
-    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+    from sglang_fa4.kernels.varlen import fa4_varlen_attention
 
     problems = {}
     for line in sys.stdin:

@@ -1,7 +1,7 @@
 """Lab: tune the paged split-KV FP8 decode kernel's launch (key block, warps, pipeline stages, split
 count) against the device's copy bandwidth, L2-cold, on ragged batches.
 
-Not a product path: the product's constants live in ``sglang_fa4/kernels/fp8_decode_splits.py``;
+Not a product path: the product's constants live in ``sglang_fa4/kernels/fp8_paged_kv/decode_plan.py``;
 this script measures candidates for them (issue #42, item 4).  For each shape, every candidate is
 CUDA-graphed over ``layers`` separate pools (one layer's cache each, as a model's decode step reads
 them: no call hits L2 from the call before), all candidates interleaved in rounds in one process
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from sglang_fa4.bench.stats import median  # noqa: E402
-from sglang_fa4.kernels import fp8_decode_splits as S  # noqa: E402
-from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention  # noqa: E402
+from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S  # noqa: E402
+from sglang_fa4.kernels.fp8_paged_kv.decode import paged_decode_attention  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 #: (name, batch, context, page, q heads, kv heads, head dim)

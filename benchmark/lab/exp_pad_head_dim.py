@@ -28,7 +28,7 @@ def main() -> None:
 
     from sglang_fa4.bench.stats import median
     from sglang_fa4.bench.timing import GraphedCalls, event_time_ms
-    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+    from sglang_fa4.kernels.varlen import fa4_varlen_attention
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)

@@ -1,13 +1,13 @@
 """Issue 7 experiment: which kernel wins on short-window (64-token) ViT layouts on this GPU?
 
 Candidates, side by side in one run, graph-timed, paired rounds with alternating order:
-  fa4          sglang_fa4.kernels.dispatch (FA4's SM90 kernel, one 128/192-row tile per 64-token window)
+  fa4          sglang_fa4.kernels.varlen (FA4's SM90 kernel, one 128/192-row tile per 64-token window)
   fa2_varlen   torch's bundled FlashAttention-2 varlen forward (aten._flash_attention_forward),
                which tiles 64-token segments with far less per-tile pipeline latency
   triton_attn  SGLang's context_attention_fwd (the bar)
 Every output is checked against an fp32 reference on fresh random data, output poisoned first.
 
-  triton_short_wN  sglang_fa4.kernels.short_window_kernel (one program per segment and head, N warps)
+  triton_short_wN  sglang_fa4.kernels.vit.short_window_kernel (one program per segment and head, N warps)
 
 usage: python3 benchmark/lab/exp_short_windows.py --out results.json [--backends ...] [--layouts ...]
 """
@@ -34,7 +34,7 @@ def fa2_varlen_runner(p):
 
 
 def triton_short_runner(p, num_warps):
-    from sglang_fa4.kernels.short_window_kernel import short_window_attention
+    from sglang_fa4.kernels.vit.short_window_kernel import short_window_attention
 
     q, k, v, cu, ms, out = p.q, p.k, p.v, p.cu_seqlens, p.max_seqlen, p.out
     return lambda: short_window_attention(q, k, v, cu, ms, out=out, num_warps=num_warps)

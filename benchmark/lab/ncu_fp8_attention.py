@@ -53,7 +53,8 @@ def workload(which: str, flags: str, warmup: int, shape: dict = SHAPE) -> None:
     cu = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(b * n, h, d, device="cuda").bfloat16() for _ in range(3))
     if which == "fp8":
-        from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+        from sglang_fa4.kernels.fp8_sm90 import launch
+        from sglang_fa4.kernels.vit import fp8_quantize as quantize
         from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
         from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
@@ -87,7 +88,8 @@ def time_variants(variants: str, out: str) -> None:
     from flash_attn.cute import flash_attn_varlen_func
 
     from sglang_fa4.bench.timing import graph_replay_ms
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
     from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 

@@ -83,7 +83,8 @@ def random_calls(n: int, seed: int) -> dict:
 
     import torch
 
-    from sglang_fa4.kernels import dispatch, triton_handles
+    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.kernels import varlen as dispatch
     from bench_warmup import HEADS, _cu, _windows
 
     rng = random.Random(seed)

@@ -1,5 +1,5 @@
 """GPU benchmark of what FA4 adds to a server start when its kernels come from the shared-library
-store (issue #18 item 6: sglang_fa4/kernels/fa4_shared_libs.py) instead of ``import flash_attn.cute``.
+store (issue #18 item 6: sglang_fa4/kernels/fa4/shared_libs.py) instead of ``import flash_attn.cute``.
 
 The SGLang-like start of benchmark/perf/bench_start.py (torch + CUDA context + triton, which SGLang's
 scheduler imports before load_model; then the 16.6 GB weight load stand-in and the plugin's
@@ -81,7 +81,7 @@ def first_calls_bitwise(torch) -> dict:
     """The first FA4 calls after the warmup (stored kernels) vs FA4's own public call."""
     import random
 
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
 
     cache, rng = dispatch.kernel_cache(), random.Random(1)
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -139,7 +139,7 @@ def first_calls_bitwise(torch) -> dict:
 
 def host_us(torch, n: int = 2000) -> float:
     """Median host time of one direct launch of a resolved configuration (the d80 full one)."""
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
 
     cache = dispatch.kernel_cache()
     q, k, v, cu = _attention_inputs(torch, [1024], torch.Generator(device="cuda").manual_seed(2))
@@ -230,7 +230,7 @@ def child(args) -> dict:
     if variant in ("lazy", "fa4_disk"):
         result["host_us_per_launch"] = host_us(torch)
     if variant == "fill":
-        from sglang_fa4.kernels import fa4_shared_libs
+        from sglang_fa4.kernels.fa4 import shared_libs as fa4_shared_libs
 
         result["stored_entries"] = len(list(Path(args.cache_dir).rglob("meta.json")))
         result["compiler"] = fa4_shared_libs.find_compiler()

@@ -138,7 +138,7 @@ def child(args) -> dict:
     cache_dir = fa4_env.configure_fa4_disk_cache()  # before flash_attn.cute is imported
     import flash_attn.cute  # noqa: F401
 
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     result["cache_dir"] = cache_dir
     result["import_fa4_s"] = time.perf_counter() - t0
     arch = dispatch.kernel_cache().arch
@@ -186,7 +186,10 @@ def trace(args) -> dict:
 
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels import dispatch, short_segments, triton_handles, vit_rotary
+    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels.vit import short_windows as short_segments
+    from sglang_fa4.kernels.vit import rotary as vit_rotary
     from sglang_fa4.startup import jit_monitor
 
     jit_monitor.arm_jit_monitor()
@@ -218,7 +221,7 @@ def trace(args) -> dict:
                 ang = torch.rand(total, d, device=dev)
                 vit_rotary.apply_rotary(q, k, ang.cos().bfloat16(), ang.sin().bfloat16())
             many += len(lens) > 256
-            # short-window layouts run on FA2 on SM90 (sglang_fa4.kernels.short_segments), not on FA4
+            # short-window layouts run on FA2 on SM90 (sglang_fa4.kernels.vit.short_windows), not on FA4
             routed = short_segments.should_route(dispatch.kernel_cache().arch, q, max_len, (None, None), None)
             routed_calls += routed
             # the normalisation proof: FA4's own public call, with this call's exact max_seqlen

@@ -1,4 +1,4 @@
-"""GPU check of sglang_fa4.kernels.dispatch's direct-launch path against FA4's public API.
+"""GPU check of sglang_fa4.kernels.varlen's direct-launch path against FA4's public API.
 
 On one GPU, in one process:
   1. bitwise: fa4_varlen_attention == flash_attn_varlen_func for head_dim 64/72/80/128 over
@@ -114,7 +114,7 @@ def main() -> int:
     args = ap.parse_args()
     out_path = Path(args.json)
 
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     import flash_attn
 
     torch.manual_seed(0)

@@ -228,7 +228,8 @@ def section_compile():
 def run_case(case, lens_q, lens_k, hq, hkv, d, causal=False, window=(None, None), data="randn", path="vt", dtype_scale=1.0):
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
 
     cu_q, cu_k = make_cu(lens_q), make_cu(lens_k)
     tq, tk = sum(lens_q), sum(lens_k)
@@ -343,7 +344,7 @@ def _code_diff(a, b) -> dict:
 
 
 def section_quantize_exact():
-    from sglang_fa4.kernels.fp8_sm90 import quantize
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
 
     lens = [5, 0, 300, 1, 77]
     cu = make_cu(lens)
@@ -481,7 +482,8 @@ CASE_FILTER = None
 
 
 def section_speed():
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 
     if SPEED_WHAT != "fp8":
@@ -657,7 +659,8 @@ def section_variants():
     global KERNEL_CHANGES
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
 
     specs = [tuple(x.split("=", 1)) for x in VARIANTS.split(";") if x]
     cases = [c for c in VARIANT_CASES if c[5] in VARIANT_DIMS]
@@ -752,7 +755,8 @@ def section_variants():
 def section_host():
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.vit import fp8_quantize as quantize
 
     lens = [1024] * 2
     cu = make_cu(lens)

@@ -164,7 +164,7 @@ def time_gathers(row, kc, vc, table, seqlens, q8, cu_q, max_q, kd, vd, out, cu_k
     """Before/after of the page gather, interleaved: the fused kernel vs the torch index ops + V^T
     pack it replaced (the route itself has only the fused one), and the routed call; bytes moved
     and the floor at the measured copy rate."""
-    from sglang_fa4.kernels.fp8_paged_gather import bytes_moved, gather_paged_kv, gather_paged_kv_vt
+    from sglang_fa4.kernels.fp8_paged_kv.gather import bytes_moved, gather_paged_kv, gather_paged_kv_vt
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 
     calls = {"gather_fused_ms": lambda: gather_paged_kv_vt(kc, vc, table, seqlens),

@@ -218,7 +218,7 @@ def serve(model, requests: list[list[int]], seed: int, device: str) -> dict:
     import torch
 
     from sglang_fa4.integration import internvl_graphs as ig
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     from sglang_fa4.startup import jit_monitor
 
     vm = model.vision_model

@@ -3,7 +3,7 @@
 For random Qwen2.5-VL image mixes (16 heads, d=80, bf16) and each budget that holds them, the
 fixed-shape budget layouts -- real segments, padding rows as <=64-token segments, then empty
 segments up to the budget's capacity; max_seqlen = budget (full blocks) or 64 (windowed blocks) --
-go through the production call (sglang_fa4.kernels.dispatch: FA4, or FA2 for the short windows) captured in
+go through the production call (sglang_fa4.kernels.varlen: FA4, or FA2 for the short windows) captured in
 a CUDA graph, with the budget's static buffers refilled per mix. Checked per mix:
   - the real rows equal the unpadded, exact-layout eager call (max abs diff, rel. error);
   - every padded row is finite (nothing NaN that a later zeroing could miss);
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     from sglang_fa4.bench.timing import GraphedCalls
     from sglang_fa4.environ import envs
     from sglang_fa4.integration import vit_budget_layouts as budget_layouts
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)

@@ -239,7 +239,7 @@ def check_model(model: str, args, seed: int) -> dict:
     import torch
 
     from sglang_fa4.integration import vit_budgets
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     from sglang_fa4.startup import jit_monitor, warmup
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 

@@ -9,7 +9,7 @@ Sections (``--sections``):
   kernel) and the FP8 forward alone; rel. error of each vs an fp32 reference (small layouts) and
   fp8 vs bf16. From the single-segment rows: L* per head dim = the shortest length from which
   every longer one (at least two lengths) has bf16/fp8 >= MARGIN: the table of
-  ``sglang_fa4/kernels/vit_attn_dtype.py`` (confirmed by the towers' speed before it is committed).
+  ``sglang_fa4/kernels/vit/attn_dtype.py`` (confirmed by the towers' speed before it is committed).
 * ``towers`` (SGLang importable, benchmark/sglang_on_gpu): SGLang's real Qwen2.5-VL-7B and
   Qwen3-VL-8B towers (random bf16 weights, q/k/v projections scaled like a trained ViT: see
   ``scale_like_trained``), sglang_fa4 loaded by SGLang's plugin loader, fa4. Startup as the plugin
@@ -93,10 +93,11 @@ def crossover(args) -> dict:
 def crossover_row(d: int, lens: list) -> dict:
     import torch
 
-    from sglang_fa4.kernels import dispatch, vit_attn_dtype
+    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
-    from sglang_fa4.kernels.fp8_sm90.quantize import quantize_qkv
-    from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+    from sglang_fa4.kernels.vit.fp8_quantize import quantize_qkv
+    from sglang_fa4.kernels.vit.fp8_quantize_chunked import quantize_qkv_chunked
     from sglang_fa4.testing import attention_fp32, cu_seqlens
 
     total, m = sum(lens), max(lens)
@@ -157,7 +158,7 @@ def scale_like_trained(tower, gain: float = 2.5, outlier: float = 3.0, modules=N
 
 
 def set_mode(mode: str) -> None:
-    from sglang_fa4.kernels import vit_attn_dtype
+    from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 
     os.environ["SGLANG_FA4_VIT_ATTN_DTYPE"] = mode
     vit_attn_dtype.mode.cache_clear()
@@ -172,7 +173,8 @@ class LayerErrors:
     def __init__(self):
         import torch
 
-        from sglang_fa4.kernels import dispatch, vit_attn_dtype
+        from sglang_fa4.kernels import varlen as dispatch
+        from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 
         self.on, self.errors, self.noise, self.calls, inner = False, [], 0.0, 0, vit_attn_dtype.fp8_attention
 
@@ -195,8 +197,9 @@ class LayerErrors:
 
 
 def compiles() -> dict:
-    from sglang_fa4.kernels import dispatch
-    from sglang_fa4.kernels.fp8_sm90 import launch, quantize_chunked
+    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels.fp8_sm90 import launch
+    from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
 
     return {"fa4": dispatch.compile_count(), "fp8_forward": launch.compile_count(),
             "quantize": len(quantize_chunked.compile_events())}
@@ -241,7 +244,7 @@ def towers_section(model: str, args, table: dict, seed: int, layer_errors: Layer
     from check_vit_graphs import random_mix
     from sglang_fa4.bench.layouts import PICTURES as SIZES
     from sglang_fa4.integration import vit_budgets
-    from sglang_fa4.kernels import vit_attn_dtype
+    from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
     from sglang_fa4 import sglang_model
     from sglang_fa4.startup import jit_monitor, warmup
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
@@ -462,7 +465,7 @@ def main(argv=None) -> int:
     def save():
         (out / f"vit_fp8{'-' + args.tag if args.tag else ''}.json").write_text(json.dumps(result, default=str))
 
-    from sglang_fa4.kernels import vit_attn_dtype
+    from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 
     table = dict(vit_attn_dtype.FP8_MIN_SEGMENT)
     if args.table_from:  # an earlier run's crossover (FA4 only, no SGLang)

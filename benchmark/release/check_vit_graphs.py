@@ -264,7 +264,7 @@ def graph_eager_same(tower, runner, recorded: dict, x, grid):
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     from sglang_fa4.startup import jit_monitor
     from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 

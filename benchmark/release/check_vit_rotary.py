@@ -1,4 +1,4 @@
-"""GPU check of the fused ViT rotary (sglang_fa4/kernels/vit_rotary.py) against SGLang's own rotaries.
+"""GPU check of the fused ViT rotary (sglang_fa4/kernels/vit/rotary.py) against SGLang's own rotaries.
 
 For Qwen2.5-VL (16 heads, d=80, bf16 cos/sin) and Qwen3-VL (16 heads, d=72, bf16 and fp32 cos/sin)
 at the token counts of 448x448, 720p, 1080p and 4K: q and k as SGLang hands them (views into one
@@ -115,7 +115,8 @@ def main(argv=None) -> int:
 
     from sglang_fa4.bench.meta import base_meta
     from sglang_fa4.bench.timing import measure_copy_gbps
-    from sglang_fa4.kernels import triton_handles, vit_rotary
+    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.kernels.vit import rotary as vit_rotary
 
     meta = base_meta("vit_rotary", sys.argv if argv is None else ["check_vit_rotary.py", *argv])
     gbps = measure_copy_gbps()["gbps"]
@@ -178,7 +179,8 @@ def main(argv=None) -> int:
     host = [host_us_per_call(lambda: vit_rotary.apply_rotary(q, k, cos, sin), 300) for _ in range(5)]
     # host time of the short-window routes (180 windows of 64 tokens, 16 heads): the Triton kernel
     # through its cached handle (d=80/128), torch's FA2 (d=72); the call short_segments makes
-    from sglang_fa4.kernels import short_segments, short_window_kernel
+    from sglang_fa4.kernels.vit import short_windows as short_segments
+    from sglang_fa4.kernels.vit import short_window_kernel
 
     route_host = {}
     for d in (80, 128, 72):

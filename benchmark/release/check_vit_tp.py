@@ -70,7 +70,7 @@ def run_rank(rank: int, args, port: int) -> dict:
     from sglang.srt.distributed import parallel_state as ps
 
     from check_vit_graphs import graph_eager_same, random_mix, record_runner_inputs, rel_err, startup_capture
-    from sglang_fa4.kernels import dispatch
+    from sglang_fa4.kernels import varlen as dispatch
     from sglang_fa4.startup import jit_monitor
 
     tp_group = ps.get_tp_group()

@@ -146,7 +146,7 @@ class EmulatedAttention(torch.nn.Module):
 
     def forward(self, q, k, v, bsz=1, seq_len=None, cu_seqlens=None, softmax_scale=None, window_size=None,
                 s_aux=None, **_):
-        from sglang_fa4.kernels import vit_attn_dtype
+        from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 
         if s_aux is not None or (window_size is not None and tuple(window_size) != (-1, -1)):
             raise NotImplementedError("sinks / sliding windows are not emulated (the Qwen towers have none)")

@@ -6,13 +6,14 @@ backends that write in place; a fresh tensor for `fa4_public`). Everything a bac
 besides q/k/v (cu_seqlens, seq_lens, index tensors) is prepared once here, as a serving stack
 would, so a call makes no host sync and can be graph-captured.
 
-- fa4:         sglang_fa4.kernels.dispatch.fa4_varlen_attention (our production path), out=
+- fa4:         sglang_fa4.kernels.varlen.fa4_varlen_attention (our production path), out=
 - fa4_public:  flash_attn.cute.flash_attn_varlen_func (the public API, allocates its output)
 - triton_attn: SGLang's context_attention_fwd (the Triton ViT kernel), called as SGLang's
                VisionTritonAttention does: full cu_seqlens as b_start_loc, seq_lens, max_seqlen
 - sdpa:        torch scaled_dot_product_attention, dense batched per segment length
 - fa4_fp8:     (opt-in, SM90) bf16 q/k/v quantized to E4M3 (per-(segment, head) descales, V^T, head
-               dim padded to 64/96/128), then sglang_fa4.kernels.fp8_sm90: the timed call is both,
+               dim padded to 64/96/128, sglang_fa4.kernels.vit.quantize_qkv), then the SM90 FP8
+               forward (sglang_fa4.kernels.fp8_sm90.fp8_varlen_attention): the timed call is both,
                what a caller holding bf16 tensors pays (benchmark/release/check_fp8_attention.py times the
                attention kernel alone)
 - fa3:         (opt-in, SM90) FlashAttention-3's bf16 varlen forward -- what SGLang's Hopper ViT
@@ -74,7 +75,7 @@ def triton_context_attention_fwd():
 
 def make_runner(name: str, p: Problem) -> Callable[[], Any]:
     if name == "fa4":
-        from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+        from sglang_fa4.kernels.varlen import fa4_varlen_attention
 
         q, k, v, out, cu, ms = p.q, p.k, p.v, p.out, p.cu_seqlens, p.max_seqlen
         return lambda: fa4_varlen_attention(q, k, v, cu, ms, out=out)
@@ -121,8 +122,8 @@ def _fp8_runner(p: Problem) -> Callable[[], Any]:
     if torch.cuda.get_device_capability(p.q.device)[0] != 9:
         raise BackendUnavailable("fa4_fp8 runs on SM90 (Hopper) only")
     try:
-        from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
-        from sglang_fa4.kernels.fp8_sm90.quantize import quantize_qkv
+        from sglang_fa4.kernels.fp8_sm90 import fp8_varlen_attention
+        from sglang_fa4.kernels.vit import quantize_qkv
     except ImportError as exc:
         raise BackendUnavailable(f"fa4_fp8 needs the CUTLASS DSL and triton: {exc}") from None
     d = p.q.shape[-1]

@@ -158,15 +158,14 @@ def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tup
         try:
             out = torch.empty(case.batch, case.hq, case.head_dim, dtype=torch.bfloat16, device=x["q8"].device)
             if name == "fa4_fp8_split_kv":
-                from sglang_fa4.kernels import fp8_decode_splits
-                from sglang_fa4.kernels.fp8_paged_decode import paged_decode_attention, sm_count
+                from sglang_fa4.kernels.fp8_paged_kv import decode_launch_plan, paged_decode_attention, sm_count
 
                 def one(k, v, o=out):
                     paged_decode_attention(x["q8"], k, v, x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],
                                            v_descale=x["vd"], softmax_scale=scale, causal=True, out=o,
                                            num_splits=num_splits)
-                p = fp8_decode_splits.plan(case.batch, case.hkv, case.hq // case.hkv, case.head_dim, 1,
-                                           x["table"].shape[1] * case.page, sm_count(x["q8"].device), num_splits)
+                p = decode_launch_plan(case.batch, case.hkv, case.hq // case.hkv, case.head_dim, 1,
+                                       x["table"].shape[1] * case.page, sm_count(x["q8"].device), num_splits)
                 splits[name] = {"num_splits": p.num_splits, "block_n": p.block_n, "num_warps": p.num_warps,
                                 "num_stages": p.num_stages}
                 fn = _over_layers(one, x["pools"])
@@ -267,7 +266,7 @@ def reference_rows(case: Case, x: dict):
     """fp32 contract on the dequantized pool for the first and last sequence: (rows, ref)."""
     import torch
 
-    from sglang_fa4.kernels.fp8_paged_decode_torch import paged_decode_torch
+    from sglang_fa4.testing.paged_kv_torch import paged_decode_torch
 
     rows = sorted({0, case.batch - 1})
     ref = torch.empty(len(rows), case.hq, case.head_dim, dtype=torch.float32, device=x["q8"].device)
@@ -467,7 +466,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per case")
     p.add_argument("--replays", type=int, default=5, help="single graph replays (every layer once) timed per round")
     p.add_argument("--num-splits", type=int, default=0,
-                   help="force the split-KV kernel's split count (0: fp8_decode_splits.choose_splits), for tuning it")
+                   help="force the split-KV kernel's split count (0: fp8_paged_kv.choose_splits), for tuning it")
     p.add_argument("--wide-table", type=int, default=0, metavar="TOKENS",
                    help="page tables this many tokens wide (SGLang's decode graphs pass the context limit), "
                         "the columns past a sequence's pages unused")

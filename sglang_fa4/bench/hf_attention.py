@@ -6,7 +6,7 @@ with `cu_seq_lens_q` / `max_length_q` when the name contains "flash"; any other 
 sequence on the host (`lengths.tolist()`, a sync per layer, one call per segment). So every backend
 is registered under a "flash..." name and receives the packed sequence:
 
-    flash_sglang_fa4          sglang_fa4.kernels.dispatch.fa4_varlen_attention
+    flash_sglang_fa4          sglang_fa4.kernels.varlen.fa4_varlen_attention
     flash_sglang_triton_attn  SGLang's context_attention_fwd
     flash_sglang_sdpa         torch SDPA, dense batched per segment length (SdpaVarlen)
 
@@ -68,7 +68,7 @@ def _max_len(cu, max_length):
 
 
 def fa4_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
-    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+    from sglang_fa4.kernels.varlen import fa4_varlen_attention
 
     cu = kwargs["cu_seq_lens_q"]
     q, k, v = _unpack(query, key, value)

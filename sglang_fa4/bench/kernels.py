@@ -43,12 +43,14 @@ def _poison(t) -> None:
 
 
 def fa4_route(p, max_seqlen: int) -> str:
-    """Which kernel the fa4 backend's call on problem ``p`` runs (kernels.short_segments)."""
-    from sglang_fa4.kernels import dispatch, short_segments, short_window_kernel
+    """Which kernel the fa4 backend's call on problem ``p`` runs (the ViT form's route,
+    :func:`sglang_fa4.kernels.varlen.route`)."""
+    from sglang_fa4.kernels import varlen, vit
 
-    if not short_segments.should_route(dispatch.kernel_cache().arch, p.q, max_seqlen, (None, None), None):
-        return "fa4"
-    if p.q.shape[-1] in short_segments.TRITON_HEAD_DIMS and max_seqlen <= short_window_kernel.BLOCK_S:
+    taken = varlen.route(p.q, p.cu_seqlens, max_seqlen, (None, None), None)
+    if taken != varlen.SHORT_WINDOWS:
+        return "fa4" if taken == varlen.FA4 else "fp8"
+    if p.q.shape[-1] in vit.TRITON_HEAD_DIMS and max_seqlen <= vit.BLOCK_S:
         return "triton short-window"
     return "fa2"
 

@@ -42,7 +42,7 @@ def versions() -> dict:
         out["cuda"] = torch.version.cuda
     except ImportError:
         pass
-    out["fa4_call"] = "direct cached-kernel launch"  # sglang_fa4.kernels.dispatch (what the results compare)
+    out["fa4_call"] = "direct cached-kernel launch"  # sglang_fa4.kernels.varlen (what the results compare)
     try:
         from .backends import triton_context_attention_fwd
 

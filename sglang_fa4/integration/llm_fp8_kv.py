@@ -9,11 +9,11 @@
   gets the same treatment as decode.
 * ``flash_attn_with_kvcache``: AROUND SGLang's ``flash_attn_with_kvcache`` dispatcher (the one
   call site of FA for paged MHA in ``flashattention_backend``, extend and decode): ``ver=4`` with an
-  E4M3 cache on an SM90 GPU goes to the paged form of :func:`sglang_fa4.kernels.dispatch.fa4_varlen_attention`;
+  E4M3 cache on an SM90 GPU goes to :func:`sglang_fa4.kernels.fp8_paged_kv.paged_kv_attention`;
   everything else (other versions, bf16 caches, other GPUs) calls SGLang's code unchanged.
-  Decode and short extends run the paged split-KV kernel that reads the pool in place
-  (:mod:`sglang_fa4.kernels.fp8_paged_decode`), which also returns the LSE SGLang's cascade
-  attention asks for (``return_softmax_lse``: such a call always takes that kernel).
+  Decode and short extends run the paged split-KV kernel that reads the pool in place, which also
+  returns the LSE SGLang's cascade attention asks for (``return_softmax_lse``: such a call always
+  takes that kernel).
   A feature the FP8 kernels lack (softcap, sinks, score/mask mods, ...) raises
   :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
 """
@@ -197,15 +197,15 @@ def route_fp8(call: dict):
         )
     if call.get("q_descale") is not None:
         raise FP8KVRouteError("q_descale is not passed by SGLang's fp8_e4m3 path; the route does not take it")
-    from sglang_fa4.kernels.dispatch import fa4_varlen_attention
+    from sglang_fa4.kernels.fp8_paged_kv import paged_kv_attention
 
     max_q = call.get("max_seqlen_q")
     # (out, lse (Hq, total_q)) with return_softmax_lse, as FA's varlen call returns them
-    return fa4_varlen_attention(
-        q, call["k_cache"], call["v_cache"], call["cu_seqlens_q"], None if max_q is None else int(max_q),
-        page_table=call["page_table"], cache_seqlens=call["cache_seqlens"], k_descale=call.get("k_descale"),
-        v_descale=call.get("v_descale"), softmax_scale=call.get("softmax_scale"),
-        causal=bool(call.get("causal", False)), window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
+    return paged_kv_attention(
+        q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
+        None if max_q is None else int(max_q), k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
+        softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
+        window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
         return_lse=bool(call.get("return_softmax_lse")),
     )
 
@@ -218,62 +218,33 @@ def _short(value) -> str:
 BACKEND_INIT = f"{FA_BACKEND}.__init__"
 
 
-def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = False) -> list:
-    """The FP8 kernel variants a FlashAttentionBackend on the route will launch: causal (extend and
-    decode, bottom-right aligned), the non-causal one for GQA decode (the group packed into the
-    tile: kernels.fp8_paged_kv.decode_gqa_pack; only when decode takes the gather, i.e.
-    SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0), and the local one for sliding-window layers."""
-    from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS, variant_for
+def layer_shape(backend):
+    """What the route compiles per, read off a FlashAttentionBackend (None without a head dim)."""
+    from sglang_fa4.startup.variants import LlmAttentionShape
 
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return []
-    variants = [variant_for(head_dim, True)]
-    if gqa:
-        variants.append(variant_for(head_dim, False))
-    if sliding_window is not None and sliding_window > -1:
-        variants.append(variant_for(head_dim, True, (sliding_window, 0)))
-    return variants
-
-
-def warm_split_kv(head_dim: int, hq: int, hkv: int, page: int, device) -> None:
-    """The split-KV decode kernel's variants for this layer shape (kernels.fp8_paged_decode.warm);
-    a failure is logged, never fatal (the first decode would compile, flagged by the JIT monitor)."""
-    from sglang_fa4.kernels import fp8_paged_decode
-
-    try:
-        fp8_paged_decode.warm(head_dim, hq, hkv, page, device)
-    except Exception as exc:  # noqa: BLE001 - startup goes on; the request path compiles instead
-        logger.warning("sglang-fa4: warming the FP8 split-KV decode kernel (d=%d, %d/%d heads, page %d) failed: %s",
-                       head_dim, hq, hkv, page, exc)
+    head_dim = int(getattr(backend, "head_dim", 0) or 0)
+    if not head_dim:
+        return None
+    window = getattr(backend, "sliding_window_size", None) if getattr(backend, "has_swa", False) else None
+    return LlmAttentionShape(head_dim=head_dim, q_heads=int(getattr(backend, "num_attention_heads", 0) or 0),
+                             kv_heads=int(getattr(backend, "num_kv_heads", 0) or 0),
+                             page_size=int(getattr(backend, "page_size", 1) or 1), sliding_window=window)
 
 
 def warm_fp8_after_backend_init(result, self, *args, **kwargs):
     """AFTER FlashAttentionBackend.__init__ (every scheduler process, before CUDA-graph capture and
-    serving): on the FP8 route, compile its kernel variants (10-20 s each on an H200, otherwise
-    paid by the first request with --disable-cuda-graph), the split-KV decode kernel's and the page
-    gather's Triton kernels now, as startup work for the JIT monitor."""
+    serving): on the FP8 route, compile what it will launch -- the split-KV decode kernel, the FP8
+    forward's variants (10-20 s each on an H200, otherwise paid by the first request with
+    --disable-cuda-graph) and the page gather -- now, as startup work for the JIT monitor."""
     from sglang_fa4.environ import envs
 
     if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
         return None
-    window = getattr(self, "sliding_window_size", None) if getattr(self, "has_swa", False) else None
-    hkv = int(getattr(self, "num_kv_heads", 0) or 0)
-    # the packed-GQA decode variant only serves decode when the split-KV kernel does not take it
-    gqa = (int(getattr(self, "num_attention_heads", 0) or 0) > hkv > 0
-           and envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get() == 0)
-    head_dim = int(getattr(self, "head_dim", 0) or 0)
-    variants = fp8_variants_for(head_dim, window, gqa)
-    if variants:
+    shape = layer_shape(self)
+    if shape is not None:
         import torch
 
-        from sglang_fa4.kernels.fp8_paged_gather import GatherShape
         from sglang_fa4.startup import warmup
 
-        page = int(getattr(self, "page_size", 1) or 1)
-        device = torch.device(getattr(self, "device", "cuda"))
-        shapes = [GatherShape(head_dim, hkv, page)] if hkv > 0 else []
-        hq = int(getattr(self, "num_attention_heads", 0) or 0)
-        if hkv > 0 and hq >= hkv and envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get() > 0:
-            warm_split_kv(head_dim, hq, hkv, page, device)  # before the monitors are armed below
-        warmup.warm_fp8_kv_route(variants, shapes, device)
+        warmup.warm_llm_fp8_kv(shape, torch.device(getattr(self, "device", "cuda")))
     return None

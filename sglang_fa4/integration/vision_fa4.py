@@ -16,8 +16,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from sglang_fa4.kernels import dispatch
-from sglang_fa4.kernels.fa4_config import window_bounds
+from sglang_fa4.kernels import varlen
+from sglang_fa4.kernels.inputs import window_bounds
 
 
 class SeqlensError(ValueError):
@@ -151,8 +151,8 @@ def vision_fa4_forward(
     )
     window = window_bounds(kwargs.get("window_size"))
     sinks = kwargs.get("s_aux")
-    # every route, SGLANG_FA4_VIT_ATTN_DTYPE=fp8's included, is chosen inside the one entry point
-    return dispatch.fa4_varlen_attention(
+    # every route, SGLANG_FA4_VIT_ATTN_DTYPE=fp8's included, is chosen inside the ViT form's entry point
+    return varlen.fa4_varlen_attention(
         q,
         k,
         v,

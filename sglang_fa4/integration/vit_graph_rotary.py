@@ -1,7 +1,7 @@
 """The fused rotary in SGLang's ViT graph path: an AROUND hook on
 ``vision.apply_rotary_pos_emb_native_eager``, the unfused fp32 rotary ``VisionAttention`` calls when
 SGLANG_VIT_ENABLE_CUDA_GRAPH is set (0.5.20 and 0.5.23 alike; torch.compile's rotary would compile
-inside the capture). Our Triton kernel (:mod:`sglang_fa4.kernels.vit_rotary`) runs the shapes the
+inside the capture). Our Triton kernel (:mod:`sglang_fa4.kernels.vit.rotary`) runs the shapes the
 startup warmup compiled it for; anything else runs SGLang's.
 
 SGLang's hook registry also rebinds the name where its torch.compile'd rotary calls it, so the body
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from sglang_fa4.kernels import vit_rotary
+from sglang_fa4.kernels import vit
 
 VISION = "sglang.srt.layers.attention.vision"
 ROTARY_NATIVE_EAGER = f"{VISION}.apply_rotary_pos_emb_native_eager"
 
 
 def around_native_eager(original, q, k, cos, sin, unsqueeze_dim=1):
-    """AROUND vision.apply_rotary_pos_emb_native_eager: the fused kernel where :func:`vit_rotary.usable`."""
+    """AROUND vision.apply_rotary_pos_emb_native_eager: the fused kernel where :func:`sglang_fa4.kernels.vit.usable`."""
     if torch.compiler.is_compiling():
         return original(q, k, cos, sin, unsqueeze_dim)
-    if vit_rotary.usable(q, k, cos, sin, unsqueeze_dim):
-        return vit_rotary.apply_rotary(q, k, cos, sin, checked=True)
+    if vit.usable(q, k, cos, sin, unsqueeze_dim):
+        return vit.apply_rotary(q, k, cos, sin, checked=True)
     return original(q, k, cos, sin, unsqueeze_dim)

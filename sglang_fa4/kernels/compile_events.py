@@ -1,17 +1,21 @@
-"""The one registry of kernel compiles in this process.
+"""The one registry of kernel compiles in this process, and the one compile counter.
 
 Every source of compiled kernels reports each kernel it resolves (compiled, or loaded from a cache)
-here: FA4's kernel cache (``"fa4"``, :class:`.fa4_kernel_cache.CompileEvent`), the SM90 FP8
-forward (``"fp8_forward"``, ``fp8_sm90.launch``'s event dict), our Triton kernels' handles
-(``"triton"``, :class:`.triton_handles.CompileEvent`) and the FP8 q/k/v quantize (``"fp8_quantize"``,
-``fp8_sm90.quantize_chunked``'s event dict).  The JIT monitor (``startup/jit_monitor.py``) listens
-here, once, for all of them; each source's ``compile_events()`` / ``compile_count()`` read their
-part of it.  Pure Python, thread-safe.
+here: FA4's kernel cache (``"fa4"``, :class:`.fa4.config.CompileEvent`), the SM90 FP8 forward
+(``"fp8_forward"``, ``fp8_sm90.launch``'s event dict), our Triton kernels' handles (``"triton"``,
+:class:`.triton_handles.CompileEvent`) and the FP8 ViT quantize (``"fp8_quantize"``,
+``vit.fp8_quantize_chunked``'s event dict).  The JIT monitor (``startup/jit_monitor.py``) listens
+here, once, for all of them; :func:`count` and :func:`events` are what everyone else reads.
+
+A :class:`KernelFamily` is how a kernel family tells the warmup registry
+(:mod:`sglang_fa4.kernels.warmup`) what it compiles: its name, the source its resolves are counted
+under, and how to warm one of its variants.  Pure Python, thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 SOURCES = ("fa4", "fp8_forward", "triton", "fp8_quantize")
@@ -61,3 +65,20 @@ def count(source: Optional[str] = None) -> int:
 def listener_count() -> int:
     with _lock:
         return len(_listeners)
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """One family of our compiled kernels, as the warmup registry knows it."""
+
+    #: the name startup asks for ("fa4", "fp8_forward", "fp8_paged_decode", ...)
+    name: str
+    #: the compile-event source its resolves are recorded under (one of SOURCES)
+    source: str
+    #: ``warm(variant, device) -> str``: compile (or load from a cache) what one variant of the
+    #: family needs, with a small call on ``device`` where a launch is needed; says how it went
+    warm: Callable[[Any, Any], str]
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"kernel family {self.name!r}: source {self.source!r} is none of {SOURCES}")

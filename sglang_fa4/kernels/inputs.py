@@ -1,27 +1,74 @@
-"""The checks every attention route makes on its tensors (FA4's cached launch, the short-window
-Triton kernel, FA2; the FP8 forward's own, ``fp8_sm90.launch.check_inputs``, make the same ones),
-so a malformed call is one clear error whichever kernel the layout picks.
+"""What an attention call's arguments must be, checked on the host: the two errors every route
+raises (:class:`FA4InputError`: a malformed argument; :class:`FA4FeatureError`: no kernel for a
+feature), SGLang's window convention (:func:`window_bounds`: -1 is unbounded), and the checks the
+16-bit routes make on their tensors (FA4's cached launch, the short-window Triton kernel, FA2; the
+FP8 forward's own, ``fp8_sm90.launch.check_inputs``, make the same ones), so a malformed call is
+one clear error whichever kernel the layout picks.
 
 Host-side metadata only (shapes, dtypes, devices, Python scalars): nothing here reads device
-memory or asks which GPU it is, so the checks run first, on any device (a CPU test included). What cannot be
-checked without a device sync is the caller's contract (see ``kernels.dispatch``): cu_seqlens must
-be non-decreasing, start at 0 and end at or below q's rows, and max_seqlen, when given, at least the
-longest segment.
+memory or asks which GPU it is, so the checks run first, on any device (a CPU test included). What
+cannot be checked without a device sync is the caller's contract (see :mod:`sglang_fa4.kernels.varlen`):
+cu_seqlens must be non-decreasing, start at 0 and end at or below q's rows, and max_seqlen, when
+given, at least the longest segment.
 """
 
 from __future__ import annotations
 
 import numbers
+import operator
+from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels.fa4_config import DTYPE_NAMES, FA4InputError
-
 _INT32 = torch.int32
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 #: Head dims (of q/k and of v) every 16-bit route can take: 8 to 256 in steps of 8 (16-byte rows).
 #: FA4's per-architecture limits (sm_100: up to 128, or (192, 128) / (256, 256)) are FA4's own
 #: checks, once the GPU is known.
 HEAD_DIM_MIN, HEAD_DIM_MAX, HEAD_DIM_STEP = 8, 256, 8
+
+
+class FA4InputError(ValueError):
+    """The arguments cannot be handed to FA4 (wrong dtype, shape, device, layout...)."""
+
+
+class FA4FeatureError(NotImplementedError):
+    """FA4 has no kernel for a requested feature on this GPU architecture."""
+
+
+def window_bounds(window_size) -> tuple[Optional[int], Optional[int]]:
+    """(left, right) token bounds with "unbounded" as None: SGLang writes it -1 (FA2/FA3
+    convention), or passes no window at all; FA4 b36 writes None and would read a lone -1 as a
+    real bound."""
+    if window_size is None:
+        return None, None
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise FA4InputError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    return _window_side(left, "left"), _window_side(right, "right")
+
+
+def _window_side(value, side: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or isinstance(value, float):
+        raise FA4InputError(f"window_size {side} must be an int or None, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise FA4InputError(f"window_size {side} must be an int or None, got {value!r}") from None
+    return None if value < 0 else value
+
+
+def normalize_window(window_size) -> tuple[bool, Optional[int], Optional[int]]:
+    """(causal, left, right) as FA4 resolves them (``_resolve_causal_local_window``): after
+    :func:`window_bounds`, (None, 0) is plain causal attention, any other bound is local
+    (sliding-window) attention."""
+    left, right = window_bounds(window_size)
+    if left is None and right == 0:
+        return True, None, None
+    return False, left, right
 
 
 def describe(x) -> str:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from sglang_fa4.environ import envs
 from sglang_fa4.kernels import compile_events as compile_events_registry
 
 logger = logging.getLogger("sglang_fa4")
@@ -56,23 +57,9 @@ class CompileEvent:
         return {True: "loaded from Triton's disk cache", False: "compiled"}.get(self.cache_hit, "resolved")
 
 
-def add_compile_listener(fn: Callable[[CompileEvent], None]) -> Callable[[], None]:
-    """Call ``fn(event)`` after every resolve of any handle set (the process registry,
-    :mod:`.compile_events`, source "triton"); returns the remover."""
-    return compile_events_registry.add_listener(lambda _source, event: fn(event), "triton")
-
-
-def compile_events() -> list[CompileEvent]:
-    return compile_events_registry.events("triton")
-
-
-def compile_count() -> int:
-    return compile_events_registry.count("triton")
-
-
 def interpreting() -> bool:
-    from sglang_fa4.environ import envs
-
+    """Triton's interpreter is on (TRITON_INTERPRET, read as Triton reads it): kernels run on CPU
+    tensors, nothing compiles."""
     return envs.TRITON_INTERPRET.get()
 
 

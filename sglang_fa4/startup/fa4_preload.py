@@ -7,7 +7,7 @@ reads and host-to-device copies, which release the GIL); :func:`wait`, called by
 it. Python's import lock makes any other import of the module wait for this one, so nothing can see
 a half-imported module. Measured, the import holds the GIL and overlaps little (benchmark/results/
 h200/start.md); on a restart whose kernels are in the shared-library store
-(:mod:`sglang_fa4.kernels.fa4_shared_libs`) FA4 is not imported at all, and the thread imports
+(:mod:`sglang_fa4.kernels.fa4.shared_libs`) FA4 is not imported at all, and the thread imports
 only ``tvm_ffi``, the store's loader (0.34 s on the H200, start-lazy-run2.md), which the warmup would
 otherwise import after the load. A failed import is only logged here: the warmup's own import
 then raises with its own message.
@@ -77,9 +77,9 @@ def _spawn(module: str) -> None:
 
 def _store_is_warm() -> bool:
     try:
-        from sglang_fa4.kernels import fa4, fa4_shared_libs
+        from sglang_fa4.kernels import fa4
 
-        store = fa4_shared_libs.default_store()
+        store = fa4.default_store()
         return store is not None and store.has_entries(fa4.device_arch())
     except Exception as exc:  # noqa: BLE001 - no verdict: import as before
         logger.info("sglang-fa4: shared-library store not checked (%s: %s)", type(exc).__name__, exc)

@@ -1,4 +1,14 @@
-"""The FA4 kernel variants a loaded vision model will hit, read from the model itself.
+"""What a loaded model will compile, read from the model itself: the one list the startup warmup
+hands the warmup registry (:mod:`sglang_fa4.kernels.warmup`), as (kernel family, variant) pairs.
+
+* :func:`vit_warmup_list` -- a vision tower with fa4 attention: its FA4 configurations
+  (:func:`enumerate_variants`, below), the Triton rotary and short-window kernels it launches, and
+  with FP8 ViT attention the FP8 forward's variants and its quantize shapes;
+* :func:`llm_fp8_kv_warmup_list` -- SGLang's LLM attention on an fp8_e4m3 pool routed to our
+  kernels (:class:`LlmAttentionShape`, read off the backend by ``integration/llm_fp8_kv``): the FP8
+  forward's variants, the page gather and the split-KV decode kernel.
+
+The FA4 variants:
 
 A sweep over image sizes is mostly wasted work: max_seqlen reaches the compiled kernel only
 through a few thresholds (none at all on SM80/SM90/SM120, where the kernel cache folds it into one
@@ -19,7 +29,7 @@ segments) is in the model:
   batch of images, and the images/frames of one batch, are not bounded by anything in the model,
   so that class is included unless the caller passes ``max_segments <= 256``.
 
-Each variant's configuration comes from :func:`sglang_fa4.kernels.fa4_config.config_for`, the key
+Each variant's configuration comes from :func:`sglang_fa4.kernels.fa4.config_for`, the key
 logic of the kernel cache itself, and variants that map to the same configuration are compiled
 once.
 """
@@ -27,13 +37,16 @@ once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
-from sglang_fa4.kernels.fa4 import MANY_SEGMENTS
-from sglang_fa4.kernels.fa4_config import FA4Config, FA4InputError, config_for, window_bounds
-from sglang_fa4.kernels.fp8_sm90.layout import SUPPORTED_HEAD_DIMS as FP8_HEAD_DIMS
-from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant, padded_head_dim
 from sglang_fa4 import sglang_model
+from sglang_fa4.kernels import fa4, fp8_paged_kv, fp8_sm90, vit
+from sglang_fa4.kernels.fa4 import MANY_SEGMENTS
+from sglang_fa4.kernels.fp8_sm90 import SUPPORTED_HEAD_DIMS as FP8_HEAD_DIMS
+from sglang_fa4.kernels.fp8_sm90 import Fp8Variant, padded_head_dim
+from sglang_fa4.kernels.inputs import FA4InputError, window_bounds
+from sglang_fa4.kernels.settings import RoutingSettings
+from sglang_fa4.kernels.vit import VitShape
 
 #: max_seqlen thresholds of FA4's SM100/SM110 key (tile_m 128: q_stage, static scheduler)
 _SEQLEN_PROBES = (1, 16, 64, 128, 129, 256, 257, 1024)
@@ -47,7 +60,7 @@ LAYOUT_SLIDING = "sliding+sinks"  # MiMo-VL: whole images, sliding window and at
 class Variant:
     """One FA4 configuration to compile, with the inputs that produce it."""
 
-    config: FA4Config
+    config: "fa4.FA4Config"
     layout: str
     num_heads: int
     num_kv_heads: int
@@ -106,7 +119,7 @@ def _seqlen_reps(arch: int, lo: int, hi: Optional[int], qpk: int = 1) -> list[in
                     | ({hi} if hi is not None else set()))
     seen, reps = set(), []
     for p in probes:
-        cls = config_for(arch, "bfloat16", 64, 64, qpk, p, p).seqlen_class
+        cls = fa4.config_for(arch, "bfloat16", 64, 64, qpk, p, p).seqlen_class
         if cls not in seen:
             seen.add(cls)
             reps.append(p)
@@ -139,8 +152,8 @@ def enumerate_variants(
                     best = (tname, tower)
         return best
 
-    variants: dict[FA4Config, Variant] = {}
-    users: dict[FA4Config, list[str]] = {}
+    variants: dict = {}
+    users: dict[Any, list[str]] = {}
     by_name = dict(model.named_modules())
 
     def fixed_seqlen(name: str) -> Optional[int]:
@@ -156,7 +169,7 @@ def enumerate_variants(
             for many in many_classes:
                 num_segments = MANY_SEGMENTS + 1 if many else 1
                 total = max_seqlen + num_segments - 1
-                config = config_for(arch, dt, d, d, nh // nkv, max_seqlen, total, window, sink_dtype, num_segments)
+                config = fa4.config_for(arch, dt, d, d, nh // nkv, max_seqlen, total, window, sink_dtype, num_segments)
                 if config not in variants:
                     variants[config] = Variant(config, layout, nh, nkv, d, dt, max_seqlen, num_segments, window, sink_dtype)
                     users[config] = []
@@ -209,30 +222,7 @@ def enumerate_fp8_variants(model) -> list[Fp8Variant]:
     return [Fp8Variant(d, False, False) for d in sorted(dims)]
 
 
-@dataclass(frozen=True)
-class Fp8VitShape:
-    """One (head dim, heads, dtype) the FP8 ViT path (``SGLANG_FA4_VIT_ATTN_DTYPE=fp8``) will run:
-    its quantize kernels (Triton, compiled per head dim and dtype) and its FP8 forward variant."""
-
-    head_dim: int
-    num_heads: int
-    num_kv_heads: int
-    dtype: str
-
-    @property
-    def kernel(self) -> Fp8Variant:
-        return Fp8Variant(padded_head_dim(self.head_dim), False, False)
-
-    def describe(self) -> str:
-        return (f"fp8 quantize + forward d={self.head_dim}->{self.kernel.head_dim} "
-                f"heads={self.num_heads}/{self.num_kv_heads} {self.dtype}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"head_dim": self.head_dim, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-                "dtype": self.dtype, "kernel": self.kernel.as_dict()}
-
-
-def enumerate_fp8_vit_shapes(model, head_dims) -> list[Fp8VitShape]:
+def enumerate_fp8_vit_shapes(model, head_dims) -> list[VitShape]:
     """What the FP8 ViT path can hit in ``model``: its fa4 attention modules without sinks whose
     head dim is in ``head_dims`` (the dims the measured table routes to FP8; the others never run
     FP8), 16-bit dtypes only."""
@@ -242,5 +232,114 @@ def enumerate_fp8_vit_shapes(model, head_dims) -> list[Fp8VitShape]:
         dt = sglang_model.module_dtype(m)
         if sglang_model.attention_sinks(m) is None and d in head_dims and d <= FP8_HEAD_DIMS[-1] \
                 and dt in ("bfloat16", "float16"):
-            shapes.add(Fp8VitShape(d, nh, nkv, dt))
-    return sorted(shapes, key=lambda s: (s.head_dim, s.num_heads, s.num_kv_heads, s.dtype))
+            shapes.add(VitShape(d, nh, nkv, dt))
+    return sorted(shapes)
+
+
+def vit_shapes(model) -> list[VitShape]:
+    """Distinct (head_dim, heads, kv_heads, dtype) of the model's fa4 attention modules."""
+    seen = []
+    for _, m in sglang_model.find_fa4_attention(model):
+        s = VitShape(*sglang_model.attention_shape(m), sglang_model.module_dtype(m))
+        if s not in seen:
+            seen.append(s)
+    return seen
+
+
+def has_rotary_tower(model) -> bool:
+    """A tower with a rotary position embedding (Qwen2.5-VL, Qwen3-VL: ``rotary_pos_emb``)."""
+    return any(sglang_model.is_rotary_tower(m) for m in model.modules())
+
+
+def has_windowed_tower(model) -> bool:
+    return any(sglang_model.full_attention_blocks(m) for m in model.modules())
+
+
+class WarmItem(NamedTuple):
+    """One variant of one kernel family (:mod:`sglang_fa4.kernels.warmup`) to compile at startup."""
+
+    family: str
+    variant: Any
+
+    def describe(self) -> str:
+        return f"{self.family} {self.variant.describe()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **self.variant.as_dict()}
+
+
+def triton_shapes(model, arch: Optional[int], settings: RoutingSettings) -> list[WarmItem]:
+    """The Triton kernels the ViT launches: the fused rotary in every rotary tower's layers (ViT
+    graph mode), the short-window kernel on SM90 where a windowed tower's layouts take that route
+    (head dims the Triton kernel serves; the others run FA2, nothing to compile)."""
+    shapes = vit_shapes(model)
+    items = [WarmItem("vit_rotary", s) for s in shapes] if has_rotary_tower(model) else []
+    if arch in vit.ROUTED_ARCHS and has_windowed_tower(model) and settings.short_route_max_seqlen > 0:
+        items += [WarmItem("vit_short_window", s) for s in shapes if s.head_dim in vit.TRITON_HEAD_DIMS]
+    return items
+
+
+def vit_warmup_list(model, arch: int, settings: RoutingSettings, *, on_gpu: bool, fp8: Optional[bool] = None,
+                    max_segments: Optional[int] = None) -> list[WarmItem]:
+    """Everything the fa4 ViT of ``model`` compiles on ``arch``: its FA4 configurations; on a GPU
+    (``on_gpu``) the Triton kernels it launches; with FP8 ViT attention the FP8 forward's variants
+    and, on a GPU, one FP8 call per shape (the quantize kernels). ``fp8`` None: as the settings and
+    the GPU say, for the shapes the measured table routes to FP8; True: every shape the FP8
+    forward can take (head dims up to 128, no sinks); False: none."""
+    items = [WarmItem("fa4", v) for v in enumerate_variants(model, arch, max_segments=max_segments)]
+    if on_gpu:
+        items += triton_shapes(model, arch, settings)
+    every_shape = fp8 is True
+    if fp8 is None:
+        fp8 = vit.fp8_enabled(arch, settings.vit_fp8)
+    if fp8:
+        dims = range(1, FP8_HEAD_DIMS[-1] + 1) if every_shape else vit.min_segment_table()
+        shapes = enumerate_fp8_vit_shapes(model, dims)
+        items += [WarmItem("fp8_forward", v) for v in sorted({s.fp8_kernel for s in shapes})]
+        if on_gpu:
+            items += [WarmItem("fp8_vit", s) for s in shapes]
+    return items
+
+
+@dataclass(frozen=True)
+class LlmAttentionShape:
+    """What the LLM FP8 KV route's kernels compile per: one attention backend's layer shape."""
+
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    page_size: int
+    sliding_window: Optional[int] = None  # the SWA layers' window (tokens), None without
+
+
+def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = False) -> list:
+    """The FP8 forward's variants the route's gather path launches: causal (extend and decode,
+    bottom-right aligned), the non-causal one for GQA decode (the group packed into the tile:
+    ``fp8_paged_kv.extend.decode_gqa_pack``; only when decode takes the gather, i.e.
+    SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0), and the local one for sliding-window layers."""
+    if head_dim not in FP8_HEAD_DIMS:
+        return []
+    variants = [fp8_sm90.variant_for(head_dim, True)]
+    if gqa:
+        variants.append(fp8_sm90.variant_for(head_dim, False))
+    if sliding_window is not None and sliding_window > -1:
+        variants.append(fp8_sm90.variant_for(head_dim, True, (sliding_window, 0)))
+    return variants
+
+
+def llm_fp8_kv_warmup_list(shape: LlmAttentionShape, settings: RoutingSettings) -> list[WarmItem]:
+    """Everything a FlashAttentionBackend on the FP8 KV route compiles: the split-KV decode kernel
+    (unless SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0), the FP8 forward's variants and the page gather of
+    the extend route. Nothing for a head dim the FP8 kernels do not run."""
+    hq, hkv, limit = shape.q_heads, shape.kv_heads, settings.split_kv_max_q
+    variants = fp8_variants_for(shape.head_dim, shape.sliding_window, gqa=hq > hkv > 0 and limit == 0)
+    if not variants:
+        return []
+    items = []
+    if hkv > 0 and hq >= hkv and limit > 0:
+        items.append(WarmItem("fp8_paged_decode", fp8_paged_kv.SplitKvShape(shape.head_dim, hq, hkv, shape.page_size,
+                                                                           limit)))
+    items += [WarmItem("fp8_forward", v) for v in variants]
+    if hkv > 0:
+        items.append(WarmItem("fp8_paged_gather", fp8_paged_kv.GatherShape(shape.head_dim, hkv, shape.page_size)))
+    return items

@@ -10,8 +10,8 @@ convention: query ``i`` of ``nq`` sits at key position ``i + nk - nq``); a windo
 bound: unbounded, SGLang's -1); attention sinks as one extra per-head logit in each row's softmax
 denominator (no value); a row whose keys are all masked is zero (as the kernels write it).
 
-Imports torch only (the paged form borrows the kernels' own pool dequantization); nothing here is
-used by the serving path.
+Imports torch only; nothing here is used by the serving path. :mod:`.paged_kv_torch` holds the
+paged FP8 KV kernels' contracts in fp32 torch (the pool dequantized, the CPU harnesses' kernels).
 """
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ def attention_fp32(
 def paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *,
                          k_descale=None, v_descale=None, softmax_scale=None, causal=True) -> torch.Tensor:
     """:func:`attention_fp32` of ``q`` over a paged E4M3 KV pool (SGLang's ``(pages, page_size, hkv,
-    d)`` layout), dequantized by ``fp8_paged_kv.dequantized_paged_kv``: one segment per sequence,
-    bottom-right causal unless told otherwise."""
-    from sglang_fa4.kernels.fp8_paged_kv import dequantized_paged_kv
+    d)`` layout), dequantized by :func:`.paged_kv_torch.dequantized_paged_kv`: one segment per
+    sequence, bottom-right causal unless told otherwise."""
+    from sglang_fa4.testing.paged_kv_torch import dequantized_paged_kv
 
     k, v = dequantized_paged_kv(k_cache, v_cache, page_table, cache_seqlens, k_descale=k_descale,
                                 v_descale=v_descale, device=q.device)

@@ -3,7 +3,7 @@ the torch gather + V^T pack it replaced and the torch reference pack; prints "ok
 child process (no SGLang) by tests/test_fp8_paged_gather.py."""
 
 import torch
-from sglang_fa4.kernels import fp8_paged_gather as G
+from sglang_fa4.kernels.fp8_paged_kv import gather as G
 from sglang_fa4.kernels.fp8_sm90.layout import vt_column_offset, vt_region_end
 from sglang_fa4.testing import page_table
 from sglang_fa4.kernels.fp8_sm90.vt_pack import allocate_vt, pack_vt, pack_vt_reference, _BLOCK_R, VT_ALIGN

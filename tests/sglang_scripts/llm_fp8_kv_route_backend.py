@@ -21,14 +21,14 @@ from sglang_fa4.testing import cu_seqlens, paged_attention_fp32, rel_err
 llm_fp8_kv.is_sm90 = lambda device: True          # this CPU stands in for an H200
 calls = []; launch.fp8_varlen_attention = model_kernel(calls)
 # the split-KV decode kernel runs for real, in Triton's interpreter (TRITON_INTERPRET=1); count its calls
-import sglang_fa4.kernels.fp8_paged_decode as fpd, sglang_fa4.kernels.fp8_paged_kv as fpk
+import sglang_fa4.kernels.fp8_paged_kv.decode as fpd, sglang_fa4.kernels.fp8_paged_kv as fpk
 split_calls = []
 def counted(*a, _real=fpd.paged_decode_attention, **k):
     split_calls.append(k.get("return_lse", False)); return _real(*a, **k)
 fpd.paged_decode_attention = fpk.paged_decode_attention = counted
 launches = []; _launch = fpd.SPLIT.launch
 fpd.SPLIT.launch = lambda *a, **k: (launches.append(a[0]), _launch(*a, **k))
-import sglang_fa4.kernels.fp8_paged_gather as fpg
+import sglang_fa4.kernels.fp8_paged_kv.gather as fpg
 fpg.interpreting = lambda: False   # the gather's own kernel is interpreted in test_fp8_paged_gather.py
 res = {"hooked_dispatch": fab.flash_attn_with_kvcache is fa.flash_attn_with_kvcache
        and getattr(fab.flash_attn_with_kvcache, "__wrapped__", None) is not None,
@@ -103,7 +103,7 @@ res["interpreted_launches"] = len(launches)
 torch.manual_seed(1)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.layers.radix_attention import RadixAttention
-import sglang_fa4.kernels.fp8_paged_decode as fpd
+import sglang_fa4.kernels.fp8_paged_kv.decode as fpd
 from test_fp8_paged_decode import _NoSync
 
 def graph_backend(P, max_context_len, pool, req_to_token):

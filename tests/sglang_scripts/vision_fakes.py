@@ -46,9 +46,9 @@ def setup(plugin: bool):
         plugins.load_plugins()
     from sglang.srt.layers.attention import vision as loaded
 
-    import sglang_fa4.kernels.dispatch
+    import sglang_fa4.kernels.varlen
 
-    sglang_fa4.kernels.dispatch.fa4_varlen_attention = fake_fa4
+    sglang_fa4.kernels.varlen.fa4_varlen_attention = fake_fa4
     loaded.flash_attn_func = fake_flash_attn_func  # only defined on CUDA builds; upstream's FA4 path calls it
     vision = loaded
     return loaded

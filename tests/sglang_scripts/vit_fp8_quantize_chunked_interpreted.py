@@ -3,8 +3,8 @@ Triton's CPU interpreter (TRITON_INTERPRET=1); prints "ok". Run as a plain child
 by tests/test_vit_attn_dtype.py."""
 
 import torch
-from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, quantize_qkv
-from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+from sglang_fa4.kernels.vit.fp8_quantize import Fp8QKV, quantize_qkv
+from sglang_fa4.kernels.vit.fp8_quantize_chunked import quantize_qkv_chunked
 from sglang_fa4.testing import cu_seqlens
 torch.manual_seed(0)
 cases = ((80, 2, 2, [300, 5, 0, 530], 0, None), (72, 4, 2, [17, 260], 7, None),

@@ -24,7 +24,7 @@ plugins.load_plugins()
 from sglang.srt.layers.attention import vision  # noqa: E402,F401  (after the plugin: as SGLang imports it)
 from sglang.srt.multimodal import vit_cuda_graph_runner as vr  # noqa: E402
 
-import sglang_fa4.kernels.dispatch  # noqa: E402
+import sglang_fa4.kernels.varlen  # noqa: E402
 from sglang_fa4.startup import jit_monitor  # noqa: E402
 
 log = io.StringIO()
@@ -50,7 +50,7 @@ def ref_fa4(q, k, v, cu_seqlens, max_seqlen, **kw):
     return out
 
 
-sglang_fa4.kernels.dispatch.fa4_varlen_attention = ref_fa4
+sglang_fa4.kernels.varlen.fa4_varlen_attention = ref_fa4
 
 
 class FakeGraph:

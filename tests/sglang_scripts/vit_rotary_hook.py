@@ -9,7 +9,7 @@ import sglang.srt.plugins as plugins
 plugins.load_plugins()
 from sglang.srt.layers.attention import vision
 from sglang.srt.layers.rotary_embedding import utils as rope_utils
-from sglang_fa4.kernels import vit_rotary
+from sglang_fa4.kernels.vit import rotary as vit_rotary
 
 calls = []
 real_apply = vit_rotary.apply_rotary

@@ -5,7 +5,7 @@ from emit import emit
 
 import torch
 from sglang.srt.layers.rotary_embedding.utils import apply_rotary_pos_emb_native_eager as native
-from sglang_fa4.kernels import vit_rotary
+from sglang_fa4.kernels.vit import rotary as vit_rotary
 
 out = {}
 g = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ import torch
 import sglang.srt.plugins as plugins
 plugins.load_plugins()
 from sglang.srt.layers.rotary_embedding import utils as rope_utils
-from sglang_fa4.kernels import vit_rotary
+from sglang_fa4.kernels.vit import rotary as vit_rotary
 
 calls = []
 real = vit_rotary.apply_rotary

@@ -15,7 +15,7 @@ While one call runs, the compile cache attribute is swapped for a recording prox
 tells whether FA4 compiled) and ``_compute_tile_cumsum`` for a wrapper that keeps its static
 arguments, so later calls can recompute the scheduler aids themselves. FA4's caches are used, not
 bypassed, so its in-memory and on-disk caches stay consistent. ``Resolved.export`` writes the
-kernels as object files; the last section is what :mod:`sglang_fa4.kernels.fa4_shared_libs` needs
+kernels as object files; the last section is what :mod:`sglang_fa4.kernels.fa4.shared_libs` needs
 to key, link and launch them without FA4 (b36's kernel class, its tile-cumsum call, its settings).
 
 flash_attn is imported inside the functions only; this module imports neither torch nor SGLang.
@@ -177,7 +177,7 @@ class Resolved:
     #: (cu_seqlens, total_q) -> tensors for layout.sched, when FA4 computed scheduler aids
     sched: Optional[Callable[[Any, int], tuple]] = None
     #: directory -> [(role, object file, function name)]: the kernel and its scheduler aid as
-    #: object files (fa4_shared_libs); None: not exportable
+    #: object files (shared_libs); None: not exportable
     export: Optional[Callable[[Path], list]] = None
     sched_spec: Optional[dict] = None  # the scheduler aid's kernels (stored_sched), None: no aid
     key: Any = None  # FA4's compile key (diagnostics)
@@ -224,7 +224,7 @@ class _RecordingCache:
 
 
 class FA4Backend:
-    """flash-attn-4 (flash_attn.cute) b36 behind the :class:`~sglang_fa4.kernels.fa4_kernel_cache.Backend` seam."""
+    """flash-attn-4 (flash_attn.cute) b36 behind the :class:`~sglang_fa4.kernels.fa4.cache.Backend` seam."""
 
     requires_cuda = True
 
@@ -328,7 +328,7 @@ def _make_sched(iface, static: dict, arch: int):
     return sched_sm100
 
 
-# -- Without FA4 imported: the kernel class, and what a stored kernel (fa4_shared_libs) needs --
+# -- Without FA4 imported: the kernel class, and what a stored kernel (shared_libs) needs --
 
 #: distributions whose versions are part of a stored kernel's key
 KEY_DISTRIBUTIONS = ("flash-attn-4", "quack-kernels", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base",

@@ -7,13 +7,17 @@ compile cache that takes torch tensors and costs a few microseconds to launch.
 
 A call is first normalised (:meth:`KernelCache.normalise`: cheap checks, FA4's alignment rules,
 the window resolved, the output allocated, the configuration key of
-:mod:`sglang_fa4.kernels.fa4_config`), then dispatched (:meth:`KernelCache.dispatch`): a known
-configuration launches its kernel directly (:mod:`sglang_fa4.kernels.fa4_launcher`); a new one
+:mod:`sglang_fa4.kernels.fa4.config`), then dispatched (:meth:`KernelCache.dispatch`): a known
+configuration launches its kernel directly (:mod:`sglang_fa4.kernels.fa4.launcher`); a new one
 goes once through FA4's own forward (so its compile and disk caches stay valid) while the backend
 records what FA4 launched, or, when the cache has a shared-library store
-(:mod:`sglang_fa4.kernels.fa4_shared_libs`), loads the kernel an earlier process stored there
+(:mod:`sglang_fa4.kernels.fa4.shared_libs`), loads the kernel an earlier process stored there
 without FA4 (and stores the ones FA4 resolves). Everything FA4-specific sits behind the backend seam
-(:mod:`sglang_fa4.kernels.fa4_b36`); this module imports neither flash_attn nor cutlass.
+(:mod:`sglang_fa4.kernels.fa4.b36`); this module imports neither flash_attn nor cutlass.
+
+:func:`kernel_cache` is the process's one cache (FA4's backend, the default store), created on
+first use; every resolve is also a compile event of the process registry
+(:mod:`sglang_fa4.kernels.compile_events`, source ``"fa4"``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from typing import Callable, Optional, Protocol
 import torch
 
 from sglang_fa4.kernels import compile_events as compile_events_registry
-from sglang_fa4.kernels.fa4_b36 import (
+from sglang_fa4.kernels.compile_events import KernelFamily
+from sglang_fa4.kernels.fa4 import b36
+from sglang_fa4.kernels.fa4.b36 import (
     ALIGN_BYTES,
     MANY_SEGMENTS,
     CallLayout,
@@ -37,25 +43,24 @@ from sglang_fa4.kernels.fa4_b36 import (
     layout_for_arch,
     sm100_class,
 )
-from sglang_fa4.kernels.fa4_config import (
+from sglang_fa4.kernels.fa4.config import SINK_DTYPE_NAMES, CompileEvent, FA4Config, FwdCall, seqlen_class
+from sglang_fa4.kernels.fa4.launcher import Launcher, PublicLauncher
+from sglang_fa4.kernels.inputs import (
     DTYPE_NAMES,
-    SINK_DTYPE_NAMES,
-    CompileEvent,
-    FA4Config,
     FA4FeatureError,
     FA4InputError,
-    FwdCall,
+    check_out_shape,
+    check_scalars,
+    check_tensors,
+    describe,
     normalize_window,
-    seqlen_class,
 )
-from sglang_fa4.kernels.fa4_launcher import Launcher, PublicLauncher
-from sglang_fa4.kernels.inputs import check_out_shape, check_scalars, check_tensors, describe
 
 logger = logging.getLogger("sglang_fa4")
 
 
 class Backend(Protocol):
-    """The FA4-specific half. :class:`sglang_fa4.kernels.fa4_b36.FA4Backend` is the real one."""
+    """The FA4-specific half. :class:`sglang_fa4.kernels.fa4.b36.FA4Backend` is the real one."""
 
     #: check that tensors are on CUDA (fakes in CPU tests say False)
     requires_cuda: bool
@@ -119,7 +124,7 @@ class KernelCache:
 
     def __init__(self, backend: Backend, store=None):
         self.backend = backend
-        #: fa4_shared_libs.Store (or None): kernels kept as shared libraries, loaded without FA4
+        #: shared_libs.Store (or None): kernels kept as shared libraries, loaded without FA4
         self.store = store
         self._launchers: dict[tuple, Launcher] = {}
         self._arch: Optional[int] = None
@@ -378,12 +383,11 @@ def _warn_layout_fallback(config: FA4Config, exc: Exception) -> None:
     if _layout_fallback_warned:
         return
     _layout_fallback_warned = True
-    from sglang_fa4.kernels.fa4_b36 import FA4_VERSION, installed_version
 
     logger.warning(
         "sglang-fa4: flash-attn-4 %s's kernel call is not the layout sglang-fa4 knows (written against %s: %s); "
         "configurations like %s run through FA4's public API (correct, ~100 us more host time per call)",
-        installed_version(), FA4_VERSION, exc, config,
+        b36.installed_version(), b36.FA4_VERSION, exc, config,
     )
 
 
@@ -398,3 +402,70 @@ def _fa4_form(call: FwdCall) -> FwdCall:
         if t is not None and t.requires_grad:
             fields[name] = t.detach()
     return FwdCall(**fields)
+
+
+_cache: Optional[KernelCache] = None
+_cache_lock = threading.Lock()
+
+
+def kernel_cache() -> KernelCache:
+    """The process-wide cache (FA4's backend, the shared-library store when it is on), created on
+    first use."""
+    global _cache
+    if _cache is None:
+        with _cache_lock:
+            if _cache is None:
+                from sglang_fa4.kernels.fa4.b36 import FA4Backend
+                from sglang_fa4.kernels.fa4.shared_libs import default_store
+
+                _cache = KernelCache(FA4Backend(), default_store())
+    return _cache
+
+
+def process_cache() -> Optional[KernelCache]:
+    """The process-wide cache if one was created, else None (nothing is created: host time)."""
+    return _cache
+
+
+def install_kernel_cache(cache: Optional[KernelCache]) -> Optional[KernelCache]:
+    """Replace the process-wide cache (tests: a fake backend); returns the previous one."""
+    global _cache
+    with _cache_lock:
+        previous, _cache = _cache, cache
+    return previous
+
+
+def warm_variant(variant, device) -> str:
+    """The warmup registry's entry (family ``fa4``): resolve one configuration (compile it, or load
+    it from FA4's caches or the store) through the process's cache, eagerly, on small random inputs
+    of ``variant``'s shape (:class:`sglang_fa4.startup.variants.Variant`: heads, kv heads, head
+    dim, dtype, max_seqlen, segments, window, sink dtype) on ``device``. The cache itself, not the
+    ViT entry point: small warmup layouts would take the short-window route and leave the FA4
+    configuration unresolved. Returns how it was resolved."""
+    from itertools import accumulate
+
+    cache = kernel_cache()
+    dtype = getattr(torch, variant.dtype)
+    lens = [variant.max_seqlen] + [1] * (variant.num_segments - 1)
+    cu = torch.tensor(list(accumulate(lens, initial=0)), dtype=torch.int32, device=device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(sum(lens), h, variant.head_dim, generator=g).to(device=device, dtype=dtype)
+               for h in (variant.num_heads, variant.num_kv_heads, variant.num_kv_heads))
+    sinks = None
+    if variant.sink_dtype:
+        sinks = torch.zeros(variant.num_heads, dtype=getattr(torch, variant.sink_dtype), device=device)
+    before = cache.compile_count()
+    with torch.no_grad():
+        cache(q, k, v, cu, variant.max_seqlen, None, variant.window, sinks, None)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    events = cache.compile_events()[before:]
+    if not events:
+        return "cached"
+    if any(e.fa4_compiled for e in events):
+        return "compiled"
+    return "loaded from a stored shared library" if all(e.from_shared_library for e in events) else "loaded from FA4's cache"
+
+
+#: the warmup registry's FA4 family (:mod:`sglang_fa4.kernels.warmup`)
+FAMILIES = (KernelFamily("fa4", "fa4", warm_variant),)

@@ -1,5 +1,6 @@
 """What one FA4 varlen forward configuration is: the readable key of a compiled kernel, and the
-normalisation every caller shares (window bounds, the max_seqlen class, dtype names).
+normalisation its callers share (the max_seqlen class, sink dtype names; the window and dtype
+checks are :mod:`sglang_fa4.kernels.inputs`').
 
 Only what can change the compiled kernel for ViT-style self attention (one ``cu_seqlens`` for q
 and k, no LSE, no split-KV, no paging) is in the key:
@@ -15,24 +16,15 @@ and k, no LSE, no split-KV, no paging) is in the key:
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import torch
 
-from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS, SM100_TILE_M, sm100_class
+from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS, SM100_TILE_M, sm100_class
+from sglang_fa4.kernels.inputs import DTYPE_NAMES, FA4InputError, normalize_window
 
-DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 SINK_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-
-class FA4InputError(ValueError):
-    """The arguments cannot be handed to FA4 (wrong dtype, shape, device, layout...)."""
-
-
-class FA4FeatureError(NotImplementedError):
-    """FA4 has no kernel for a requested feature on this GPU architecture."""
 
 
 class FA4Config(NamedTuple):
@@ -53,41 +45,6 @@ class FA4Config(NamedTuple):
 
     def as_dict(self) -> dict[str, Any]:
         return self._asdict()
-
-
-def window_bounds(window_size) -> tuple[Optional[int], Optional[int]]:
-    """(left, right) token bounds with "unbounded" as None: SGLang writes it -1 (FA2/FA3
-    convention), or passes no window at all; FA4 b36 writes None and would read a lone -1 as a
-    real bound."""
-    if window_size is None:
-        return None, None
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise FA4InputError(f"window_size must be a pair (left, right), got {window_size!r}") from None
-    return _window_side(left, "left"), _window_side(right, "right")
-
-
-def _window_side(value, side: str) -> Optional[int]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or isinstance(value, float):
-        raise FA4InputError(f"window_size {side} must be an int or None, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise FA4InputError(f"window_size {side} must be an int or None, got {value!r}") from None
-    return None if value < 0 else value
-
-
-def normalize_window(window_size) -> tuple[bool, Optional[int], Optional[int]]:
-    """(causal, left, right) as FA4 resolves them (``_resolve_causal_local_window``): after
-    :func:`window_bounds`, (None, 0) is plain causal attention, any other bound is local
-    (sliding-window) attention."""
-    left, right = window_bounds(window_size)
-    if left is None and right == 0:
-        return True, None, None
-    return False, left, right
 
 
 def seqlen_class(arch: int, max_seqlen: Optional[int], total_q: int, qhead_per_kvhead: int = 1) -> str:
@@ -122,7 +79,7 @@ def config_for(
     num_segments: int = 1,
     broadcast: Optional[tuple] = None,
 ) -> FA4Config:
-    """The :class:`FA4Config` that :class:`~sglang_fa4.kernels.fa4_kernel_cache.KernelCache`
+    """The :class:`FA4Config` that :class:`~sglang_fa4.kernels.fa4.cache.KernelCache`
     resolves for a call with these properties (the same normalisation as its key;
     tests/test_warmup.py checks the two agree). ``dtype``/``sink_dtype``: torch dtypes or their
     FA4Config names."""

@@ -1,7 +1,7 @@
 """One configuration's compiled FA4 kernel and the template of the argument list it takes.
 
 The first call of a configuration goes through FA4's own forward while the b36 backend records
-the compiled function and the arguments FA4 handed it (:mod:`sglang_fa4.kernels.fa4_b36`);
+the compiled function and the arguments FA4 handed it (:mod:`sglang_fa4.kernels.fa4.b36`);
 :meth:`Launcher.from_capture` checks that list against the b36 layout, keeps its static part,
 and :meth:`Launcher.launch` fills in a call's tensors and calls the function directly on the
 current torch stream (a few microseconds of host time, CUDA-graph capturable).
@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels.fa4_b36 import MANY_SEGMENTS, CallLayout, FA4LayoutError, Resolved
-from sglang_fa4.kernels.fa4_config import FA4Config, FwdCall
+from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS, CallLayout, FA4LayoutError, Resolved
+from sglang_fa4.kernels.fa4.config import FA4Config, FwdCall
 
 
 def _same_tensor(a, b) -> bool:
@@ -101,7 +101,7 @@ class Launcher:
     @classmethod
     def from_store(cls, stored, layout: CallLayout, config: FA4Config):
         """The launcher of a kernel loaded from the shared-library store
-        (:class:`~sglang_fa4.kernels.fa4_shared_libs.Stored`); its template was one of ours."""
+        (:class:`~sglang_fa4.kernels.fa4.shared_libs.Stored`); its template was one of ours."""
         default_scale = 1.0 / math.sqrt(config.head_dim)  # as from_capture computes it
         return cls(stored.fn, list(stored.template), layout, default_scale, stored.sched, config)
 

@@ -13,8 +13,8 @@ same TVM-FFI function FA4's disk cache would hand back, launched through the sam
 An entry lives at ``ROOT/<environment>/<configuration>/``. The environment is everything besides
 the configuration that can change the kernel: the versions of FA4, quack, the DSL and TVM-FFI,
 a hash of FA4's and quack's Python sources, every FA4/DSL setting in the environment
-(``fa4_b36.KEY_ENV_PREFIXES``), Python's minor version, the kernel class and the GPU's SM count.
-The configuration is the :class:`~sglang_fa4.kernels.fa4_config.FA4Config` the kernel cache keys
+(``b36.KEY_ENV_PREFIXES``), Python's minor version, the kernel class and the GPU's SM count.
+The configuration is the :class:`~sglang_fa4.kernels.fa4.config.FA4Config` the kernel cache keys
 its launchers on. Both are also stored in ``meta.json`` and compared on load, with each library's
 sha256 and the runtime libraries' sizes; anything that does not match, does not parse or does not
 load is a miss (one warning): the caller takes FA4's own path, and its save replaces the entry.
@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from sglang_fa4.environ import envs
-from sglang_fa4.kernels import fa4_b36
-from sglang_fa4.kernels.fa4_b36 import CallLayout, Resolved
-from sglang_fa4.kernels.fa4_config import FA4Config
+from sglang_fa4.kernels.fa4 import b36
+from sglang_fa4.kernels.fa4.b36 import CallLayout, Resolved
+from sglang_fa4.kernels.fa4.config import FA4Config
 
 logger = logging.getLogger("sglang_fa4")
 
@@ -78,7 +78,7 @@ def _digest(obj) -> str:
 
 
 def _sources_digest() -> str:
-    """Hash of the .py sources of fa4_b36.SOURCE_PACKAGES (relative path, size, bytes), found
+    """Hash of the .py sources of b36.SOURCE_PACKAGES (relative path, size, bytes), found
     without importing them."""
     h = hashlib.sha256()
     for name, root in source_dirs():
@@ -90,12 +90,12 @@ def _sources_digest() -> str:
 
 
 def source_dirs() -> list[tuple[str, Path]]:
-    """(name, directory) of each of ``fa4_b36.SOURCE_PACKAGES`` installed (importlib finds them;
+    """(name, directory) of each of ``b36.SOURCE_PACKAGES`` installed (importlib finds them;
     nothing is imported)."""
     import importlib.util
 
     out = []
-    for name in fa4_b36.SOURCE_PACKAGES:
+    for name in b36.SOURCE_PACKAGES:
         top, *rest = name.split("/")
         try:
             spec = importlib.util.find_spec(top)
@@ -129,14 +129,14 @@ def _device_sms() -> Optional[int]:
 
 def environment(arch: int) -> dict:
     """Everything besides the configuration a stored kernel is keyed by (see the module doc)."""
-    settings = envs.raw_with_prefixes(fa4_b36.KEY_ENV_PREFIXES)
+    settings = envs.raw_with_prefixes(b36.KEY_ENV_PREFIXES)
     return {
         "format": FORMAT,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "machine": os.uname().machine if hasattr(os, "uname") else sys.platform,
-        "versions": {d: _version(d) for d in fa4_b36.KEY_DISTRIBUTIONS},
+        "versions": {d: _version(d) for d in b36.KEY_DISTRIBUTIONS},
         "sources": _sources_digest(),
-        "settings": {k: v for k, v in settings.items() if k not in fa4_b36.KEY_ENV_IGNORED},
+        "settings": {k: v for k, v in settings.items() if k not in b36.KEY_ENV_IGNORED},
         "arch": int(arch),
         "sms": _device_sms(),
     }
@@ -284,7 +284,7 @@ class Store:
         if "forward" not in functions:
             raise ValueError("no forward kernel")
         spec = meta.get("sched_spec")
-        sched = fa4_b36.stored_sched(spec, {k: v for k, v in functions.items() if k != "forward"}) if spec else None
+        sched = b36.stored_sched(spec, {k: v for k, v in functions.items() if k != "forward"}) if spec else None
         return Stored(functions["forward"], template, sched, modules)
 
     def save(self, config: FA4Config, resolved: Resolved, template: list, layout: CallLayout) -> bool:

@@ -1,6 +1,6 @@
 """Decode (and short extend) over SGLang's paged fp8_e4m3 KV pool, read in place: split-KV, no gather.
 
-The gather route (:mod:`sglang_fa4.kernels.fp8_paged_kv`) copies every used page into the WGMMA
+The gather route (:mod:`.extend`) copies every used page into the WGMMA
 kernel's layout before attending -- twice the bytes the attention reads, which dominates decode.
 This kernel reads K and V straight from the pool through the page table: key ``t`` of sequence
 ``b`` is token ``t % P`` of page ``page_table[b, t // P]`` (SGLang's layout, ``P`` any power of
@@ -16,11 +16,13 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
   around that position.  Decode is the case ``n = 1``; extend with a few new tokens runs through
   the same code, so a decode step and the extend row at the same position compute the same thing.
 * **Split-KV.** The keys a row block can see are cut into ``num_splits`` ranges
-  (:func:`sglang_fa4.kernels.fp8_decode_splits.choose_splits`), one program each; each writes its
+  (:func:`.decode_plan.choose_splits`), one program each; each writes its
   normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
   them weighted by exp(lse - max).  With one split the first kernel writes the output itself.
-* **Off a GPU** (CPU tensors outside Triton's interpreter: the CPU harnesses) the same contract runs
-  in fp32 torch, as the page gather does.
+* **Host side.** :func:`launch` runs one layer from the route's plan (:mod:`.plan`: the arguments
+  checked, the launch plan and scratch sizes chosen once per batch shape): descale strides, the
+  output and scratch allocations, the two launches. CUDA or Triton's interpreter only; the CPU
+  harnesses install the same contract in fp32 torch (``sglang_fa4.testing.paged_kv_torch``).
 * **CUDA graphs.** Nothing reads a device value on the host: the grid and the scratch size come
   from host facts only (batch, heads, ``max_seqlen_q``, the page table's width), every length is
   read in the kernel; capturable as SGLang's decode graphs capture it (page table at full width).
@@ -37,16 +39,9 @@ from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_decode_splits import (  # noqa: F401 (the launch plan, re-exported)
-    MAX_BLOCK_M,
-    DecodePlan,
-    block_m,
-    block_n,
-    plan,
-    pow2_at_least,
-)
-from sglang_fa4.kernels.fp8_paged_gather import PagedKVError, _need, check_paged  # noqa: F401 (PagedKVError re-exported)
-from sglang_fa4.kernels.triton_handles import KernelHandles, interpreting
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import pow2_at_least
+from sglang_fa4.kernels.fp8_paged_kv.gather import _need
+from sglang_fa4.kernels.triton_handles import KernelHandles
 
 FP8 = torch.float8_e4m3fn
 HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -238,90 +233,52 @@ COMBINE = KernelHandles("fp8_paged_decode_combine", _make_combine_kernel)
 # ------------------------------------------------------------------------------------------------
 
 
-def _descale(x, name: str, batch: int, hkv: int, device):
-    """(tensor, batch stride, head stride) of a descale: SGLang's (batch, Hkv) -- often an expand
-    of a one-element scale, strides 0 -- or a scalar; 1 when None.  fp32 on the device, no copy
-    when it already is."""
+def _descale(x, batch: int, hkv: int, device):
+    """(tensor, batch stride, head stride) of a descale (checked by the plan): SGLang's (batch, Hkv)
+    -- often an expand of a one-element scale, strides 0 -- or a scalar; 1 when None.  fp32 on the
+    device, no copy when it already is."""
     if x is None:
         return torch.ones(1, dtype=torch.float32, device=device), 0, 0
-    _need(isinstance(x, torch.Tensor), f"{name} must be a tensor, got {type(x).__name__}")
-    _need(x.device == device, f"{name} is on {x.device}, the cache on {device}")
     if x.dtype != torch.float32:
         x = x.float()
     if x.numel() == 1:
         return x.reshape(1), 0, 0
-    _need(tuple(x.shape) == (batch, hkv),
-          f"{name} must be a scalar or (batch, kv_heads) = {(batch, hkv)}, got {tuple(x.shape)}")
     return x, x.stride(0), x.stride(1)
 
 
-def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q,
-                           max_seqlen_q: Optional[int], *, k_descale=None, v_descale=None,
-                           softmax_scale: Optional[float] = None, causal: bool = False, window_size=(-1, -1),
-                           out=None, return_lse: bool = False, num_splits: Optional[int] = None,
-                           sms: Optional[int] = None, launch: Optional[dict] = None):
-    """q (total_q, Hq, d), E4M3 or bf16, against SGLang's paged E4M3 cache (pages, P, Hkv, d) ->
-    bf16 (total_q, Hq, d) (into ``out`` when given), and with ``return_lse`` also the log-sum-exp
-    of the scaled scores, natural log, (Hq, total_q) fp32 (FlashAttention's varlen layout; -inf for
-    a row that sees no key).  ``max_seqlen_q``: the host bound of new tokens per sequence (None:
-    total_q); the page table's width x P bounds the context.  Bottom-right causal, as the route."""
-    _need(isinstance(q, torch.Tensor) and q.dtype in (FP8, torch.bfloat16),
-          f"q must be float8_e4m3fn or bfloat16, got {getattr(q, 'dtype', type(q).__name__)}")
-    _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
-    _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
-    _need(d in HEAD_DIMS, f"head_dim {d} is not one the decode kernel runs ({', '.join(map(str, HEAD_DIMS))})")
-    _need(page_size & (page_size - 1) == 0, f"page size {page_size} must be a power of two")
-    total_q, hq, qd = q.shape
-    _need(qd == d, f"q's head_dim {qd} differs from the cache's {d}")
-    _need(hq % hkv == 0 and hq >= hkv, f"q heads {hq} must be a multiple of kv heads {hkv}")
-    _need(q.stride(-1) == 1, f"q's last dim must be contiguous, strides {q.stride()}")
-    _need(q.device == k_cache.device, f"q is on {q.device}, the cache on {k_cache.device}")
-    batch, width = page_table.shape
-    _need(isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dtype == torch.int32
-          and tuple(cu_seqlens_q.shape) == (batch + 1,),
-          f"cu_seqlens_q must be int32 ({batch + 1},), got "
-          f"{(getattr(cu_seqlens_q, 'dtype', None), tuple(getattr(cu_seqlens_q, 'shape', ())))}")
-    if max_seqlen_q is None:
-        max_seqlen_q = total_q
-    _need(isinstance(max_seqlen_q, int) and max_seqlen_q >= 0, f"max_seqlen_q must be a host int, got {max_seqlen_q!r}")
-    left, right = window_bounds(causal, window_size)
+def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale,
+           softmax_scale: Optional[float], out):
+    """One layer of a split-KV plan (:class:`.plan.PagedPlan`, whose arguments were checked): q
+    (total_q, Hq, d), E4M3 or bf16, against SGLang's paged E4M3 cache (pages, P, Hkv, d) -> bf16
+    (total_q, Hq, d) (into ``out`` when given), and with the plan's ``return_lse`` also the
+    log-sum-exp of the scaled scores, natural log, (Hq, total_q) fp32 (FlashAttention's varlen
+    layout; -inf for a row that sees no key). Bottom-right causal, as the route."""
+    p = plan.decode
+    total_q, hq, d = q.shape
+    batch, width, page_size, hkv, group = plan.batch, plan.width, plan.page_size, plan.kv_heads, plan.group
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     device = q.device
-    group = hq // hkv
-    p = plan(batch, hkv, group, d, max(max_seqlen_q, 1), width * page_size, sms or sm_count(device), num_splits,
-             launch=launch)
-
-    if out is not None:
-        _need(isinstance(out, torch.Tensor) and out.numel() == total_q * hq * d,
-              f"out must hold {(total_q, hq, d)}, got {tuple(getattr(out, 'shape', ()))}")
-    direct = (out if out is not None and out.dtype == torch.bfloat16 and tuple(out.shape) == (total_q, hq, d)
-              and out.stride(-1) == 1 else None)
-    o = direct if direct is not None else torch.empty((total_q, hq, d), dtype=torch.bfloat16, device=device)
+    o = out if plan.out_direct else torch.empty((total_q, hq, d), dtype=torch.bfloat16, device=device)
+    return_lse = plan.return_lse
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=device) if return_lse else o
-    if total_q and batch and max_seqlen_q and not (q.is_cuda or interpreting()):
-        # a CPU tensor outside Triton's interpreter (CPU harnesses): the same arithmetic in torch
-        from sglang_fa4.kernels.fp8_paged_decode_torch import paged_decode_torch
-
-        paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale, scale,
-                    left, right, o, lse if return_lse else None)
-    elif total_q and batch and max_seqlen_q:
-        kd, kd_sb, kd_sh = _descale(k_descale, "k_descale", batch, hkv, device)
-        vd, vd_sb, vd_sh = _descale(v_descale, "v_descale", batch, hkv, device)
+    if total_q and batch and plan.max_seqlen_q != 0:
+        kd, kd_sb, kd_sh = _descale(k_descale, batch, hkv, device)
+        vd, vd_sb, vd_sh = _descale(v_descale, batch, hkv, device)
         single = p.num_splits == 1
         d_pow2 = pow2_at_least(d)
         if single:
             o_part = lse_part = o  # unused
             part_s = part_t = lpart_s = 0
         else:
-            o_part = torch.empty((p.num_splits, total_q, hq, d_pow2), dtype=torch.float32, device=device)
-            lse_part = torch.empty((p.num_splits, total_q, hq), dtype=torch.float32, device=device)
+            o_part = torch.empty(plan.partial_shape, dtype=torch.float32, device=device)
+            lse_part = torch.empty(plan.partial_shape[:3], dtype=torch.float32, device=device)
             part_s, part_t, lpart_s = o_part.stride(0), o_part.stride(1), lse_part.stride(0)
         lse_h = lse.stride(0) if return_lse else 0
         args = (q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, kd, vd,
                 o, lse, o_part, lse_part,
                 q.stride(0), q.stride(1), page_table.stride(0), kd_sb, kd_sh, vd_sb, vd_sh,
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
-                p.num_splits, p.min_chunk, width, page_size, hkv * d, hkv, scale * LOG2E, left, right,
+                p.num_splits, p.min_chunk, width, page_size, hkv * d, hkv, scale * LOG2E, plan.left, plan.right,
                 group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
@@ -332,47 +289,10 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
                                             d_pow2, return_lse), index, num_warps=4)
     elif return_lse:
         lse.fill_(float("-inf"))
-    if out is not None and direct is None:
+    if out is not None and not plan.out_direct:
         out.copy_(o.view(out.shape))
         o = out
     return (o, lse) if return_lse else o
-
-
-def takes_split_kv(max_seqlen_q) -> bool:
-    """The FP8 KV route's choice for one call: this kernel when every sequence brings at most
-    ``SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q`` new tokens (a host int SGLang passes: decode 1, verify
-    and short extends a few), else the page gather + WGMMA kernel.  No host value: the gather."""
-    from sglang_fa4.environ import envs
-
-    return isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
-
-
-def warm(head_dim: int, q_heads: int, kv_heads: int, page_size: int, device) -> int:
-    """Resolve (compile, or load from Triton's disk cache) the variants a server's route launches
-    for one layer shape: decode with one split and with several, with and without the LSE, and
-    the extend row blocks up to SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q new tokens; one small call each
-    on ``device``.  Returns how many were newly resolved."""
-    from sglang_fa4.environ import envs
-    from sglang_fa4.kernels import triton_handles
-
-    before = triton_handles.compile_count()
-    group = q_heads // kv_heads
-    limit = envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q.get()
-    # one max_seqlen_q per row block size the route can meet (rows = new tokens x group)
-    rows_for = {}
-    for max_q in range(1, limit + 1):
-        rows_for.setdefault(block_m(max_q * group), max_q)
-    cache = torch.zeros((4, page_size, kv_heads, head_dim), dtype=FP8, device=device)
-    table = torch.zeros((1, 2), dtype=torch.int32, device=device)
-    for max_q in sorted(rows_for.values()):
-        seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
-        cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
-        q = torch.zeros((max_q, q_heads, head_dim), dtype=FP8, device=device)
-        for splits in (1, 2):
-            for lse in ((False, True) if max_q == 1 else (False,)):
-                paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True, num_splits=splits,
-                                       return_lse=lse)
-    return triton_handles.compile_count() - before
 
 
 def kv_bytes_read(lens, hkv: int, d: int, page_size: int) -> int:

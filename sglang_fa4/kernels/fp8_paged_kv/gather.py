@@ -14,8 +14,9 @@ is neither, so every routed call builds both from the page table:
   P]``, offset ``t % P``: SGLang's layout) and writes the K rows and the V^T columns.  No host sync,
   no allocation but the outputs: CUDA-graph capturable.
 * :func:`gather_paged_kv` + ``vt_pack.pack_vt`` (torch index ops, then one Triton launch): the
-  previous route, kept as the reference the fused kernel is tested against (bitwise) and for
-  side-by-side timing (``benchmark/release/check_fp8_kv_route.py``).
+  previous route, kept as the reference the fused kernel is tested against (bitwise), for
+  side-by-side timing (``benchmark/release/check_fp8_kv_route.py``) and as the CPU harnesses'
+  model of the gather (``sglang_fa4.testing.paged_kv_torch``).
 
 Bytes per call, T cached tokens of the batch, Hkv x d bytes per token and tensor: the fused kernel
 reads K and V once and writes K and V^T once, 4 T Hkv d (plus the page table, T / P int32), the
@@ -44,8 +45,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN, pow2_at_least, vt_columns
-from sglang_fa4.kernels.triton_handles import KernelHandles, interpreting
+from sglang_fa4.kernels import compile_events
+from sglang_fa4.kernels.fp8_sm90 import VT_ALIGN, pow2_at_least, vt_columns
+from sglang_fa4.kernels.triton_handles import KernelHandles
 
 FP8 = torch.float8_e4m3fn
 #: keys (K rows / V^T columns) per program
@@ -149,24 +151,6 @@ def gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens, sizes: Optional
     k = k_flat.index_select(0, slot)
     v = v_flat.index_select(0, slot)
     return k, v, cu_k.to(torch.int32), per_seq
-
-
-def gather_paged_kv_reference(k_cache, v_cache, page_table, cache_seqlens):
-    """Per-sequence reference of :func:`gather_paged_kv` (tests): the valid rows only, built from
-    SGLang's page arithmetic directly (no cumulative offsets, no search)."""
-    _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
-    k_flat = k_cache.view(torch.uint8).reshape(-1, hkv, d)
-    v_flat = v_cache.view(torch.uint8).reshape(-1, hkv, d)
-    ks, vs = [], []
-    for b, n in enumerate(cache_seqlens.tolist()):
-        t = torch.arange(n, device=k_cache.device)
-        slots = page_table[b].to(torch.int64)[t // page_size] * page_size + t % page_size
-        ks.append(k_flat[slots])
-        vs.append(v_flat[slots])
-    if not ks:
-        empty = torch.empty((0, hkv, d), dtype=torch.uint8, device=k_cache.device)
-        return empty, empty.clone()
-    return torch.cat(ks), torch.cat(vs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -279,17 +263,12 @@ def launch(k_cache, v_cache, page_table, cache_seqlens, k, vt, cu_k, max_seqlen_
 
 def gather_paged_kv_vt(k_cache, v_cache, page_table, cache_seqlens, sizes: Optional[tuple[int, int]] = None):
     """(k (rows, Hkv, d) uint8, vt (Hkv, d, cols) uint8, cu_seqlens_k int32, max_seqlen_k): the
-    kernel's inputs from the paged cache, sized by :func:`bounds` (``sizes`` from
-    :func:`exact_sizes`, or the host bound while capturing).  One Triton launch on a CUDA device
-    (or under TRITON_INTERPRET); on a CPU tensor otherwise (tests) the torch path with the torch
-    V^T pack (``vt_pack.pack_vt_reference``), identical where the kernel reads."""
-    _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
+    kernel's inputs from the paged cache (checked by the route's plan), sized by :func:`bounds`
+    (``sizes`` from :func:`exact_sizes`, or the host bound while capturing).  One Triton launch, on
+    a CUDA device or under TRITON_INTERPRET (the CPU harnesses install the torch path,
+    ``sglang_fa4.testing.paged_kv_torch``)."""
+    _, page_size, hkv, d = k_cache.shape
     rows, per_seq = bounds(page_table, page_size, sizes)
-    if not (k_cache.is_cuda or interpreting()):
-        from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt_reference
-
-        k, v, cu_k, per_seq = gather_paged_kv(k_cache, v_cache, page_table, cache_seqlens, sizes)
-        return k, pack_vt_reference(v, cu_k), cu_k, per_seq
     k, vt, cu_k = allocate(rows, page_table.shape[0], hkv, d, k_cache.device)
     launch(k_cache, v_cache, page_table, cache_seqlens, k, vt, cu_k, per_seq)
     return k, vt, cu_k, per_seq
@@ -321,9 +300,7 @@ class GatherShape(NamedTuple):
 def warm(shape: GatherShape, device) -> int:
     """Resolve (compile, or load from Triton's disk cache) the kernel the route will launch for
     this shape, with one small call on ``device``; returns how many were newly resolved."""
-    from sglang_fa4.kernels import triton_handles
-
-    before = triton_handles.compile_count()
+    before = compile_events.count("triton")
     d, hkv, page = shape
     lens = [3 * page + 1, 1]
     pages = sum(-(-n // page) for n in lens) + 1
@@ -332,4 +309,10 @@ def warm(shape: GatherShape, device) -> int:
     table = torch.arange(1, 1 + len(lens) * width, dtype=torch.int32, device=device).clamp_(max=pages - 1)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     gather_paged_kv_vt(cache, cache, table.view(len(lens), width), seqlens, (sum(lens), max(lens)))
-    return triton_handles.compile_count() - before
+    return compile_events.count("triton") - before
+
+
+def warm_shape(shape: GatherShape, device) -> str:
+    """The warmup registry's entry (family ``fp8_paged_gather``): :func:`warm`."""
+    new = warm(shape, device)
+    return f"{new} resolved" if new else "cached"

@@ -1,119 +1,199 @@
-"""The paged FP8 decode kernel's launch plan: row and key blocks, and how many pieces it splits
-each sequence's keys into (split-KV).
+"""The paged FP8 KV route's plan: a batch's host facts, checked and computed once, reused by every layer.
 
-Decode reads every cached K/V byte once and does little arithmetic on it: the kernel is
-bandwidth-bound, and a GPU only reaches its HBM bandwidth with enough CTAs in flight on every SM.
-One CTA per (query-row block, sequence, kv head) gives batch x kv_heads CTAs -- 4 at batch 1 with 4
-kv heads, on a GPU of 132 SMs.  Splitting each sequence's keys into ``n`` ranges, each its own CTA
-(partial outputs combined by their log-sum-exp afterwards), multiplies that by ``n``.
+FlashInfer splits paged attention into *plan* (per batch, on the host: which kernel, its grid, its
+scratch) and *run* (per layer: the launch). SGLang calls the attention once per layer with the same
+batch metadata (page table, lengths, query rows) and layer tensors of one shape, so :func:`plan`
+keeps its answer under everything it looked at -- the shapes, dtypes, strides and devices of the
+tensors, and the host ints and flags -- and a step's later layers find it ready: no argument
+checks, no route choice, no split count or grid arithmetic again; what is left per layer is the
+launch (:func:`sglang_fa4.kernels.fp8_paged_kv.attention.run`). The key holds no tensor data (no
+device read): a CUDA graph's capture plans once per captured batch size, its replays find that plan.
 
-:func:`choose_splits` is a pure function of host facts (batch, kv heads, row blocks, the context
-bound the page table allows, the SM count), so the grid of a captured CUDA graph is fixed per
-captured batch size.  Its two constants (``PROGRAMS_PER_SM``, ``MIN_KEYS_PER_SPLIT``) are
-placeholders until the GPU run measures them; :data:`MAX_SPLITS` bounds the scratch buffers.
+Every argument is checked here, where it enters the route, and nowhere after it: the page table,
+the lengths and query offsets, the pool, q, the descales, ``out``, the window and the scale. A
+malformed one raises :class:`~sglang_fa4.kernels.fp8_paged_kv.gather.PagedKVError` naming it.
+
+The route (:class:`PagedPlan` ``.backend``): the split-KV kernel (:mod:`.decode`, the pool read in
+place) when every sequence brings at most ``split_kv_max_q`` new tokens
+(:mod:`sglang_fa4.kernels.settings`, read once) or the LSE is asked for; otherwise the page gather
+and the SM90 FP8 forward (:mod:`.extend`). Imports nothing from SGLang.
 """
 
 from __future__ import annotations
 
+import numbers
+from dataclasses import dataclass
 from typing import Optional
 
-#: CTAs in flight per SM the split count aims at (several small CTAs per SM hide DRAM latency)
-PROGRAMS_PER_SM = 4
-#: a split gets at least this many keys: below it the partial's write-back and the combine cost
-#: more than the parallelism gains
-MIN_KEYS_PER_SPLIT = 256
-#: most splits per sequence (the partial outputs are splits x rows x heads x head_dim fp32)
-MAX_SPLITS = 64
-#: query rows (token x group head) per program: at least 16 (tl.dot), at most this
-MAX_BLOCK_M = 64
+import torch
+
+from sglang_fa4.kernels.fp8_paged_kv import decode_plan
+from sglang_fa4.kernels.fp8_paged_kv.decode import HEAD_DIMS, UNBOUNDED, sm_count, window_bounds
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import DecodePlan, pow2_at_least
+from sglang_fa4.kernels.fp8_paged_kv.gather import _need, check_paged
+from sglang_fa4.kernels.settings import settings
+
+FP8 = torch.float8_e4m3fn
+SPLIT_KV = "split_kv"
+GATHER = "gather"
+BACKENDS = (SPLIT_KV, GATHER)
+#: plans kept (a server meets one per batch shape and captured batch size: a few dozen)
+MAX_PLANS = 1024
 
 
-def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, sm_count: int, *,
-                  programs_per_sm: int = PROGRAMS_PER_SM, min_keys_per_split: int = MIN_KEYS_PER_SPLIT,
-                  max_splits: int = MAX_SPLITS) -> int:
-    """Splits per sequence so that ``batch * kv_heads * row_blocks * splits`` reaches
-    ``programs_per_sm * sm_count`` CTAs, no split shorter than ``min_keys_per_split`` keys of
-    ``max_context`` (the longest context the call can have: page-table width x page size), at most
-    ``max_splits``; 1 when the batch alone fills the GPU or the context is short."""
-    for name, value in (("batch", batch), ("kv_heads", kv_heads), ("row_blocks", row_blocks),
-                        ("max_context", max_context)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    for name, value in (("sm_count", sm_count), ("programs_per_sm", programs_per_sm),
-                        ("min_keys_per_split", min_keys_per_split), ("max_splits", max_splits)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    base = batch * kv_heads * row_blocks
-    if base == 0 or max_context == 0:
-        return 1
-    wanted = -(-programs_per_sm * sm_count // base)
-    by_context = max(1, max_context // min_keys_per_split)
-    return max(1, min(wanted, by_context, max_splits))
+@dataclass(frozen=True)
+class PagedPlan:
+    """One batch's host facts: the shapes the arguments were checked against, the route, and the
+    chosen kernel's launch facts. Equal arguments give the same (cached) plan."""
+
+    backend: str  # SPLIT_KV or GATHER
+    batch: int
+    width: int  # page-table columns
+    page_size: int
+    kv_heads: int
+    q_heads: int
+    head_dim: int
+    total_q: int
+    #: the host bound of new tokens per sequence (None: not given; the split-KV kernel then uses total_q)
+    max_seqlen_q: Optional[int]
+    causal: bool
+    #: SGLang's (left, right) window, -1 unbounded on a side
+    window: tuple
+    return_lse: bool
+    #: the split-KV kernel's key bounds (decode.UNBOUNDED for none), its launch plan and scratch
+    left: int = 0
+    right: int = 0
+    decode: Optional[DecodePlan] = None
+    #: split-KV: partial outputs (splits, total_q, Hq, d_pow2) and their LSEs (splits, total_q, Hq), fp32
+    partial_shape: Optional[tuple] = None
+    #: gather route: one query token per sequence with a GQA group to pack (extend.decode_gqa_pack)
+    gqa_pack: bool = False
+    #: ``out`` given as a bf16 (total_q, Hq, d) tensor with a unit last stride: written directly
+    out_direct: bool = False
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Query rows per sequence the split-KV grid is sized for (new tokens x group)."""
+        return max(self.max_seqlen_q if self.max_seqlen_q is not None else self.total_q, 1) * self.group
 
 
-def block_n(head_dim: int) -> int:
-    """Keys per loop step: 64, or 32 for head dims over 128 (the K/V tiles' registers)."""
-    return 64 if head_dim <= 128 else 32
+_plans: dict = {}
 
 
-def pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+def _tensor_key(t) -> tuple:
+    """What a check looks at in an argument: a tensor's metadata (never its data), else the value."""
+    if isinstance(t, torch.Tensor):
+        return (t.shape, t.dtype, t.stride(), t.device)
+    try:
+        hash(t)
+    except TypeError:
+        return (type(t), id(t))  # an unhashable wrong type: checked (and refused) on every call
+    return (type(t), t)
 
 
-def block_m(rows: int) -> int:
-    """Query rows per program for ``rows`` = max new tokens x group size."""
-    return min(MAX_BLOCK_M, max(16, pow2_at_least(rows)))
+def plan(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q: Optional[int], *,
+         k_descale=None, v_descale=None, softmax_scale: Optional[float] = None, causal: bool = False,
+         window_size=(-1, -1), out=None, return_lse: bool = False, backend: Optional[str] = None,
+         num_splits: Optional[int] = None, sms: Optional[int] = None, launch: Optional[dict] = None) -> PagedPlan:
+    """The plan of a paged call with these arguments, checked and made on the first call with their
+    shapes and host values, then found again. Beyond the call's own arguments, for the split-KV
+    kernel's tests, benchmarks and tuning: ``backend`` forces a route, ``num_splits`` a split count,
+    ``sms`` the SM count the split choice aims at, ``launch`` the launch config
+    (:func:`.decode_plan.plan`)."""
+    if backend is None:
+        limit = settings().split_kv_max_q
+        if return_lse or (isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= limit):
+            backend = SPLIT_KV  # decode / few new rows: the pool read in place, no gather
+        else:
+            backend = GATHER
+    key = (backend, _tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(page_table),
+           _tensor_key(cache_seqlens), _tensor_key(cu_seqlens_q), max_seqlen_q, _tensor_key(k_descale),
+           _tensor_key(v_descale), type(softmax_scale), causal,
+           tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
+           _tensor_key(out), return_lse, num_splits, sms, tuple(sorted(launch.items())) if launch else None)
+    found = _plans.get(key)
+    if found is None:
+        found = _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale, v_descale,
+                      softmax_scale, causal, window_size, out, return_lse, backend, num_splits, sms, launch)
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = found
+    return found
 
 
-def num_warps(block_m_: int, head_dim: int) -> int:
-    """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
-    at large head dims)."""
-    return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+def clear() -> None:
+    """Forget every plan (tests; a settings change)."""
+    _plans.clear()
 
 
-#: software-pipelining depth of the key loop (Triton's num_stages): the K/V tiles in flight
-NUM_STAGES = 3
+def planned() -> int:
+    """Plans made and kept (tests)."""
+    return len(_plans)
 
 
-class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk): the launch's
-    host facts (tests read them)."""
+def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale, v_descale,
+          softmax_scale, causal, window_size, out, return_lse, backend, num_splits, sms, launch) -> PagedPlan:
+    _need(backend in BACKENDS, f"backend must be one of {BACKENDS}, got {backend!r}")
+    _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
+    q_dtypes = (FP8, torch.bfloat16) if backend == SPLIT_KV else (FP8,)
+    _need(isinstance(q, torch.Tensor) and q.dtype in q_dtypes,
+          f"q must be {' or '.join(map(str, q_dtypes))} (cast like SGLang's fa3 path), got "
+          f"{getattr(q, 'dtype', type(q).__name__)}")
+    _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
+    total_q, hq, qd = q.shape
+    _need(qd == d, f"q's head_dim {qd} differs from the cache's {d}")
+    _need(d in HEAD_DIMS, f"head_dim {d} is not one the FP8 KV kernels run ({', '.join(map(str, HEAD_DIMS))})")
+    _need(hq % hkv == 0 and hq >= hkv, f"q heads {hq} must be a multiple of kv heads {hkv}")
+    _need(q.stride(-1) == 1, f"q's last dim must be contiguous, strides {q.stride()}")
+    _need(q.device == k_cache.device, f"q is on {q.device}, the cache on {k_cache.device}")
+    batch, width = page_table.shape
+    _need(isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dtype == torch.int32
+          and tuple(cu_seqlens_q.shape) == (batch + 1,),
+          f"cu_seqlens_q must be int32 ({batch + 1},) for a page table of {batch} sequences, got "
+          f"{(getattr(cu_seqlens_q, 'dtype', None), tuple(getattr(cu_seqlens_q, 'shape', ())))}")
+    _need(cu_seqlens_q.device == q.device, f"cu_seqlens_q is on {cu_seqlens_q.device}, q on {q.device}")
+    _need(max_seqlen_q is None or (isinstance(max_seqlen_q, int) and not isinstance(max_seqlen_q, bool)
+                                   and max_seqlen_q >= 0),
+          f"max_seqlen_q must be a host int >= 0 or None, got {max_seqlen_q!r}")
+    _need(softmax_scale is None or (isinstance(softmax_scale, numbers.Real) and not isinstance(softmax_scale, bool)),
+          f"softmax_scale must be a real number or None, got {softmax_scale!r}")
+    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is None:
+            continue
+        _need(isinstance(x, torch.Tensor), f"{name} must be a tensor, got {type(x).__name__}")
+        _need(x.device == q.device, f"{name} is on {x.device}, the cache on {q.device}")
+        _need(x.numel() == 1 or tuple(x.shape) == (batch, hkv),
+              f"{name} must be a scalar or (batch, kv_heads) = {(batch, hkv)}, got {tuple(x.shape)}")
+    out_direct = False
+    if out is not None:
+        _need(isinstance(out, torch.Tensor) and out.numel() == total_q * hq * d,
+              f"out must hold {(total_q, hq, d)}, got {tuple(getattr(out, 'shape', ()))}")
+        out_direct = out.dtype == torch.bfloat16 and tuple(out.shape) == (total_q, hq, d) and out.stride(-1) == 1
+    window = tuple(-1 if w is None else w for w in (window_size or (None, None)))
+    left, right = window_bounds(causal, window)  # checks the window and causal together
+    facts = dict(backend=backend, batch=batch, width=width, page_size=page_size, kv_heads=hkv, q_heads=hq,
+                 head_dim=d, total_q=total_q, max_seqlen_q=max_seqlen_q, causal=bool(causal), window=window,
+                 return_lse=bool(return_lse), left=left, right=right, out_direct=out_direct)
+    if backend == SPLIT_KV:
+        _need(page_size & (page_size - 1) == 0, f"page size {page_size} must be a power of two")
+        rows = max(max_seqlen_q if max_seqlen_q is not None else total_q, 1)
+        launch_plan = decode_plan.plan(batch, hkv, hq // hkv, d, rows, width * page_size, sms or sm_count(q.device),
+                                       num_splits, launch=launch)
+        partial = ((launch_plan.num_splits, total_q, hq, pow2_at_least(d))
+                   if launch_plan.num_splits > 1 else None)
+        return PagedPlan(**facts, decode=launch_plan, partial_shape=partial)
+    _need(not return_lse, "return_lse: only the split-KV kernel computes the LSE")
+    return PagedPlan(**facts, gqa_pack=decode_gqa_packable(q, batch, hkv, max_seqlen_q, left, right))
 
-    __slots__ = ()
 
-    def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT):
-        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk))
-
-    block_m = property(lambda s: s[0])
-    row_blocks = property(lambda s: s[1])
-    block_n = property(lambda s: s[2])
-    num_splits = property(lambda s: s[3])
-    num_warps = property(lambda s: s[4])
-    num_stages = property(lambda s: s[5])
-    #: keys a split takes at least, applied on the device to the real context: a page table wider
-    #: than the batch's contexts (SGLang's decode graphs) leaves the surplus splits empty, not thin
-    min_chunk = property(lambda s: s[6])
-
-
-def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
-         num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
-    """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
-    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm, for the
-    tuning sweep)."""
-    launch = launch or {}
-    rows = max_seqlen_q * group
-    bm = block_m(rows)
-    row_blocks = max(1, -(-rows // bm))
-    min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
-    if num_splits is None:
-        num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
-                                   programs_per_sm=launch.get("programs_per_sm", PROGRAMS_PER_SM),
-                                   min_keys_per_split=min_chunk)
-    if not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
-        from sglang_fa4.kernels.fp8_paged_gather import PagedKVError
-
-        raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    bn = launch.get("block_n", block_n(head_dim))
-    return DecodePlan(bm, row_blocks, bn, num_splits, launch.get("num_warps", num_warps(bm, head_dim)),
-                      launch.get("num_stages", NUM_STAGES), min_chunk)
+def decode_gqa_packable(q, batch: int, hkv: int, max_seqlen_q: Optional[int], left: int, right: int) -> bool:
+    """Exactly one query token per sequence (host facts: ``max_seqlen_q`` 1 and ``batch`` rows),
+    more q heads than kv heads, no bounded window (``left``/``right``: :func:`.decode.window_bounds`;
+    a window moves with the query position, which packing would misplace): the gather route can
+    pack the GQA group (:func:`.extend.decode_gqa_pack`)."""
+    local = left != UNBOUNDED or right not in (0, UNBOUNDED)
+    return max_seqlen_q == 1 and q.shape[0] == batch and batch > 0 and q.shape[1] > hkv and not local

@@ -134,35 +134,3 @@ def default_config(variant: Fp8Variant) -> Fp8KernelConfig:
         return DEFAULT_CONFIGS[variant]
     except KeyError:
         raise ValueError(f"no FP8 kernel for {variant!r} (head dims {SUPPORTED_HEAD_DIMS})") from None
-
-
-_BOOL_FIELDS = frozenset(f.name for f in dataclasses.fields(Fp8KernelConfig) if f.type in (bool, "bool"))
-
-
-def parse_changes(text: str) -> dict:
-    """``"tile_n=128,persistent=0"`` -> ``{"tile_n": 128, "persistent": False}``: fields of
-    :class:`Fp8KernelConfig` as a benchmark's command line gives them (booleans as 0/1/true/false)."""
-    names = {f.name for f in dataclasses.fields(Fp8KernelConfig)}
-    out = {}
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        name, sep, value = item.partition("=")
-        if not sep or name not in names:
-            raise ValueError(f"kernel config change {item!r}: expected FIELD=VALUE with FIELD one of {sorted(names)}")
-        if name in _BOOL_FIELDS:
-            if value.lower() not in ("0", "1", "true", "false"):
-                raise ValueError(f"kernel config change {item!r}: {name} takes 0/1/true/false")
-            out[name] = value.lower() in ("1", "true")
-        else:
-            out[name] = int(value)
-    return out
-
-
-def config_for(variant: Fp8Variant, changes: str = "") -> Fp8KernelConfig | None:
-    """The table's config for ``variant`` with ``changes`` (parse_changes), checked against the
-    variant; None without changes (the launch then uses the table's)."""
-    fields = parse_changes(changes)
-    if not fields:
-        return None
-    config = default_config(variant).replace(**fields)
-    config.check_variant(variant)
-    return config

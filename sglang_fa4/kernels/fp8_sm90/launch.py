@@ -4,7 +4,7 @@ Each :class:`~sglang_fa4.kernels.fp8_sm90.layout.Fp8Variant` (head dim, causal, 
 once with fake tensors (dynamic sizes and strides) into a TVM-FFI function that takes torch
 tensors and launches on the current torch stream; a call then costs the argument checks below plus
 that function.  No host syncs: ``max_seqlen_q``/``max_seqlen_k`` are host ints (they size grids).
-With ``out`` (and ``vt``/``descale`` from :func:`~sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv`)
+With ``out`` (and ``vt``/``descale`` from :func:`sglang_fa4.kernels.vit.quantize_qkv`)
 nothing is allocated, so the call captures in CUDA graphs; without them the allocations come
 from torch's caching allocator, which graph capture also handles.
 """
@@ -18,9 +18,9 @@ from typing import Callable, Optional
 
 import torch
 
-from sglang_fa4.kernels import compile_events as compile_events_registry
-from sglang_fa4.kernels.fa4_config import FA4InputError
-from sglang_fa4.kernels.inputs import check_scalars
+from sglang_fa4.kernels import compile_events
+from sglang_fa4.kernels.compile_events import KernelFamily
+from sglang_fa4.kernels.inputs import FA4InputError, check_scalars
 from sglang_fa4.kernels.fp8_sm90.layout import (
     SUPPORTED_HEAD_DIMS,
     Fp8Variant,
@@ -123,30 +123,21 @@ def compiled_kernel(variant: Fp8Variant, config=None) -> Callable:
                 event["config"] = dataclasses.asdict(config)
             _compiled[key] = fn
     if event is not None:  # outside the lock (a listener may raise: the kernel is kept)
-        compile_events_registry.record("fp8_forward", event)
+        compile_events.record("fp8_forward", event)
     return fn
 
 
-def warmup(variants=None) -> list[Fp8Variant]:
-    """Compile every (or the given) variant now, e.g. at server start."""
-    done = []
-    for variant in variants if variants is not None else all_variants():
-        compiled_kernel(variant)
-        done.append(variant)
-    return done
+def warm_variant(variant: Fp8Variant, device=None) -> str:
+    """The warmup registry's entry (family ``fp8_forward``): compile ``variant`` with the table's
+    config now (no GPU tensors needed: CuTe DSL on fake tensors; the first call then only loads
+    the module)."""
+    before = compile_events.count("fp8_forward")
+    compiled_kernel(variant)
+    return "compiled" if compile_events.count("fp8_forward") > before else "cached"
 
 
-def compile_count() -> int:
-    return compile_events_registry.count("fp8_forward")
-
-
-def compile_events() -> list[dict]:
-    """This process's FP8 forward compiles (the registry's "fp8_forward" events)."""
-    return compile_events_registry.events("fp8_forward")
-
-
-def add_compile_listener(callback: Callable[[dict], None]) -> Callable[[], None]:
-    return compile_events_registry.add_listener(lambda _source, event: callback(event), "fp8_forward")
+#: the warmup registry's FP8 forward family (:mod:`sglang_fa4.kernels.warmup`)
+FAMILIES = (KernelFamily("fp8_forward", "fp8_forward", warm_variant),)
 
 
 # ----------------------------------------------------------------------------------------------

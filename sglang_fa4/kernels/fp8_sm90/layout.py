@@ -153,10 +153,10 @@ def normalize_window(causal: bool, window_size) -> tuple[bool, bool, int, int]:
     argument encoding; nothing outside the launch sees it).
 
     ``window_size`` is (left, right) in the one convention of every route
-    (``fa4_config.window_bounds``): None -- or SGLang's negative -1 -- is unbounded.  A window with
-    an unbounded left side and right side 0 is plain causal attention.
+    (:func:`sglang_fa4.kernels.inputs.window_bounds`): None -- or SGLang's negative -1 -- is
+    unbounded.  A window with an unbounded left side and right side 0 is plain causal attention.
     """
-    from sglang_fa4.kernels.fa4_config import window_bounds
+    from sglang_fa4.kernels.inputs import window_bounds
 
     left, right = window_bounds(window_size)
     if causal:
@@ -177,7 +177,7 @@ def variant_for(head_dim: int, causal: bool, window_size=None) -> Fp8Variant:
         raise ValueError(
             f"FP8 SM90 attention: head dim {head_dim} is not supported (supported: "
             f"{SUPPORTED_HEAD_DIMS}; pad q/k/v with zeros to the next one, e.g. with "
-            "sglang_fa4.kernels.fp8_sm90.quantize_qkv)"
+            "sglang_fa4.kernels.vit.quantize_qkv)"
         )
     causal, local, _, _ = normalize_window(causal, window_size)
     return Fp8Variant(head_dim, causal, local)

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_sm90.layout import (
+from sglang_fa4.kernels.fp8_sm90 import (
     VT_ALIGN,
     padded_head_dim,
     pow2_at_least,
@@ -38,7 +38,7 @@ class Fp8QKV(NamedTuple):
     head_dim: int  # the original head dim (before padding)
 
 
-def _check(q, k, v, cu_seqlens_q, cu_seqlens_k):
+def check_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"{name} must be bf16/fp16/fp32 to quantize, got {t.dtype}")
@@ -61,7 +61,7 @@ def _check(q, k, v, cu_seqlens_q, cu_seqlens_k):
 
 def quantize_qkv_reference(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Fp8QKV:
     """Torch reference of :func:`quantize_qkv` (any device; loops on the host)."""
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
     d = q.shape[2]
     dp = padded_head_dim(d)
     hq, hkv = q.shape[1], k.shape[1]
@@ -250,7 +250,7 @@ def quantize_qkv(
     descale=res.descale``).  Softmax scale stays the caller's (1/sqrt of the *original* head dim)."""
     if cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if triton is None:
         raise RuntimeError("quantize_qkv needs triton")
     d = q.shape[2]

@@ -1,6 +1,6 @@
 """bf16/fp16 q, k, v -> E4M3 + per-(sequence, kv head) descales, spread over token chunks.
 
-Same outputs as :func:`sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv` (bitwise: the same
+Same outputs as :func:`.fp8_quantize.quantize_qkv` (bitwise: the same
 amax, the same ``x * (1 / descale)`` rounding), but that kernel runs one program per
 (sequence, kv head, tensor): a single 4K image (one sequence, 16 heads) is 48 programs on a
 132-SM GPU, each streaming 40k tokens twice. Here the grid spans chunks of ``CHUNK`` tokens, so
@@ -35,10 +35,9 @@ from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels import compile_events as compile_events_registry
-
-from sglang_fa4.kernels.fp8_sm90.layout import VT_ALIGN, padded_head_dim, pow2_at_least
-from sglang_fa4.kernels.fp8_sm90.quantize import Fp8QKV, _check, outputs
+from sglang_fa4.kernels import compile_events
+from sglang_fa4.kernels.fp8_sm90 import VT_ALIGN, padded_head_dim, pow2_at_least
+from sglang_fa4.kernels.vit.fp8_quantize import Fp8QKV, check_qkv, outputs
 
 #: Tokens (q/k rows, V^T columns) per program; BLOCK_T rows per loaded tile.
 CHUNK = 256
@@ -77,7 +76,7 @@ def locate(cu: list, i: int) -> tuple[int, int, int, int]:
 
 
 if triton is not None:
-    from sglang_fa4.kernels.fp8_sm90.quantize import descale_and_inverse
+    from sglang_fa4.kernels.vit.fp8_quantize import descale_and_inverse
 
     # cu_seqlens too: callers pass views at any int32 offset (the Qwen2.5-VL host layouts are split
     # from one upload), and a pointer's 16-byte alignment is otherwise part of Triton's cache key
@@ -233,11 +232,11 @@ def quantize_qkv_chunked(
     max_seqlen: int,
     out: Optional[Fp8QKV] = None,
 ) -> Fp8QKV:
-    """:func:`~sglang_fa4.kernels.fp8_sm90.quantize.quantize_qkv`'s result in two bandwidth-bound
+    """:func:`~sglang_fa4.kernels.vit.fp8_quantize.quantize_qkv`'s result in two bandwidth-bound
     launches; ``max_seqlen`` (host int, at least the longest q and k sequence) bounds the grid."""
     if cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if triton is None:
         raise RuntimeError("quantize_qkv_chunked needs triton")
     if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
@@ -280,15 +279,5 @@ def _note_launch(kernel, name: str, head_dim: int, dtype, t0: float) -> None:
     event = {"kernel": name, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
              "seconds": time.perf_counter() - t0,
              "capturing": torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()}
-    compile_events_registry.record("fp8_quantize", event)
+    compile_events.record("fp8_quantize", event)
 
-
-def compile_events() -> list[dict]:
-    """Specializations of the two launches first seen in this process (each a compile or a load
-    from Triton's cache), in order (the process registry's "fp8_quantize" events)."""
-    return compile_events_registry.events("fp8_quantize")
-
-
-def add_compile_listener(callback) -> "callable":
-    """Call ``callback(event)`` on each new specialization; returns a remover."""
-    return compile_events_registry.add_listener(lambda _source, event: callback(event), "fp8_quantize")

@@ -8,21 +8,23 @@ compile inside a CUDA-graph capture. On 1080p/4K images that made graph towers s
 SGLang's views of its qkv projection) and cos, sin once and writes new contiguous q, k: the same
 arithmetic (fp32 products and sum, one rounding to the input dtype), so the result is within bf16
 rounding of SGLang's compiled rotary and its eager one. A program takes one token with all its q and k
-heads (cos/sin read once per token; ``vit_rotary_triton``).
+heads (cos/sin read once per token; :mod:`.rotary_triton`).
 
 Semantics: ``apply_rotary(q, k, cos, sin)`` == ``apply_rotary_pos_emb_native_eager(q, k, cos, sin,
 unsqueeze_dim=1)`` for q (tokens, heads, d), k (tokens, kv_heads, d), cos/sin (tokens, d):
 ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])``.
 :func:`supported` says whether a call has that shape; anything else is the caller's to route.
 
-Compiled at the startup warmup (:func:`warm`, one kernel per head dim and dtype pair) and launched
+Compiled at the startup warmup (:func:`warm`, one kernel per head dim and dtype pair; the family
+``vit_rotary`` of :mod:`sglang_fa4.kernels.warmup`) and launched
 through a cached handle (:mod:`sglang_fa4.kernels.triton_handles`): no compile on the request path,
 a few microseconds of host time per layer. Triton and torch are imported lazily.
 """
 
 from __future__ import annotations
 
-from sglang_fa4.kernels.triton_handles import KernelHandles, int_kind
+from sglang_fa4.kernels import compile_events
+from sglang_fa4.kernels.triton_handles import KernelHandles, int_kind, interpreting
 
 #: tokens per program (each with all its q and k heads; 1 token x 8 warps measured fastest on the H200:
 #: results/h200/vit_rotary.md)
@@ -37,9 +39,9 @@ def _pow2(n: int) -> int:
 
 
 def _make_kernel():
-    from sglang_fa4.kernels import vit_rotary_triton  # imports Triton
+    from sglang_fa4.kernels.vit import rotary_triton  # imports Triton
 
-    return vit_rotary_triton.vit_rotary
+    return rotary_triton.vit_rotary
 
 
 HANDLES = KernelHandles("vit_rotary", _make_kernel)
@@ -97,8 +99,6 @@ def supported(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
 def usable(q, k, cos, sin, unsqueeze_dim: int = 1) -> bool:
     """A call the ViT graph path may hand this kernel: warmed at startup (:func:`is_warm`), of a
     supported shape, on a CUDA device (or any device under TRITON_INTERPRET, CPU tests)."""
-    from sglang_fa4.kernels.triton_handles import interpreting
-
     return ((q.is_cuda or interpreting()) and supported(q, k, cos, sin, unsqueeze_dim) and is_warm(q, k, cos, sin))
 
 
@@ -140,9 +140,7 @@ def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", tabl
     layers bf16 tables, others may hand fp32). Returns how many were newly resolved."""
     import torch
 
-    from sglang_fa4.kernels import triton_handles
-
-    before = triton_handles.compile_count()
+    before = compile_events.count("triton")
     dt = getattr(torch, dtype)
     g = torch.Generator(device="cpu").manual_seed(0)
     for table in table_dtypes:
@@ -156,4 +154,11 @@ def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", tabl
         for qq, kk in ((q, k), (q.contiguous(), k.contiguous())):  # views of one projection, or contiguous
             apply_rotary(qq, kk, cos, sin)
             _warmed.add(launch_key(qq, kk, cos, sin))
-    return triton_handles.compile_count() - before
+    return compile_events.count("triton") - before
+
+
+def warm_shape(shape, device) -> str:
+    """The warmup registry's entry (family ``vit_rotary``): :func:`warm` for a
+    :class:`~sglang_fa4.kernels.vit.shape.VitShape`."""
+    new = warm(shape.head_dim, shape.heads, shape.kv_heads, shape.dtype, device=device)
+    return f"{new} resolved" if new else "cached"

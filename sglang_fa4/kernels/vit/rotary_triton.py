@@ -1,4 +1,4 @@
-"""The Triton kernel of :mod:`sglang_fa4.kernels.vit_rotary` (imported only when it is first launched:
+"""The Triton kernel of :mod:`sglang_fa4.kernels.vit.rotary` (imported only when it is first launched:
 this module imports Triton). ``rotate_heads`` is a module-level Triton function so that the kernel
 calls it both compiled and under Triton's interpreter."""
 

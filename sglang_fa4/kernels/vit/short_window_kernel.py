@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from sglang_fa4.kernels import compile_events
 from sglang_fa4.kernels.triton_handles import KernelHandles
 
 #: the longest segment this kernel handles (one tile)
@@ -109,7 +110,7 @@ def short_window_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: 
 def launch_checked(q, k, v, cu_seqlens, softmax_scale: Optional[float], out, tokens: int, heads: int, kv_heads: int,
                    d: int, qs: tuple, ks: tuple, vs: tuple, os_: tuple, num_warps: int = 4):
     """The launch alone, for a caller that has checked the call and read its shapes and strides
-    (``short_segments.short_attention``: dtypes, devices, unit last strides, segments <= BLOCK_S,
+    (:func:`.short_windows.short_attention`: dtypes, devices, unit last strides, segments <= BLOCK_S,
     ``out`` of q's shape and dtype). Host time is the point here (issue #18): nothing is read twice,
     and a memo of the values that fix the specialization lets a repeated layout launch without
     computing Triton's key."""
@@ -144,9 +145,7 @@ def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", devi
     specialization when the strides keep their divisibility). Returns how many were newly resolved."""
     import torch
 
-    from sglang_fa4.kernels import triton_handles
-
-    before = triton_handles.compile_count()
+    before = compile_events.count("triton")
     dt = getattr(torch, dtype)
     g = torch.Generator(device="cpu").manual_seed(0)
     lens = [BLOCK_S, 16, 3]
@@ -156,4 +155,11 @@ def warm(head_dim: int, heads: int, kv_heads: int, dtype: str = "bfloat16", devi
     k, v = (torch.randn(tokens, kv_heads, head_dim, generator=g).to(device=device, dtype=dt) for _ in range(2))
     for _ in range(2):  # the second call takes the cached handle: checked here, not on a request
         short_window_attention(q, k, v, cu, BLOCK_S)
-    return triton_handles.compile_count() - before
+    return compile_events.count("triton") - before
+
+
+def warm_shape(shape, device) -> str:
+    """The warmup registry's entry (family ``vit_short_window``): :func:`warm` for a
+    :class:`~sglang_fa4.kernels.vit.shape.VitShape`."""
+    new = warm(shape.head_dim, shape.heads, shape.kv_heads, shape.dtype, device=device)
+    return f"{new} resolved" if new else "cached"

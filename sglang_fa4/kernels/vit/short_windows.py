@@ -4,7 +4,7 @@ FA4's SM90 kernel gives every segment its own 128/192-row tile and CTA, so on 64
 time is per-tile pipeline latency: on the H200, 700 x 64-token windows at d=80 take ~800 us in FA4,
 ~550 us in SGLang's triton_attn, ~260 us in torch's bundled FA2 varlen forward
 (``aten._flash_attention_forward``) and ~140 us in our one-tile-per-segment Triton kernel
-(:mod:`sglang_fa4.kernels.short_window_kernel`), against an HBM floor of ~108 us
+(:mod:`.short_window_kernel`), against an HBM floor of ~108 us
 (benchmark/results/h200/short_windows*.json). So, on SM90, a layout whose longest segment is short:
 - head_dim 64/72/80/128 (on 180+ windows 1.0-1.35x the HBM floor at d=64/80/128, 1.5-1.75x at d=72,
   1.6-2.0x faster than FA2 there once its rows load as 16-byte vectors, short_windows_d72.json):
@@ -20,13 +20,10 @@ bitwise FA4's.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional
 
-from sglang_fa4.kernels import short_window_kernel
-from sglang_fa4.environ import envs
-from sglang_fa4.kernels.fa4_config import normalize_window
-from sglang_fa4.kernels.inputs import check_out_shape, check_scalars, check_tensors
+from sglang_fa4.kernels.inputs import check_out_shape, check_scalars, check_tensors, normalize_window
+from sglang_fa4.kernels.vit import short_window_kernel
 
 # compute capabilities (major*10+minor) where the route was measured faster than FA4 and triton_attn
 ROUTED_ARCHS = (90,)
@@ -34,21 +31,17 @@ ROUTED_ARCHS = (90,)
 TRITON_HEAD_DIMS = (64, 72, 80, 128)
 
 
-@lru_cache(maxsize=1)
-def route_max_seqlen() -> int:
-    """Longest segment still routed (SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX; 0 disables). Read once."""
-    return envs.SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX.get()
-
-
 _NO_WINDOW = (None, None)
 _SGLANG_NO_WINDOW = (-1, -1)
 
 
-def should_route(arch: int, q, max_seqlen: Optional[int], window_size, sinks) -> bool:
+def should_route(arch: int, q, max_seqlen: Optional[int], window_size, sinks, limit: int) -> bool:
+    """Whether a ViT call takes this route: SM90, no sinks, no window, a CUDA q of a 16-byte head
+    dim, and its longest segment at most ``limit`` (SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX, from
+    :mod:`sglang_fa4.kernels.settings`; 0: never). Host facts only."""
     # cheapest tests first: this runs on every ViT attention call (host time, issue #18)
     if max_seqlen is None or arch not in ROUTED_ARCHS or sinks is not None:
         return False
-    limit = route_max_seqlen()
     if not (0 < limit and max_seqlen <= limit):
         return False
     if not (window_size is None or window_size == _NO_WINDOW or window_size == _SGLANG_NO_WINDOW) and \

@@ -1,8 +1,9 @@
-"""Which precision a ViT attention call runs in: bf16 (FA4 and its short-window route) or FP8.
+"""FP8 ViT attention: which precision a ViT attention call runs in, bf16 (FA4 and its short-window
+route) or FP8, and the FP8 call itself (quantize on the device, the SM90 FP8 forward, bf16 out).
 
 ``SGLANG_FA4_VIT_ATTN_DTYPE=fp8`` (default ``bf16``) opts the fa4 ViT backend into the SM90 FP8
 forward (:mod:`sglang_fa4.kernels.fp8_sm90`): q/k/v quantized on the device per (sequence, head)
-by :mod:`~sglang_fa4.kernels.fp8_sm90.quantize_chunked`, the E4M3 forward, bf16 out. FP8 is used
+by :mod:`.fp8_quantize_chunked`, the E4M3 forward, bf16 out. FP8 is used
 per call only where it was measured faster than bf16, so ``fp8`` is never slower than ``bf16``:
 
 Quantizing costs time linear in the tokens, while FP8 saves time quadratic in each segment's
@@ -33,15 +34,14 @@ here: one log line, bf16.
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
 from typing import Optional
 
-from sglang_fa4.environ import envs
-from sglang_fa4.kernels.fa4_config import normalize_window
+from sglang_fa4.kernels import fp8_sm90
+from sglang_fa4.kernels.inputs import normalize_window
+from sglang_fa4.kernels.settings import BF16, FP8  # noqa: F401 (the two modes, named here too)
 
 logger = logging.getLogger("sglang_fa4")
 
-BF16, FP8 = "bf16", "fp8"
 #: compute capabilities (major*10+minor) with a native FP8 forward wired in
 FP8_ARCHS = (90,)
 #: Head dim -> shortest segment length from which quantize + FP8 forward beat FA4 bf16 (H200,
@@ -57,19 +57,6 @@ FP8_MIN_SEGMENT: dict[int, int] = {80: 42196}
 
 _table: dict[int, int] = dict(FP8_MIN_SEGMENT)
 _logged: set = set()
-
-
-class VitAttnDtypeError(ValueError):
-    """SGLANG_FA4_VIT_ATTN_DTYPE holds a value the fa4 ViT backend does not accept."""
-
-
-@lru_cache(maxsize=1)
-def mode() -> str:
-    """``bf16`` or ``fp8`` from SGLANG_FA4_VIT_ATTN_DTYPE (read once per process)."""
-    try:
-        return envs.SGLANG_FA4_VIT_ATTN_DTYPE.get()
-    except ValueError as exc:  # the registry's EnvValueError names the variable and what it accepts
-        raise VitAttnDtypeError(str(exc)) from exc
 
 
 def min_segment_table() -> dict[int, int]:
@@ -88,9 +75,10 @@ def set_min_segment_table(table: Optional[dict[int, int]]) -> dict[int, int]:
     return previous
 
 
-def fp8_enabled(arch: int) -> bool:
-    """``fp8`` asked for and available on ``arch``; on any other GPU one log line per process."""
-    if mode() != FP8:
+def fp8_enabled(arch: int, asked: bool) -> bool:
+    """FP8 ``asked`` for (SGLANG_FA4_VIT_ATTN_DTYPE=fp8, :mod:`sglang_fa4.kernels.settings`) and
+    available on ``arch``; on any other GPU one log line per process."""
+    if not asked:
         return False
     if arch in FP8_ARCHS:
         return True
@@ -119,15 +107,12 @@ def fp8_faster(head_dim: int, max_seqlen: Optional[int], tokens: int, segments: 
     return work_lower_bound(max_seqlen, tokens, max(segments, 1)) >= float(length) * tokens
 
 
-def on_cuda(q) -> bool:
-    return bool(getattr(q, "is_cuda", False))
-
-
-def use_fp8(arch, q, cu_seqlens, max_seqlen: Optional[int], window_size=(None, None), sinks=None) -> bool:
-    """Whether this ViT attention call runs FP8: the mode, the call's kind (full, non-causal
-    attention without sinks on 16-bit CUDA tensors), the GPU (``arch``: an int, or a callable
-    asked only when everything else allows FP8) and the measured table. Host-only."""
-    if mode() != FP8 or sinks is not None or not on_cuda(q):
+def use_fp8(asked: bool, arch, q, cu_seqlens, max_seqlen: Optional[int], window_size=(None, None),
+            sinks=None) -> bool:
+    """Whether this ViT attention call runs FP8: ``asked`` (the setting), the call's kind (full,
+    non-causal attention without sinks on 16-bit CUDA tensors), the GPU (``arch``: an int, or a
+    callable asked only when everything else allows FP8) and the measured table. Host-only."""
+    if not asked or sinks is not None or not getattr(q, "is_cuda", False):
         return False
     import torch
 
@@ -135,29 +120,47 @@ def use_fp8(arch, q, cu_seqlens, max_seqlen: Optional[int], window_size=(None, N
         return False
     if not fp8_faster(q.shape[-1], max_seqlen, q.shape[0], cu_seqlens.shape[0] - 1):
         return False
-    return fp8_enabled(arch() if callable(arch) else arch)
+    return fp8_enabled(arch() if callable(arch) else arch, asked)
 
 
 def fp8_attention(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None):
-    """Quantize q/k/v on the device, run the SM90 FP8 forward (through the one entry point,
-    ``dispatch.fa4_varlen_attention``, with E4M3 q/k), return bf16 (tokens, heads, head_dim) (a
-    view dropping the zero-padded head dims, e.g. 80 of 96)."""
-    from sglang_fa4.kernels import dispatch
-    from sglang_fa4.kernels.fp8_sm90.quantize_chunked import quantize_qkv_chunked
+    """Quantize q/k/v on the device, run the SM90 FP8 forward
+    (:func:`sglang_fa4.kernels.fp8_sm90.fp8_varlen_attention`, with E4M3 q/k), return bf16
+    (tokens, heads, head_dim) (a view dropping the zero-padded head dims, e.g. 80 of 96)."""
+    from sglang_fa4.kernels.vit.fp8_quantize_chunked import quantize_qkv_chunked  # imports Triton
 
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     head_dim = q.shape[-1]
     qkv = quantize_qkv_chunked(q, k, v, cu_seqlens, cu_seqlens, max_seqlen)
-    out = dispatch.fa4_varlen_attention(
-        qkv.q, qkv.k, None, cu_seqlens, max_seqlen, descale=qkv.descale, vt=qkv.vt,
+    out = fp8_sm90.fp8_varlen_attention(
+        qkv.q, qkv.k, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, descale=qkv.descale, vt=qkv.vt,
         softmax_scale=head_dim ** -0.5 if softmax_scale is None else softmax_scale,
     )
     return out if out.shape[-1] == head_dim else out[..., :head_dim]
 
 
+def warm_shape(shape, device) -> str:
+    """The warmup registry's entry (family ``fp8_vit``): one small FP8 attention call of a
+    :class:`~sglang_fa4.kernels.vit.shape.VitShape` on ``device`` (two segments of random data,
+    one over a quantize chunk), which compiles the Triton quantize kernels and loads the forward's
+    module, so neither happens on the request path or in a graph capture; checked finite."""
+    import torch
+
+    lens = (300, 45)
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    dt = getattr(torch, shape.dtype)
+    q, k, v = (torch.randn(sum(lens), h, shape.head_dim, generator=g).to(device=device, dtype=dt)
+               for h in (shape.heads, shape.kv_heads, shape.kv_heads))
+    with torch.no_grad():
+        out = fp8_attention(q, k, v, cu, max(lens))
+    if not bool(torch.isfinite(out).all()):
+        raise RuntimeError("FP8 ViT attention returned non-finite values on random input")
+    return "compiled/loaded"
+
+
 def reset() -> None:
-    """Forget the cached mode, the log-once set and any replaced table (tests)."""
+    """Forget the log-once set and any replaced table (tests)."""
     global _table
-    mode.cache_clear()
     _logged.clear()
     _table = dict(FP8_MIN_SEGMENT)

@@ -1,0 +1,119 @@
+"""The paged FP8 decode kernel's launch plan: row and key blocks, and how many pieces it splits
+each sequence's keys into (split-KV).
+
+Decode reads every cached K/V byte once and does little arithmetic on it: the kernel is
+bandwidth-bound, and a GPU only reaches its HBM bandwidth with enough CTAs in flight on every SM.
+One CTA per (query-row block, sequence, kv head) gives batch x kv_heads CTAs -- 4 at batch 1 with 4
+kv heads, on a GPU of 132 SMs.  Splitting each sequence's keys into ``n`` ranges, each its own CTA
+(partial outputs combined by their log-sum-exp afterwards), multiplies that by ``n``.
+
+:func:`choose_splits` is a pure function of host facts (batch, kv heads, row blocks, the context
+bound the page table allows, the SM count), so the grid of a captured CUDA graph is fixed per
+captured batch size.  Its two constants (``PROGRAMS_PER_SM``, ``MIN_KEYS_PER_SPLIT``) are
+placeholders until the GPU run measures them; :data:`MAX_SPLITS` bounds the scratch buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+#: CTAs in flight per SM the split count aims at (several small CTAs per SM hide DRAM latency)
+PROGRAMS_PER_SM = 4
+#: a split gets at least this many keys: below it the partial's write-back and the combine cost
+#: more than the parallelism gains
+MIN_KEYS_PER_SPLIT = 256
+#: most splits per sequence (the partial outputs are splits x rows x heads x head_dim fp32)
+MAX_SPLITS = 64
+#: query rows (token x group head) per program: at least 16 (tl.dot), at most this
+MAX_BLOCK_M = 64
+
+
+def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, sm_count: int, *,
+                  programs_per_sm: int = PROGRAMS_PER_SM, min_keys_per_split: int = MIN_KEYS_PER_SPLIT,
+                  max_splits: int = MAX_SPLITS) -> int:
+    """Splits per sequence so that ``batch * kv_heads * row_blocks * splits`` reaches
+    ``programs_per_sm * sm_count`` CTAs, no split shorter than ``min_keys_per_split`` keys of
+    ``max_context`` (the longest context the call can have: page-table width x page size), at most
+    ``max_splits``; 1 when the batch alone fills the GPU or the context is short."""
+    for name, value in (("batch", batch), ("kv_heads", kv_heads), ("row_blocks", row_blocks),
+                        ("max_context", max_context)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    for name, value in (("sm_count", sm_count), ("programs_per_sm", programs_per_sm),
+                        ("min_keys_per_split", min_keys_per_split), ("max_splits", max_splits)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    base = batch * kv_heads * row_blocks
+    if base == 0 or max_context == 0:
+        return 1
+    wanted = -(-programs_per_sm * sm_count // base)
+    by_context = max(1, max_context // min_keys_per_split)
+    return max(1, min(wanted, by_context, max_splits))
+
+
+def block_n(head_dim: int) -> int:
+    """Keys per loop step: 64, or 32 for head dims over 128 (the K/V tiles' registers)."""
+    return 64 if head_dim <= 128 else 32
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def block_m(rows: int) -> int:
+    """Query rows per program for ``rows`` = max new tokens x group size."""
+    return min(MAX_BLOCK_M, max(16, pow2_at_least(rows)))
+
+
+def num_warps(block_m_: int, head_dim: int) -> int:
+    """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
+    at large head dims)."""
+    return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+
+
+#: software-pipelining depth of the key loop (Triton's num_stages): the K/V tiles in flight
+NUM_STAGES = 3
+
+
+class DecodePlan(tuple):
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk): the launch's
+    host facts (tests read them)."""
+
+    __slots__ = ()
+
+    def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
+                min_chunk=MIN_KEYS_PER_SPLIT):
+        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk))
+
+    block_m = property(lambda s: s[0])
+    row_blocks = property(lambda s: s[1])
+    block_n = property(lambda s: s[2])
+    num_splits = property(lambda s: s[3])
+    num_warps = property(lambda s: s[4])
+    num_stages = property(lambda s: s[5])
+    #: keys a split takes at least, applied on the device to the real context: a page table wider
+    #: than the batch's contexts (SGLang's decode graphs) leaves the surplus splits empty, not thin
+    min_chunk = property(lambda s: s[6])
+
+
+def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
+         num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
+    """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
+    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm, for the
+    tuning sweep)."""
+    launch = launch or {}
+    rows = max_seqlen_q * group
+    bm = block_m(rows)
+    row_blocks = max(1, -(-rows // bm))
+    min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
+    if num_splits is None:
+        num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
+                                   programs_per_sm=launch.get("programs_per_sm", PROGRAMS_PER_SM),
+                                   min_keys_per_split=min_chunk)
+    if not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
+        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
+
+        raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
+    bn = launch.get("block_n", block_n(head_dim))
+    return DecodePlan(bm, row_blocks, bn, num_splits, launch.get("num_warps", num_warps(bm, head_dim)),
+                      launch.get("num_stages", NUM_STAGES), min_chunk)

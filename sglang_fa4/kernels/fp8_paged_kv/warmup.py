@@ -1,0 +1,73 @@
+"""What the paged FP8 KV route compiles per layer shape, for the warmup registry.
+
+Two Triton families: the split-KV decode kernel (``fp8_paged_decode``, a :class:`SplitKvShape`:
+decode with one split and with several, with and without the LSE, and the extend row blocks up to
+the route's ``split_kv_max_q`` new tokens) and the page gather (``fp8_paged_gather``, a
+:class:`~.gather.GatherShape`). The SM90 FP8 forward variants the gather route launches are the
+``fp8_forward`` family's (:mod:`sglang_fa4.kernels.fp8_sm90`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from sglang_fa4.kernels import compile_events
+from sglang_fa4.kernels.compile_events import KernelFamily
+from sglang_fa4.kernels.fp8_paged_kv import gather
+from sglang_fa4.kernels.fp8_paged_kv.attention import paged_decode_attention
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import block_m
+
+FP8 = torch.float8_e4m3fn
+
+
+class SplitKvShape(NamedTuple):
+    """One layer shape of the split-KV kernel, and the most new tokens per sequence it takes."""
+
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    page_size: int
+    max_q: int  # SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q when the warmup list was made
+
+    def describe(self) -> str:
+        return (f"fp8 split-KV decode d={self.head_dim} heads={self.q_heads}/{self.kv_heads} page={self.page_size} "
+                f"new tokens <= {self.max_q}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+def warm_split_kv(shape: SplitKvShape, device) -> int:
+    """Resolve (compile, or load from Triton's disk cache) the variants the route launches for
+    ``shape``, one small call each on ``device``; returns how many were newly resolved."""
+    before = compile_events.count("triton")
+    d, hq, hkv, page, limit = shape
+    group = hq // hkv
+    # one max_seqlen_q per row block size the route can meet (rows = new tokens x group)
+    rows_for = {}
+    for max_q in range(1, limit + 1):
+        rows_for.setdefault(block_m(max_q * group), max_q)
+    cache = torch.zeros((4, page, hkv, d), dtype=FP8, device=device)
+    table = torch.zeros((1, 2), dtype=torch.int32, device=device)
+    for max_q in sorted(rows_for.values()):
+        seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
+        cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
+        q = torch.zeros((max_q, hq, d), dtype=FP8, device=device)
+        for splits in (1, 2):
+            for lse in ((False, True) if max_q == 1 else (False,)):
+                paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True, num_splits=splits,
+                                       return_lse=lse)
+    return compile_events.count("triton") - before
+
+
+def _how(new: int) -> str:
+    return f"{new} resolved" if new else "cached"
+
+
+#: the warmup registry's paged FP8 KV families (:mod:`sglang_fa4.kernels.warmup`)
+FAMILIES = (
+    KernelFamily("fp8_paged_decode", "triton", lambda shape, device: _how(warm_split_kv(shape, device))),
+    KernelFamily("fp8_paged_gather", "triton", gather.warm_shape),
+)
