@@ -169,6 +169,9 @@ def register() -> Plan:
         raise PluginStartRefused("\n".join(errors.values()))
     _log_environment_errors(errors)
     envs.default_for_outside_readers(errors)
+    from sglang_fa4.kernels import settings
+
+    settings.reload()  # the routing variables, read once for the process (after the fallbacks above)
     try:
         plan = _register(strict)
     except PluginStartRefused:

@@ -29,8 +29,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # (name, head_dim, heads, segment lengths, window, sinks): what the ViTs hand FA4
 CONFIGS = (
@@ -147,10 +145,10 @@ def main() -> int:
 
     # 1) as installed: the recorded-call check decides per configuration
     if args.gpu:
-        from sglang_fa4.kernels import varlen as dispatch
+        from sglang_fa4.kernels import fa4, varlen
 
-        cache = dispatch.kernel_cache()
-        call = lambda q, k, v, cu, m, w, s, out: dispatch.fa4_varlen_attention(  # noqa: E731
+        cache = fa4.kernel_cache()
+        call = lambda q, k, v, cu, m, w, s, out: varlen.fa4_varlen_attention(  # noqa: E731
             q, k, v, cu, m, window_size=w, sinks=s, out=out)
     else:
         cache = KernelCache(FA4Backend())
@@ -168,11 +166,11 @@ def main() -> int:
     fa4_kernel_cache.layout_for_arch = lambda arch: fa4_b36.CallLayout(nargs=real_layout(arch).nargs + 1)
     drift_cache = KernelCache(FA4Backend())
     if args.gpu:
-        previous = dispatch.install_kernel_cache(drift_cache)
+        previous = fa4.install_kernel_cache(drift_cache)
         try:
             rows = run_configs(torch, call, args.gpu, drift_cache)
         finally:
-            dispatch.install_kernel_cache(previous)
+            fa4.install_kernel_cache(previous)
     else:
         rows = run_configs(torch, through(drift_cache), args.gpu, drift_cache)
     fa4_kernel_cache.layout_for_arch = real_layout

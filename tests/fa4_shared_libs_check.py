@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # (name, head_dim, heads, segment lengths, window, sinks): what ViTs hand FA4 (fa4_drift_check's)
 CONFIGS = (

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from sglang_fa4.kernels.fp8_paged_kv.decode import paged_decode_attention
+from sglang_fa4.kernels.fp8_paged_kv import paged_decode_attention
 from sglang_fa4.testing import attention_fp32, cu_seqlens, page_table, rel_err
 
 FP8 = torch.float8_e4m3fn

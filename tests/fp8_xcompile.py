@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def ptx_sha256(ptx: str) -> str:
@@ -73,7 +72,7 @@ def main() -> None:
     ap.add_argument("--record", help="write the variants' sha256 and the DSL version to this JSON file "
                                      "(tests/fp8_default_ptx.json after a deliberate kernel change)")
     args = ap.parse_args()
-    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+    from benchmark.lab.fp8_kernel_configs import config_for
     from sglang_fa4.kernels.fp8_sm90.launch import compile_variant
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant, all_variants
 

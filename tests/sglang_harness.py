@@ -95,7 +95,8 @@ def _child_env(version: str, env: Mapping[str, str | None] | None) -> dict[str, 
             child.pop(key, None)
         else:
             child[key] = str(value)
-    paths = [str(target_dir(version))]
+    # the version's packages, then the scripts and the test modules they share (imported by name)
+    paths = [str(target_dir(version)), str(SCRIPTS), str(SCRIPTS.parent)]
     if child.get("PYTHONPATH"):
         paths.append(child["PYTHONPATH"])
     child["PYTHONPATH"] = os.pathsep.join(paths)
@@ -147,7 +148,7 @@ def run_script(version: str, module: str, call: str, **kwargs) -> Any:
     """Import ``tests/sglang_scripts/<module>.py`` under sglang ``version`` and return the JSON of
     ``<module>.<call>`` (e.g. ``run(plugin=True, checks=["forward_forms"])``); ``kwargs`` as for
     :func:`run_with_sglang`."""
-    code = f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\nimport {module}\nemit({module}.{call})\n"
+    code = f"import {module}\nemit({module}.{call})\n"
     return run_with_sglang(version, code, **kwargs)
 
 
@@ -155,8 +156,7 @@ def run_file(version: str, name: str, params: Any = None, **kwargs) -> Any:
     """Run the script ``tests/sglang_scripts/<name>`` under sglang ``version`` as a snippet (its
     ``emit`` from tests/sglang_scripts/emit.py, ``params`` as JSON in ``sys.argv[1]``); ``kwargs`` as
     for :func:`run_with_sglang`."""
-    code = (f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
-            f"sys.argv = [{name!r}, {json.dumps(params if params is not None else {})!r}]\n")
+    code = f"import sys\nsys.argv = [{name!r}, {json.dumps(params if params is not None else {})!r}]\n"
     return run_with_sglang(version, code + (SCRIPTS / name).read_text(), **kwargs)
 
 

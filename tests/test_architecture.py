@@ -14,33 +14,44 @@
    SGLang is not installed.
 3. flash-attn-4's private names (``iface._flash_attn_fwd``...) appear only in
    ``sglang_fa4/kernels/fa4/b36.py``: private attributes taken from a ``flash_attn`` module.
-4. FA4 behind one door: outside ``kernels/`` no module imports ``kernels/fa4/b36.py`` (the
-   release-specific module); they ask ``kernels/fa4/installation.py``, its small public API.
+4. Sub-packages behind their faces: each kernels sub-package (``fa4/``, ``fp8_sm90/``,
+   ``fp8_paged_kv/``, ``vit/``) has a short ``__init__`` that names its public functions
+   (``__all__``; it defines nothing but a lazy ``__getattr__``), and no module of the package (or
+   of ``tools/``) outside a sub-package imports anything from it but those names. FA4's release
+   module (``kernels/fa4/b36.py``) is so reached only inside ``kernels/fa4/``. Tests and the
+   benchmark scripts may look inside (they test the parts).
 5. SGLang knowledge in one place: ``sglang`` is imported only under ``integration/`` (plus the
    entry point's hook registration in ``plugin.py`` and the bench's SGLang baseline kernels), and
    the attribute names of SGLang's model objects (``sglang_model.SGLANG_ATTRIBUTES``:
    ``head_size``, ``fullatt_block_indexes``...) are read only under ``integration/`` and in
    ``sglang_fa4/sglang_model.py``.
-6. Modules over 400 lines are reported as a warning (a nudge to split by concept, not a failure).
+6. No import cycles anywhere in the package, lazy imports (inside functions) included, a package's
+   face counted as a module of its own (``tools/architecture.py`` builds the graph).
+7. docs/architecture.md's layout block is what ``python -m tools.architecture`` generates from
+   the imports.
 
-Each rule is also run on a planted violation, so the checker itself cannot silently pass.
+Files are split by concept, not by a line count (there is no line cap). Each rule is also run on a
+planted violation, so the checker itself cannot silently pass.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
+from tools import architecture
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "sglang_fa4"
 SGLANG_TARGETS = ROOT / ".cache" / "sglang"
 VENDORED_FA4 = Path("kernels", "ops", "attention", "flash_attn")  # under sglang/, FA4's own names
-MAX_LINES = 400
+KERNELS = "sglang_fa4.kernels"
+#: the longest a sub-package's face may be (a docstring that maps the package, the names, a lazy getattr)
+FACE_LINES = 80
 
 #: named in issue #13; kept even when SGLang's sources are not installed here
 KNOWN_SGLANG_PRIVATE = frozenset({
@@ -53,7 +64,7 @@ NOT_SGLANGS = frozenset({
     "_attn_implementation",  # transformers' PretrainedConfig (the bench's HF towers set it)
 })
 KERNEL_FIRST_PARTY = ("sglang_fa4.kernels", "sglang_fa4.environ")
-FA4_RELEASE_MODULE = "sglang_fa4.kernels.fa4.b36"
+FA4_RELEASE_FILE = "kernels/fa4/b36.py"
 #: modules outside integration/ that may import sglang, and why
 SGLANG_IMPORT_ALLOWED = {
     "plugin.py": "the entry point registers its hooks with SGLang's HookRegistry",
@@ -203,7 +214,7 @@ def fa4_private_violations(trees: dict[str, ast.AST]) -> list[str]:
     returning one, like fa4_b36's ``_interface()``), outside kernels/fa4/b36.py."""
     out = []
     for rel, tree in trees.items():
-        if rel == "kernels/fa4/b36.py":
+        if rel == FA4_RELEASE_FILE:
             continue
         fa4_names = set()
         for node in ast.walk(tree):
@@ -228,21 +239,6 @@ def _imported_modules(node: ast.AST) -> list[str]:
     if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
         return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
     return []
-
-
-def fa4_release_import_violations(trees: dict[str, ast.AST]) -> list[str]:
-    """Imports of the release-specific FA4 module (directly, or as a dotted string) outside kernels/."""
-    out = []
-    for rel, tree in trees.items():
-        if rel.startswith("kernels/"):
-            continue
-        for node in ast.walk(tree):
-            named = _imported_modules(node)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                named = [node.value]
-            if any(m == FA4_RELEASE_MODULE or m.startswith(FA4_RELEASE_MODULE + ".") for m in named):
-                out.append(f"{rel}:{node.lineno}: {FA4_RELEASE_MODULE}")
-    return out
 
 
 def sglang_import_violations(trees: dict[str, ast.AST]) -> list[str]:
@@ -294,14 +290,6 @@ def sglang_attribute_violations(trees: dict[str, ast.AST], attributes, ours) -> 
     return out
 
 
-def long_modules(root: Path = PACKAGE, limit: int = MAX_LINES) -> dict[str, int]:
-    return {p.relative_to(root).as_posix(): n for p in _modules(root) if (n := len(p.read_text().splitlines())) > limit}
-
-
-class LongModuleWarning(UserWarning):
-    """A module over MAX_LINES lines: worth a look whether it holds more than one concept."""
-
-
 # --------------------------------------------------------------------------------------------
 # the rules on the package
 # --------------------------------------------------------------------------------------------
@@ -329,12 +317,67 @@ def test_fa4_private_names_only_in_the_b36_module():
     assert any(name == "_flash_attn_fwd" for _, name in used_private_names(_parsed()["kernels/fa4/b36.py"]))
 
 
-def test_fa4_release_module_only_behind_the_facade():
-    assert fa4_release_import_violations(_parsed()) == []
-    # the facade is what the outside uses: startup imports it (the rule is not vacuous)
-    assert any("sglang_fa4.kernels.fa4" in _imported_modules(node) or (
-        isinstance(node, ast.ImportFrom) and node.module == "sglang_fa4.kernels"
-        and any(a.name == "fa4" for a in node.names)) for node in ast.walk(_parsed()["startup/warmup.py"]))
+@lru_cache(maxsize=1)
+def _graph() -> architecture.Graph:
+    return architecture.load()
+
+
+def _kernel_packages(graph) -> list[str]:
+    return architecture.sub_packages(graph, KERNELS)
+
+
+def test_kernel_sub_packages_are_reached_through_their_faces_only():
+    graph = _graph()
+    packages = _kernel_packages(graph)
+    assert packages == [f"{KERNELS}.{p}" for p in ("fa4", "fp8_paged_kv", "fp8_sm90", "vit")]
+    assert architecture.face_violations(graph, packages) == []
+    tools_graph = architecture.load(architecture.ROOT / "tools")
+    outside = [v for name, module in tools_graph.modules.items() for v in _face_uses(module, packages)]
+    assert outside == []
+    # the rule is not vacuous: the outside does import the faces (startup reaches FA4 through its face)
+    assert f"{KERNELS}.fa4" in graph.edges["sglang_fa4.startup.warmup"]
+    assert f"{KERNELS}.fa4.b36" not in graph.edges["sglang_fa4.startup.warmup"]
+
+
+def _face_uses(module, packages) -> list[str]:
+    """tools/ modules: an import of a kernels sub-package's inside (they are not in the package graph)."""
+    out = []
+    for node in ast.walk(module.tree):
+        for named in _imported_modules(node):
+            for package in packages:
+                if named.startswith(package + ".") and named.rpartition(".")[0] != package:
+                    out.append(f"{module.path.name}:{node.lineno}: {named}")
+    return out
+
+
+@pytest.mark.parametrize("package", ["fa4", "fp8_paged_kv", "fp8_sm90", "vit"])
+def test_each_face_is_short_and_names_what_it_hands_out(package):
+    """A face: a docstring, ``__all__``, imports, nothing defined but a lazy ``__getattr__``, at most
+    FACE_LINES lines; every name it lists is there (the lazy ones imported on access)."""
+    import importlib
+
+    name = f"{KERNELS}.{package}"
+    module = _graph().modules[name]
+    assert ast.get_docstring(module.tree), name
+    defined = [n.name for n in module.tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert set(defined) <= {"__getattr__"}, (name, defined)
+    assert len(module.path.read_text().splitlines()) <= FACE_LINES, name
+    listed = architecture.face_names(_graph(), name)
+    assert listed and len(listed) == len(set(listed)), name
+    face = importlib.import_module(name)
+    assert [n for n in listed if not hasattr(face, n)] == []
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        face.not_a_name
+
+
+def test_no_import_cycles_lazy_imports_included():
+    assert architecture.cycles(_graph()) == []
+
+
+def test_the_architecture_doc_layout_is_generated_from_the_imports():
+    """docs/architecture.md's layout block: ``python -m tools.architecture`` rewrites it."""
+    text = architecture.DOC.read_text()
+    assert architecture.render(text, _graph()) == text
 
 
 def test_sglang_imported_only_under_integration():
@@ -351,18 +394,6 @@ def test_sglang_model_attributes_read_only_in_one_module():
     read = {n.attr for n in ast.walk(model) if isinstance(n, ast.Attribute)} | {
         n.value for n in ast.walk(model) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert SGLANG_ATTRIBUTES - read == set()
-
-
-def test_long_modules_are_a_warning():
-    for rel, n in sorted(long_modules().items()):
-        warnings.warn(f"sglang_fa4/{rel} is {n} lines (over {MAX_LINES}): one concept per module?",
-                      LongModuleWarning, stacklevel=1)
-
-
-def test_long_module_check_counts_lines(tmp_path):
-    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
-    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
-    assert long_modules(tmp_path) == {"long.py": MAX_LINES + 1}
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,10 +457,6 @@ def f(module, tower):
 def test_checker_catches_planted_facade_violations():
     trees = {name: ast.parse(PLANTED_FACADES) for name in (
         "startup/planted.py", "kernels/planted.py", "integration/planted.py", "plugin.py", SGLANG_MODEL_MODULE)}
-    assert sorted(fa4_release_import_violations(trees)) == sorted(
-        f"{rel}:{line}: sglang_fa4.kernels.fa4.b36"
-        for rel in ("startup/planted.py", "integration/planted.py", "plugin.py", SGLANG_MODEL_MODULE)
-        for line in (3, 4, 6))
     assert sorted(sglang_import_violations(trees)) == sorted([
         "startup/planted.py:2: sglang.srt.server_args", "kernels/planted.py:2: sglang.srt.server_args",
         f"{SGLANG_MODEL_MODULE}:2: sglang.srt.server_args",
@@ -440,3 +467,38 @@ def test_checker_catches_planted_facade_violations():
     assert sorted(sglang_attribute_violations(trees, attributes, ours)) == sorted(
         f"{rel}:12: {name}" for rel in ("startup/planted.py", "kernels/planted.py", "plugin.py")
         for name in ("head_size", "fullatt_block_indexes", "blocks"))
+
+
+PLANTED_PACKAGE = {
+    "__init__.py": '"""A package."""\n',
+    "a.py": "def f():\n    from pkg import b  # lazy: still an edge\n    return b\n",
+    "b.py": "import pkg.a\n",
+    "c.py": "from pkg.sub.impl import g\nfrom pkg.sub import h, f\nfrom pkg.sub import impl\n",
+    "sub/__init__.py": '"""A face."""\nfrom pkg.sub.impl import f, h\n__all__ = ["f"]\n',
+    "sub/impl.py": "def f():\n    from pkg.sub import f as again  # back through its own face\n    return again\n"
+                   "def g(): ...\ndef h(): ...\n",
+    "sub/inner.py": "from pkg.sub import impl  # a module of the package importing its sibling: no face edge\n",
+}
+
+
+def test_checker_catches_a_planted_cycle_and_face_violations(tmp_path):
+    """In a synthetic package: a cycle through a lazy import, a cycle through a face, and imports
+    of a sub-package's inside or of a name its face does not list."""
+    root = tmp_path / "pkg"
+    for rel, text in PLANTED_PACKAGE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    graph = architecture.load(root)
+    assert architecture.cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.sub", "pkg.sub.impl"]]
+    assert sorted(architecture.face_violations(graph, ["pkg.sub"])) == sorted([
+        f"{(root / 'c.py').as_posix()}:1: pkg.sub.impl.g (inside pkg.sub: use its face)",
+        f"{(root / 'c.py').as_posix()}:2: pkg.sub.h (not in pkg.sub's __all__)",
+        f"{(root / 'c.py').as_posix()}:3: pkg.sub.impl (inside pkg.sub: use its face)",
+    ])
+    assert architecture.face_names(graph, "pkg.sub") == ["f"]
+    # without them: no cycle, no violation
+    (root / "b.py").write_text("")
+    (root / "sub" / "impl.py").write_text("def f(): ...\ndef g(): ...\ndef h(): ...\n")
+    (root / "c.py").write_text("from pkg.sub import f\n")
+    graph = architecture.load(root)
+    assert architecture.cycles(graph) == [] and architecture.face_violations(graph, ["pkg.sub"]) == []

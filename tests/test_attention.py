@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from sglang_fa4.integration import vision_fa4
-from sglang_fa4.kernels.fa4.config import window_bounds
-from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels.inputs import window_bounds
+from sglang_fa4.kernels import varlen
 from sglang_fa4.integration.vision_fa4 import SeqlensError, resolve_seqlens, vision_fa4_forward
 
 H, D = 4, 16
@@ -24,7 +24,7 @@ class RecordingFA4:
 @pytest.fixture
 def fake(monkeypatch):
     rec = RecordingFA4()
-    monkeypatch.setattr(dispatch, "fa4_varlen_attention", rec)
+    monkeypatch.setattr(varlen, "fa4_varlen_attention", rec)
     return rec
 
 

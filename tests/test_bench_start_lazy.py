@@ -3,7 +3,6 @@ start time is the median over rounds of each restart's load + warmup minus the s
 baseline; the bar is <= 1 s with the store; the lazy restart must import neither flash_attn nor
 cutlass, load every variant from a stored library, and its first calls must equal FA4's bitwise."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    import sys
+    from benchmark.perf import bench_start_lazy
 
-    sys.path.insert(0, str(ROOT / "benchmark" / "perf"))
-    spec = importlib.util.spec_from_file_location("bench_start_lazy", ROOT / "benchmark" / "perf" / "bench_start_lazy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_start_lazy
 
 
 def _run(variant, rnd, load, warm, heavy=(), from_libs=2, compiled=0, bitwise=None):

@@ -7,13 +7,10 @@ covers every tile count. The GPU run itself: benchmark/results/h200/internvl_gra
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "release"))
-import check_internvl_graphs as c  # noqa: E402
+from benchmark.release import check_internvl_graphs as c  # noqa: E402
 
 
 def clean() -> dict:

@@ -7,13 +7,10 @@ is benchmark/results/h200/vit_tp-<version>.md."""
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "release"))
-import check_vit_tp  # noqa: E402
+from benchmark.release import check_vit_tp  # noqa: E402
 
 
 def mix(path="replay", digest="a"):

@@ -1,13 +1,13 @@
 """The one compile-event registry (sglang_fa4.kernels.compile_events): every kernel source records
-into it, each source's own view reads its part, and the JIT monitor is one listener on it."""
+into it, counts and events are read per source from it (the one compile counter), listeners filter
+by source, and the JIT monitor is one listener on it."""
 
 from __future__ import annotations
 
 import pytest
 
 from sglang_fa4.kernels import compile_events, triton_handles
-from sglang_fa4.kernels.fp8_sm90 import launch
-from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
+from sglang_fa4.kernels.compile_events import KernelFamily
 
 
 @pytest.fixture(autouse=True)
@@ -19,15 +19,17 @@ def empty_registry(monkeypatch):
 def test_sources_read_their_part_and_listeners_filter():
     seen_all, seen_fp8 = [], []
     compile_events.add_listener(lambda s, e: seen_all.append(s))
-    remove = launch.add_compile_listener(seen_fp8.append)
+    remove = compile_events.add_listener(lambda s, e: seen_fp8.append(e), "fp8_forward")
     fp8_event = {"variant": {"head_dim": 64}, "seconds": 0.1, "capturing": False}
     triton_event = triton_handles.CompileEvent("k", (1,), 0.2, False, False)
     compile_events.record("fp8_forward", fp8_event)
     compile_events.record("triton", triton_event)
     compile_events.record("fp8_quantize", {"kernel": "quantize"})
-    assert launch.compile_events() == [fp8_event] and launch.compile_count() == 1
-    assert triton_handles.compile_events() == [triton_event] and triton_handles.compile_count() == 1
-    assert quantize_chunked.compile_events() == [{"kernel": "quantize"}]
+    assert compile_events.events("fp8_forward") == [fp8_event] and compile_events.count("fp8_forward") == 1
+    assert compile_events.events("triton") == [triton_event] and compile_events.count("triton") == 1
+    assert compile_events.events("fp8_quantize") == [{"kernel": "quantize"}] and compile_events.count("fa4") == 0
+    assert compile_events.events() == [("fp8_forward", fp8_event), ("triton", triton_event),
+                                       ("fp8_quantize", {"kernel": "quantize"})]
     assert seen_all == ["fp8_forward", "triton", "fp8_quantize"] and seen_fp8 == [fp8_event]
     remove()
     compile_events.record("fp8_forward", fp8_event)
@@ -38,6 +40,9 @@ def test_an_unknown_source_is_refused():
     with pytest.raises(ValueError, match="none of"):
         compile_events.record("fa5", {})
     assert compile_events.count() == 0
+    with pytest.raises(ValueError, match="kernel family 'x': source 'fa5' is none of"):
+        KernelFamily("x", "fa5", lambda variant, device: "")
+    assert KernelFamily("x", "triton", lambda variant, device: "").source == "triton"
 
 
 def test_the_monitor_is_one_listener_for_every_source(monkeypatch, caplog):

@@ -4,13 +4,11 @@ here against float64 references on random data), and every other name must fail 
 
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "sglang_on_gpu"))
-import cuda_only_stubs  # noqa: E402
+from benchmark.sglang_on_gpu import cuda_only_stubs  # noqa: E402
 
 
 @pytest.fixture()

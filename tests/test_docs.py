@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fa4 import docs, result_figures
+from tools import docs, result_figures
 from sglang_fa4.bench import report
 from sglang_fa4.environ import envs
 

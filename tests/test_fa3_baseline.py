@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -177,11 +176,7 @@ def test_sgl_kernel_signature_maps_sglangs_fa3_call_onto_paged_fp8():
 
 
 def test_sglang_seam_skips_cleanly_without_the_library(monkeypatch, tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmark" / "sglang_on_gpu"))
-    try:
-        import fa3_seam
-    finally:
-        sys.path.pop(0)
+    from benchmark.sglang_on_gpu import fa3_seam
     monkeypatch.setattr(fa3, "DEFAULT_PATH", tmp_path / "libfa3fwd.so")
     reason = fa3_seam.install()
     assert reason.startswith("FA3-FP8 not measured:") and "not built" in reason

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels import fp8_sm90
 from sglang_fa4.kernels.vit import short_windows as short_segments
-from sglang_fa4.kernels.fa4.config import FA4InputError
+from sglang_fa4.kernels.inputs import FA4InputError
 from sglang_fa4.kernels.fa4.cache import KernelCache
 
 FP8 = torch.float8_e4m3fn
@@ -34,7 +34,7 @@ def _short_window(q, k, v, cu, max_seqlen, softmax_scale):
 
 def _fp8(q, k, v, cu, max_seqlen, softmax_scale):
     q, k, v = (t.to(FP8) if t.dtype is torch.bfloat16 else t for t in (q, k, v))
-    return dispatch.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale)
+    return fp8_sm90.fp8_varlen_attention(q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=softmax_scale)
 
 
 # (route, its call, a head dim it takes): the short-window call runs the Triton kernel at d=72 and

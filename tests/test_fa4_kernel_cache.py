@@ -11,9 +11,10 @@ import sys
 import pytest
 import torch
 
-from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels import fa4, varlen
 from sglang_fa4.kernels.fa4.b36 import LAYOUT_SM90, LAYOUT_SM100, FA4LayoutError, Resolved, layout_for_arch
-from sglang_fa4.kernels.fa4.config import FA4FeatureError, FA4InputError, normalize_window, seqlen_class
+from sglang_fa4.kernels.fa4.config import seqlen_class
+from sglang_fa4.kernels.inputs import FA4FeatureError, FA4InputError, normalize_window
 from sglang_fa4.kernels.fa4.cache import KernelCache
 from sglang_fa4.testing import cu_seqlens
 
@@ -392,21 +393,21 @@ def test_fa4_assertions_become_input_errors():
 
 def test_listeners_and_module_api():
     fake = FakeBackend(90)
-    previous = dispatch.install_kernel_cache(KernelCache(fake))
+    previous = fa4.install_kernel_cache(KernelCache(fake))
     try:
         seen = []
-        remove = dispatch.add_compile_listener(seen.append)
+        remove = fa4.kernel_cache().add_compile_listener(seen.append)
         q, k, v = qkv()
-        dispatch.fa4_varlen_attention(q, k, v, cu_seqlens([64]), 64, window_size=(8, 8))
-        dispatch.fa4_varlen_attention(q, k, v, cu_seqlens([32, 32]), 32, window_size=(16, 4))
+        varlen.fa4_varlen_attention(q, k, v, cu_seqlens([64]), 64, window_size=(8, 8))
+        varlen.fa4_varlen_attention(q, k, v, cu_seqlens([32, 32]), 32, window_size=(16, 4))
         remove()
-        dispatch.fa4_varlen_attention(q, k, v, cu_seqlens([64]), 64)
-        assert dispatch.compile_count() == 2 and len(seen) == 1
-        assert seen[0] == dispatch.compile_events()[0]
-        assert [c.window_left for c in dispatch.configs_seen()] == [True, False]
+        varlen.fa4_varlen_attention(q, k, v, cu_seqlens([64]), 64)
+        assert fa4.kernel_cache().compile_count() == 2 and len(seen) == 1
+        assert seen[0] == fa4.kernel_cache().compile_events()[0]
+        assert [c.window_left for c in fa4.kernel_cache().configs_seen()] == [True, False]
         assert seen[0].as_dict()["config"]["head_dim"] == 64
     finally:
-        dispatch.install_kernel_cache(previous)
+        fa4.install_kernel_cache(previous)
 
 
 def test_sm100_hd256_runs_fa4_every_call_without_caching():

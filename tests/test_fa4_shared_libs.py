@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels import fa4
 from sglang_fa4.kernels.fa4 import b36 as fa4_b36
 from sglang_fa4.kernels.fa4 import shared_libs as fa4_shared_libs
 from sglang_fa4.kernels.fa4.b36 import LAYOUT_SM90, Resolved
@@ -284,17 +284,17 @@ def test_the_warmup_loads_every_variant_from_the_store(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")
     variants = enumerate_variants(qwen25_vl(), 90)
-    previous = dispatch.install_kernel_cache(KernelCache(StubBackend(90), Store(tmp_path)))
+    previous = fa4.install_kernel_cache(KernelCache(StubBackend(90), Store(tmp_path)))
     jit_monitor.reset_state()
     try:
         first = warmup.run_warmup(variants, "cpu")
         assert first.compiled == len(variants) == 2 and first.from_shared_library == 0
         backend = NoFA4(90)
-        dispatch.install_kernel_cache(KernelCache(backend, Store(tmp_path)))
+        fa4.install_kernel_cache(KernelCache(backend, Store(tmp_path)))
         again = warmup.run_warmup(variants, "cpu")
     finally:
         jit_monitor.reset_state()
-        dispatch.install_kernel_cache(previous)
+        fa4.install_kernel_cache(previous)
     assert backend.compiles == [] and not again.failures
     assert again.resolved == again.from_shared_library == 2 and again.compiled == 0
     assert again.as_dict()["from_shared_library"] == 2

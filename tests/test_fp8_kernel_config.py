@@ -95,7 +95,7 @@ def test_check_variant_refuses_what_the_kernel_cannot_build():
 
 
 def test_parse_changes_and_config_for():
-    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for, parse_changes
+    from benchmark.lab.fp8_kernel_configs import config_for, parse_changes
 
     assert parse_changes("") == {}
     assert parse_changes("tile_n=128, persistent=0,pingpong=true") == {"tile_n": 128, "persistent": False,

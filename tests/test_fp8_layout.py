@@ -104,7 +104,7 @@ def test_window_normalization(causal, window, want):
 def test_one_window_convention_every_route(window):
     """Unbounded is None, or SGLang's negative -1, on every route: the FP8 kernel reads a window
     through the same fa4_config.window_bounds as FA4's and the short-window route."""
-    from sglang_fa4.kernels.fa4.config import normalize_window
+    from sglang_fa4.kernels.inputs import normalize_window
 
     assert layout.normalize_window(False, window) == (False, False, layout.WINDOW_UNBOUNDED, layout.WINDOW_UNBOUNDED)
     assert normalize_window(window) == (False, None, None)
@@ -112,7 +112,7 @@ def test_one_window_convention_every_route(window):
 
 @pytest.mark.parametrize("window", [(64.0, 0), (True, None), ("64", 0), (1, 2, 3)])
 def test_a_window_side_is_an_int_or_none_on_every_route(window):
-    from sglang_fa4.kernels.fa4.config import FA4InputError, normalize_window
+    from sglang_fa4.kernels.inputs import FA4InputError, normalize_window
 
     with pytest.raises(FA4InputError, match="window_size"):
         layout.normalize_window(False, window)
@@ -307,18 +307,6 @@ def test_pack_vt_triton_kernel_matches_reference_in_the_interpreter(tmp_path):
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
-
-
-def test_fa4_varlen_attention_routes_e4m3_to_the_fp8_forward():
-    from sglang_fa4.kernels.varlen import FA4FeatureError, fa4_varlen_attention
-
-    q = torch.zeros(16, 4, 128).to(FP8)
-    c = cu_seqlens([16])
-    # reaches the FP8 path's own checks (not FA4's bf16 cache)
-    with pytest.raises(Fp8AttentionError, match="needs CUDA tensors"):
-        fa4_varlen_attention(q, q, q, c, 16, q_descale=torch.ones(1, 4))
-    with pytest.raises(FA4FeatureError, match="sinks are not supported by the FP8"):
-        fa4_varlen_attention(q, q, q, c, 16, sinks=torch.zeros(4))
 
 
 def test_pow2_at_least_matches_tritons_next_power_of_2():

@@ -1,7 +1,8 @@
 """The paged FP8 decode kernel (kernels/fp8_paged_kv/decode.py) in Triton's CPU interpreter, against an
 fp64 reference on the dequantized pool (pools NaN-poisoned first: tests/fp8_decode_child.py), plus
-its host side on the CPU: the split heuristic, the launch plan, input checks, and no host sync with
-a grid that depends on host facts only (what SGLang's decode CUDA graphs need).
+its host side on the CPU: the split heuristic, the launch plan, the route's plan (input checks, the
+routing setting), and no host sync with a grid that depends on host facts only (what SGLang's
+decode CUDA graphs need).
 
 The interpreted matrix runs in ONE child process (Triton must see TRITON_INTERPRET before it is
 imported); its cost is programs x loop steps, so the cross product is cut: every head dim meets
@@ -19,7 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_fa4.kernels import fp8_paged_kv
+from sglang_fa4.kernels.fp8_paged_kv import PagedKVError
 from sglang_fa4.kernels.fp8_paged_kv import decode as D
+from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S
+from sglang_fa4.kernels.fp8_paged_kv import warmup as W
 from sglang_fa4.kernels.fp8_paged_kv.decode_plan import MAX_SPLITS, choose_splits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +107,7 @@ def test_the_matrix_covers_what_it_claims():
     assert any((c.get("splits") or 0) > max(c["lens"]) for c in flat)
     long = CASES["long-4097-P64"]
     width = -(-4097 // 64) + 1
-    assert D.plan(1, 1, 8, 128, 1, width * 64, 132).num_splits == 16 and long.get("splits") is None
+    assert S.plan(1, 1, 8, 128, 1, width * 64, 132).num_splits == 16 and long.get("splits") is None
 
 
 def test_decode_equals_extend_row_for_row(interpreted):
@@ -133,16 +138,16 @@ def test_choose_splits_fills_the_gpu_from_host_facts():
 
 
 def test_plan_blocks_and_bounds():
-    p = D.plan(8, 4, 7, 128, 1, 8192, 132)
+    p = S.plan(8, 4, 7, 128, 1, 8192, 132)
     assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 64)  # 7 rows padded to 16
-    p = D.plan(8, 4, 8, 256, 16, 8192, 132)
+    p = S.plan(8, 4, 8, 256, 16, 8192, 132)
     assert (p.block_m, p.row_blocks, p.block_n) == (64, 2, 32)  # 128 rows in 2 blocks; d 256: 32 keys
-    assert D.plan(1, 1, 1, 64, 1, 100, 132, num_splits=5).num_splits == 5
-    with pytest.raises(D.PagedKVError, match="num_splits"):
-        D.plan(1, 1, 1, 64, 1, 100, 132, num_splits=MAX_SPLITS + 1)
+    assert S.plan(1, 1, 1, 64, 1, 100, 132, num_splits=5).num_splits == 5
+    with pytest.raises(PagedKVError, match="num_splits"):
+        S.plan(1, 1, 1, 64, 1, 100, 132, num_splits=MAX_SPLITS + 1)
     assert D.window_bounds(True, (-1, -1)) == (D.UNBOUNDED, 0)
     assert D.window_bounds(False, (127, 3)) == (127, 3) and D.window_bounds(True, (127, 0)) == (127, 0)
-    with pytest.raises(D.PagedKVError, match="right window"):
+    with pytest.raises(PagedKVError, match="right window"):
         D.window_bounds(True, (127, 4))
 
 
@@ -172,9 +177,9 @@ def _call_args(batch=3, width=8, P=16, hq=8, hkv=2, d=128):
 ])
 def test_bad_input_is_refused_naming_it(change, match):
     kw = {**_call_args(), "causal": True, **change}
-    with pytest.raises(D.PagedKVError, match=match):
-        D.paged_decode_attention(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("page_table"),
-                                 kw.pop("cache_seqlens"), kw.pop("cu_seqlens_q"), kw.pop("max_seqlen_q"), **kw)
+    with pytest.raises(PagedKVError, match=match):
+        fp8_paged_kv.paged_decode_attention(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("page_table"),
+                                            kw.pop("cache_seqlens"), kw.pop("cu_seqlens_q"), kw.pop("max_seqlen_q"), **kw)
 
 
 class _NoSync:
@@ -200,11 +205,12 @@ class _NoSync:
         return False
 
 
-def test_no_host_sync_and_a_grid_from_host_facts_only(monkeypatch):
+def test_no_host_sync_and_a_grid_from_host_facts_only(monkeypatch, request):
     """SGLang's decode graphs capture with the page table at its full width (max context / P) and
     replay with new lengths in the same buffers: the launches must not read a device value and
     their grid and scalar arguments must not depend on the lengths."""
-    monkeypatch.setattr(D, "interpreting", lambda: True)  # the launch path a GPU call takes (launches recorded)
+    previous = fp8_paged_kv.install_kernels(None)  # the launch path a GPU call takes (launches recorded)
+    request.addfinalizer(lambda: fp8_paged_kv.install_kernels(previous))
     launches = []
     for h in (D.SPLIT, D.COMBINE):
         monkeypatch.setattr(h, "launch", lambda grid, args, index, _n=h.name, **o: launches.append(
@@ -213,10 +219,11 @@ def test_no_host_sync_and_a_grid_from_host_facts_only(monkeypatch):
     for lens in ([1, 1, 1, 1], [30000, 17, 4096, 2]):
         kw["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
         with _NoSync():
-            D.paged_decode_attention(**{k: kw[k] for k in ("q", "k_cache", "v_cache", "page_table", "cache_seqlens",
-                                                            "cu_seqlens_q", "max_seqlen_q")},
-                                     k_descale=torch.tensor([0.5]).expand(4, 4), v_descale=torch.ones(4, 4),
-                                     causal=True, return_lse=True, sms=132)
+            fp8_paged_kv.paged_decode_attention(
+                **{k: kw[k] for k in ("q", "k_cache", "v_cache", "page_table", "cache_seqlens", "cu_seqlens_q",
+                                      "max_seqlen_q")},
+                k_descale=torch.tensor([0.5]).expand(4, 4), v_descale=torch.ones(4, 4), causal=True, return_lse=True,
+                sms=132)
     assert len(launches) == 4 and launches[:2] == launches[2:]
     (n1, grid1, _), (n2, grid2, _) = launches[:2]
     splits = choose_splits(4, 4, 1, 2048 * 16, 132)
@@ -233,8 +240,8 @@ def test_kv_bytes_read():
 @pytest.mark.parametrize("name", ["d96-g4-P1-hkv2", "long-5000-window-P1", "ctx3-splits8", "extend-few-rows",
                                   "decode-vs-extend-window"])
 def test_cpu_tensors_take_the_torch_path_with_the_same_contract(name):
-    """Outside the interpreter a CPU call (the SGLang CPU harnesses) runs the contract in torch."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    """Outside the interpreter a CPU call runs the contract in torch: the kernels the CPU harnesses
+    install (sglang_fa4.testing.paged_kv_torch; conftest.py installs them for the tests)."""
     import fp8_decode_child as child
 
     c = CASES[name]
@@ -242,15 +249,29 @@ def test_cpu_tensors_take_the_torch_path_with_the_same_contract(name):
     assert r["finite"] and r["rel_err"] < 5e-3 and r["max_excess"] <= 0 and r["lse_err"] < 1e-4, r
 
 
-def test_route_threshold_variable_is_bounded(monkeypatch):
+def test_route_threshold_variable_is_bounded_and_read_once(monkeypatch, reload_settings):
+    """SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q, read into the routing settings (not per call): the route's
+    plan sends a call to the split-KV kernel up to that many new tokens per sequence."""
     from sglang_fa4.environ import EnvValueError, envs
 
+    def backend(max_q):
+        kw = _call_args(batch=1)
+        q = torch.zeros(max(max_q or 1, 1), 8, 128).to(FP8)
+        cu = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+        return fp8_paged_kv.plan(q, kw["k_cache"], kw["v_cache"], kw["page_table"], kw["cache_seqlens"], cu,
+                                 max_q, causal=True).backend
+
     var = envs.SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q
-    assert var.get() == 16 and D.takes_split_kv(16) and not D.takes_split_kv(17) and not D.takes_split_kv(None)
+    reload_settings()
+    split, gather = fp8_paged_kv.SPLIT_KV, fp8_paged_kv.GATHER
+    assert var.get() == 16 and [backend(m) for m in (16, 17, None)] == [split, gather, gather]
     monkeypatch.setenv(var.name, "256")
-    assert var.get() == 256 and D.takes_split_kv(256)
+    assert backend(256) == gather  # the settings were read before: the variable is not read per call
+    reload_settings()
+    assert var.get() == 256 and backend(256) == split
     monkeypatch.setenv(var.name, "0")
-    assert not D.takes_split_kv(1)
+    reload_settings()
+    assert backend(1) == gather
     for bad in ("257", "-1"):
         monkeypatch.setenv(var.name, bad)
         with pytest.raises(EnvValueError, match=r">= 0 and <= 256"):
@@ -271,7 +292,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     ptrs = {"Q": "*fp8e4nv", "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
-    consts = {"G": 7, "D": d, "D_POW2": D.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": D.block_n(d), "SINGLE": single,
+    consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
               "WRITE_LSE": False}
     if page == 1:
         consts["page_size"] = 1
@@ -292,14 +313,13 @@ def test_warm_calls_every_variant_the_route_launches(monkeypatch):
     """One small call per (row block size up to the threshold) x (one split, several) x (LSE at
     decode): the constexprs and specializations a server's decode and short extends meet."""
     seen = []
-    monkeypatch.setattr(D, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
+    monkeypatch.setattr(W, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
         (max_q, kw["num_splits"], kw["return_lse"], tuple(q.shape), tuple(k.shape), int(s[0]), cu.tolist())))
-    assert D.warm(128, 28, 4, 16, "cpu") == 0  # nothing compiles off a GPU
+    assert W.warm_split_kv(W.SplitKvShape(128, 28, 4, 16, 16), "cpu") == 0  # nothing compiles off a GPU
     # g = 7: 1-2 new tokens -> 16-row blocks, 3-4 -> 32, 5-16 -> 64
     assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
                                      (3, 1, False), (3, 2, False), (5, 1, False), (5, 2, False)]
     assert seen[-1][3:] == ((5, 28, 128), (4, 16, 4, 128), 6, [0, 5])
     seen.clear()
-    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "1")
-    D.warm(64, 8, 8, 1, "cpu")
+    W.warm_split_kv(W.SplitKvShape(64, 8, 8, 1, 1), "cpu")  # the route's limit 1 (the variable's value)
     assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True)]

@@ -45,27 +45,42 @@ def test_grid_covers_a_key_tile_past_every_sequence():
     assert vt_column_offset(17, 2) == 64  # layout the kernel's formula restates: 16-aligned + 16 per sequence
 
 
-def test_cpu_tensors_take_the_torch_path_with_the_reference_pack():
+def test_the_cpu_harness_gather_is_the_torch_path_with_the_reference_pack():
+    """What the CPU harnesses install for the gather (sglang_fa4.testing.paged_kv_torch): the torch
+    gather and the reference V^T pack, read back exactly by the reference unpack."""
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt_reference, unpack_vt_reference
+    from sglang_fa4.testing import paged_kv_torch
 
     g = torch.Generator().manual_seed(0)
     k_cache = torch.randint(0, 256, (6, 16, 2, 64), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
     v_cache = torch.randint(0, 256, (6, 16, 2, 64), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
     table = torch.tensor([[3, 1, 0], [5, 2, 4]], dtype=torch.int32)
     seqlens = torch.tensor([20, 40], dtype=torch.int32)
-    k, vt, cu, m = G.gather_paged_kv_vt(k_cache, v_cache, table, seqlens, G.exact_sizes(seqlens))
-    k_ref, v_ref = G.gather_paged_kv_reference(k_cache, v_cache, table, seqlens)
+    k, vt, cu, m = paged_kv_torch.gather(k_cache, v_cache, table, seqlens, G.exact_sizes(seqlens))
+    k_ref, v_ref = paged_kv_torch.gather_paged_kv_reference(k_cache, v_cache, table, seqlens)
     assert cu.tolist() == [0, 20, 60] and m == 40 and torch.equal(k, k_ref)
     assert torch.equal(vt, pack_vt_reference(v_ref, cu)) and torch.equal(unpack_vt_reference(vt, cu), v_ref)
 
 
 def test_bad_metadata_is_refused():
+    """The pool and metadata checks the route's plan makes (check_paged), each on its own."""
     cache = torch.zeros(4, 16, 2, 64, dtype=torch.uint8)
     seqlens = torch.tensor([5], dtype=torch.int32)
-    with pytest.raises(G.PagedKVError, match="rows must be contiguous"):
-        G.gather_paged_kv_vt(cache, cache, torch.zeros(1, 6, dtype=torch.int32)[:, ::2], seqlens)
-    with pytest.raises(G.PagedKVError, match="float8_e4m3fn"):
-        G.gather_paged_kv_vt(cache.float(), cache, torch.zeros(1, 3, dtype=torch.int32), seqlens)
+    table = torch.zeros(1, 3, dtype=torch.int32)
+    assert G.check_paged(cache, cache, table, seqlens) == (4, 16, 2, 64)
+    for args, match in (
+        ((cache, cache, torch.zeros(1, 6, dtype=torch.int32)[:, ::2], seqlens), "rows must be contiguous"),
+        ((cache.float(), cache, table, seqlens), "float8_e4m3fn"),
+        ((cache, cache[:, :, :1].contiguous(), table, seqlens), "must have one shape"),
+        ((cache, cache, table.long(), seqlens), "page_table must be int32"),
+        ((cache, cache, table, seqlens.long()), "cache_seqlens must be a 1-D int32"),
+        ((cache, cache, table, torch.tensor([5, 6], dtype=torch.int32)), "2 entries, page_table 1 rows"),
+        ((cache.transpose(1, 2), cache.transpose(1, 2), table, seqlens), "must be contiguous"),
+        ((cache[0], cache[0], table, seqlens), r"\(pages, page_size, kv_heads, head_dim\)"),
+        ((cache, cache, table, torch.tensor([5], dtype=torch.int32, device="meta")), "one device"),
+    ):
+        with pytest.raises(G.PagedKVError, match=match):
+            G.check_paged(*args)
 
 
 def test_warm_resolves_the_route_kernel_once(monkeypatch):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_fa4.kernels.fa4.config import FA4InputError
+from sglang_fa4.kernels.inputs import FA4InputError
 from sglang_fa4.kernels.inputs import check_out_shape, check_tensors
 
 

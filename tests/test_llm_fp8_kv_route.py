@@ -9,21 +9,18 @@ and at replay) with a capture faked in progress."""
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 import torch
 
 from sglang_fa4.integration import llm_fp8_kv
 from sglang_fa4.kernels import fp8_paged_kv
-from sglang_fa4.kernels.fp8_paged_kv import (
-    PagedKVError,
-    gather_paged_kv,
-    gather_paged_kv_reference,
-    paged_fp8_attention,
-)
-from sglang_fa4.kernels.fp8_sm90.vt_pack import unpack_vt_reference
-from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, page_table, paged_attention_fp32, rel_err
+from sglang_fa4.kernels.fp8_paged_kv import PagedKVError, gather_paged_kv
+from sglang_fa4.kernels.fp8_paged_kv import paged_kv_attention as paged_fp8_attention
+from sglang_fa4.kernels.fp8_paged_kv import extend as paged_extend
+from sglang_fa4.kernels.fp8_paged_kv import batch_plan as paged_plan
+from sglang_fa4.testing import cu_seqlens, offsets, page_table, paged_attention_fp32, rel_err
+from sglang_fa4.testing.paged_kv_torch import fp8_forward_model, gather_paged_kv_reference
 from sglang_harness import run_file
 from test_fp8_paged_decode import _NoSync
 
@@ -69,49 +66,20 @@ def test_gather_rejects_bad_metadata():
         gather_paged_kv(k_cache, v_cache, table, torch.tensor([10, 3], dtype=torch.int32))
 
 
-def model_kernel(calls):
-    """A torch model of fp8_varlen_attention's contract (what the CUDA kernel computes)."""
-
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size, out, vt=None,
-             q_descale=None, k_descale=None, v_descale=None):
-        assert q_descale is k_descale is v_descale is None  # the route hands one (3, batch, Hkv) descale
-        calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out, vt=vt is not None))
-        if v is None:  # the route hands the kernel the permuted V^T: read V back through its layout
-            assert vt.dtype == torch.uint8 and vt.shape[:2] == k.shape[1:] and vt.stride(1) % 16 == 0
-            v = unpack_vt_reference(vt, cu_k).view(FP8)
-        assert q.dtype == k.dtype == v.dtype == FP8 and descale.shape == (3, cu_q.shape[0] - 1, k.shape[1])
-        hq, d = q.shape[1], q.shape[2]
-        qf, kf, vf = q.float(), k.float(), v.float()  # dequantized per (sequence, kv head) below
-        for b in range(cu_q.shape[0] - 1):
-            qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
-            assert ke - ks <= max_k
-            qf[qs:qe] *= descale[0, b].repeat_interleave(hq // k.shape[1])[None, :, None]
-            kf[ks:ke] *= descale[1, b][None, :, None]
-            vf[ks:ke] *= descale[2, b][None, :, None]
-        # the window is not modelled (the route's windows are SGLang's unbounded -1, -1)
-        res = attention_fp32(qf, kf, vf, cu_q, cu_k, scale=softmax_scale or d ** -0.5, causal=causal)
-        result = res.to(torch.bfloat16)
-        if out is not None:
-            out.copy_(result)
-            return out
-        return result
-
-    return fake
-
-
 @pytest.fixture()
 def fake_kernel(monkeypatch):
-    import sglang_fa4.kernels.fp8_sm90.launch as launch
+    from sglang_fa4.kernels import fp8_sm90
 
     calls = []
-    monkeypatch.setattr(launch, "fp8_varlen_attention", model_kernel(calls))
+    monkeypatch.setattr(fp8_sm90, "fp8_varlen_attention", fp8_forward_model(calls))
     return calls
 
 
 @pytest.fixture()
-def gather_only(monkeypatch):
+def gather_only(monkeypatch, reload_settings):
     """SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0: every call takes the page gather + WGMMA kernel."""
     monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "0")
+    reload_settings()
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
@@ -143,17 +111,21 @@ def test_routed_call_matches_fp32_on_the_dequantized_cache(fake_kernel, gather_o
 
 def test_decode_gqa_pack_roundtrip_and_when_it_applies(fake_kernel, gather_only, monkeypatch):
     q = torch.randn(5, 28, 16)
-    packed, cu, g = fp8_paged_kv.decode_gqa_pack(q, 4)
+    packed, cu, g = paged_extend.decode_gqa_pack(q, 4)
     assert g == 7 and packed.shape == (35, 4, 16) and cu.tolist() == list(range(0, 36, 7))
     assert torch.equal(packed[2 * 7 + 3, 1], q[2, 1 * 7 + 3])  # row b*g+j of kv head h = q head h*g+j
-    assert torch.equal(fp8_paged_kv.decode_gqa_unpack(packed, 5, 4, 7), q)
-    packable = fp8_paged_kv.decode_gqa_packable
+    assert torch.equal(paged_extend.decode_gqa_unpack(packed, 5, 4, 7), q)
+
+    def packable(q, batch, hkv, max_q, window, causal):
+        return paged_plan.decode_gqa_packable(q, batch, hkv, max_q, *paged_plan.window_bounds(causal, window))
+
     assert packable(q, 5, 4, 1, (-1, -1), True) and packable(q, 5, 4, 1, (-1, -1), False)
     assert not packable(q, 5, 4, 2, (-1, -1), True)  # not one token per sequence
     assert not packable(q, 4, 4, 1, (-1, -1), True)  # rows != batch
     assert not packable(q, 5, 4, None, (-1, -1), True)  # no host max_seqlen_q
     assert not packable(q, 5, 28, 1, (-1, -1), True)  # MHA: nothing to pack
     assert not packable(q, 5, 4, 1, (127, 0), True)  # a sliding window moves with the position
+    assert not packable(q, 5, 4, 1, (-1, 8), False)
     # unpacked (no host max_seqlen_q) and packed decode agree (the same torch model of the kernel)
     k_cache, v_cache, table, seqlens = make_pool([33, 129, 64, 1], 16, 4, 128)
     cu_q = torch.arange(5, dtype=torch.int32)
@@ -225,32 +197,32 @@ def sglang_fa_call(q, k_cache, v_cache, k=None, v=None, page_table=None, cache_s
 
 
 @pytest.fixture()
-def split_kv_calls(monkeypatch):
-    """paged_decode_attention replaced by a recorder returning the fp32 reference (the kernel itself
+def split_kv_calls(request):
+    """The split-KV kernel replaced by a recorder returning the fp32 reference (the kernel itself
     runs in Triton's interpreter in tests/test_fp8_paged_decode.py and in the SGLang harness below)."""
-    from sglang_fa4.kernels.fp8_paged_kv import decode as fp8_paged_decode
-
     calls = []
 
-    def fake(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, *, k_descale=None, v_descale=None,
-             softmax_scale=None, causal=False, window_size=(-1, -1), out=None, return_lse=False, **kw):
-        calls.append(dict(max_q=max_q, causal=causal, window=window_size, lse=return_lse, kd=k_descale, out=out))
+    def fake(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale, v_descale, softmax_scale, out):
+        calls.append(dict(max_q=plan.max_seqlen_q, causal=plan.causal, window=plan.window, lse=plan.return_lse,
+                          kd=k_descale, out=out))
         ref = paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, k_descale=k_descale,
-                                        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal)
+                                   v_descale=v_descale, softmax_scale=softmax_scale, causal=plan.causal)
         o = ref.to(torch.bfloat16) if out is None else out.copy_(ref)
-        return (o, torch.zeros(q.shape[1], q.shape[0])) if return_lse else o
+        return (o, torch.zeros(q.shape[1], q.shape[0])) if plan.return_lse else o
 
-    monkeypatch.setattr(fp8_paged_kv, "paged_decode_attention", fake)
-    monkeypatch.setattr(fp8_paged_decode, "paged_decode_attention", fake)
+    previous = fp8_paged_kv.install_kernels(fp8_paged_kv.Kernels(fake, fp8_paged_kv.installed_kernels().gather))
+    request.addfinalizer(lambda: fp8_paged_kv.install_kernels(previous))
     return calls
 
 
 @pytest.mark.parametrize("threshold", [None, "1", "17", "0"])
-def test_decode_and_short_extends_take_the_split_kv_kernel(fake_kernel, split_kv_calls, monkeypatch, threshold):
+def test_decode_and_short_extends_take_the_split_kv_kernel(fake_kernel, split_kv_calls, monkeypatch, threshold,
+                                                           reload_settings):
     """max_seqlen_q <= SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q (default 16): the pool read in place; above
     it (or with 0, or without a host max_seqlen_q) the gather + WGMMA kernel."""
     if threshold is not None:
         monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", threshold)
+    reload_settings()
     limit = 16 if threshold is None else int(threshold)
     k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
     kw = dict(k_descale=torch.tensor([0.7]).expand(2, 2), v_descale=torch.tensor([1.3]).expand(2, 2), causal=True)
@@ -285,7 +257,7 @@ def test_lse_request_takes_the_split_kv_kernel(fake_kernel, split_kv_calls, monk
     assert split_kv_calls[-1]["lse"] is True and split_kv_calls[-1]["max_q"] == 40
 
 
-def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
+def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch, request):
     """SGLang's decode CUDA graphs (FlashAttentionBackend.init_cuda_graph_state): fixed buffers --
     cache_seqlens (max_bs,), cu_seqlens_q arange, page_table (max_bs, ceil(max_context_len / P)) --
     sliced [:bs] per captured batch size, lengths rewritten in place before each replay.  Through the
@@ -296,7 +268,8 @@ def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
 
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(D, "interpreting", lambda: True)  # the launch path a GPU call takes (launches recorded)
+    previous = fp8_paged_kv.install_kernels(None)  # the launch path a GPU call takes (launches recorded)
+    request.addfinalizer(lambda: fp8_paged_kv.install_kernels(previous))
     launches = []
     for h in (D.SPLIT, D.COMBINE):
         monkeypatch.setattr(h, "launch", lambda grid, args, index, _n=h.name, **o: launches.append(
@@ -338,10 +311,8 @@ def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch):
 def real_backend_run(sglang_version: str) -> dict:
     """One subprocess per SGLang version runs tests/sglang_scripts/llm_fp8_kv_route_backend.py (its
     start-up dominates CI time)."""
-    root = Path(__file__).resolve().parents[1]
     return run_file(sglang_version, "llm_fp8_kv_route_backend.py", env={
         "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_FA4_FP8_KV_ROUTE": "1", "TRITON_INTERPRET": "1",
-        "FP8KV_STUBS": str(root / "benchmark" / "sglang_on_gpu"), "FP8KV_TESTS": str(root / "tests"),
     }, timeout=600)
 
 
@@ -365,56 +336,55 @@ def test_hooks_on_sglangs_flash_attention_backend_and_fp8_pool(sglang_version):
         assert r["lse_shape"] == [28, 3] and r["lse_same_out"] and r["lse_finite"], r
 
 
-def test_backend_init_warms_the_fp8_variants(monkeypatch):
+def test_backend_init_warms_the_fp8_variants(monkeypatch, reload_settings):
+    """The backend's layer shape read off it, the warmup list (startup/variants) handed to the one
+    warmup loop: the split-KV decode kernel, the FP8 forward's variants, the page gather."""
     import types
 
-    from sglang_fa4.kernels.fp8_paged_kv.gather import GatherShape
-    from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+    from sglang_fa4.kernels.fp8_paged_kv import GatherShape, SplitKvShape
+    from sglang_fa4.kernels.fp8_sm90 import Fp8Variant
     from sglang_fa4.startup import warmup
 
     warmed = []
-    monkeypatch.setattr(warmup, "warm_fp8_kv_route", lambda variants, shapes, device: warmed.append(
-        (list(variants), list(shapes), device)))
-    from sglang_fa4.kernels.fp8_paged_kv import decode as fp8_paged_decode
-
-    split_kv = []
-    monkeypatch.setattr(fp8_paged_decode, "warm", lambda *a: split_kv.append(a))
+    monkeypatch.setattr(warmup, "warm", lambda items, device: warmed.append(([tuple(i) for i in items], device))
+                        or warmup.WarmupReport())
     backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
                                     device="cuda", head_dim=128, has_swa=True, sliding_window_size=4095,
                                     num_attention_heads=28, num_kv_heads=4, page_size=16)
     assert llm_fp8_kv.warm_fp8_after_backend_init(None, backend) is None and warmed == []  # not SM90 here
     monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    reload_settings()
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
-    # decode takes the split-KV kernel (default): causal (extend), local (the sliding window), the gather
-    assert warmed.pop() == ([Fp8Variant(128, True, False), Fp8Variant(128, False, True)], [GatherShape(128, 4, 16)],
-                            torch.device("cuda"))
-    assert split_kv.pop() == (128, 28, 4, 16, torch.device("cuda"))  # the split-KV kernel's variants too
+    # decode takes the split-KV kernel (default): its variants, causal (extend), local (the sliding
+    # window), the gather
+    assert warmed.pop() == ([("fp8_paged_decode", SplitKvShape(128, 28, 4, 16, 16)),
+                             ("fp8_forward", Fp8Variant(128, True, False)), ("fp8_forward", Fp8Variant(128, False, True)),
+                             ("fp8_paged_gather", GatherShape(128, 4, 16))], torch.device("cuda"))
     monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "0")
+    reload_settings()
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
-    assert split_kv == []  # no split-KV kernel to warm
-    # decode through the gather: causal (extend), non-causal (GQA decode, the group packed), local (the
-    # sliding window), and the page gather for this head dim, kv heads and page size
-    assert warmed == [([Fp8Variant(128, True, False), Fp8Variant(128, False, False), Fp8Variant(128, False, True)],
-                       [GatherShape(128, 4, 16)], torch.device("cuda"))]
+    # decode through the gather: no split-KV kernel; causal (extend), non-causal (GQA decode, the
+    # group packed), local (the sliding window), and the page gather for this head dim, kv heads, page
+    assert warmed == [([("fp8_forward", Fp8Variant(128, True, False)), ("fp8_forward", Fp8Variant(128, False, False)),
+                        ("fp8_forward", Fp8Variant(128, False, True)), ("fp8_paged_gather", GatherShape(128, 4, 16))],
+                       torch.device("cuda"))]
     for change in (dict(fa_impl_ver=3), dict(kv_cache_dtype_str="auto"), dict(use_mla=True), dict(head_dim=80)):
         llm_fp8_kv.warm_fp8_after_backend_init(None, types.SimpleNamespace(**{**vars(backend), **change}))
     monkeypatch.setenv("SGLANG_FA4_WARMUP", "0")
     llm_fp8_kv.warm_fp8_after_backend_init(None, backend)
     assert len(warmed) == 1
-    assert llm_fp8_kv.fp8_variants_for(64, None) == [Fp8Variant(64, True, False)]
 
 
 def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
-    """warm_fp8_kv_route: the gather's compiles are warmup work; afterwards one is flagged."""
-    from sglang_fa4.kernels import compile_events, triton_handles
+    """warm_llm_fp8_kv: the gather's compiles are warmup work; afterwards one is flagged."""
+    from sglang_fa4.kernels import compile_events, fp8_sm90, triton_handles
     from sglang_fa4.kernels.fp8_paged_kv import gather as fp8_paged_gather
-    from sglang_fa4.kernels.fp8_paged_kv.gather import GatherShape
-    from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.startup import jit_monitor, warmup
+    from sglang_fa4.startup.variants import LlmAttentionShape
 
     jit_monitor.reset_state()
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
-    monkeypatch.setattr(launch, "compiled_kernel", lambda variant: None)
+    monkeypatch.setattr(fp8_sm90.launch, "compiled_kernel", lambda variant: None)
     event = triton_handles.CompileEvent("fp8_paged_gather", ("key",), 0.5, False, False)
 
     def fake_warm(shape, device):  # a compile inside the warmup: expected
@@ -422,9 +392,11 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
         return 1
 
     monkeypatch.setattr(fp8_paged_gather, "warm", fake_warm)
+    monkeypatch.setattr("sglang_fa4.kernels.fp8_paged_kv.warmup.warm_split_kv", lambda shape, device: 0)
     try:
-        report = warmup.warm_fp8_kv_route([], [GatherShape(128, 4, 16)], torch.device("cpu"))
-        assert report.triton["resolved"] == 1 and not report.triton["failures"]
+        report = warmup.warm_llm_fp8_kv(LlmAttentionShape(128, 8, 4, 16), torch.device("cpu"))
+        assert report.family("fp8_paged_gather") == {"variants": 1, "resolved": 1, "compiled": 1, "failed": 0}
+        assert report.family("fp8_forward")["variants"] == 1 and not report.failures
         assert jit_monitor.warmup_finished() and jit_monitor.compiles_after_warmup() == 0
         with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="fp8_paged_gather"):
             compile_events.record("triton", event)  # the same compile on the request path
@@ -432,48 +404,51 @@ def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
         jit_monitor.reset_state()
 
 
-def test_the_one_entry_point_takes_the_paged_form(fake_kernel, split_kv_calls):
-    """dispatch.fa4_varlen_attention with page_table / cache_seqlens is the FP8 KV route: decode to the
-    split-KV kernel, a long extend to the gather + FP8 forward, return_lse to the split-KV kernel with
-    the LSE; the same results as paged_fp8_attention called directly."""
-    from sglang_fa4.kernels.varlen import fa4_varlen_attention
-
-    k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
-    kd = torch.tensor([0.7]).expand(2, 2)
+def test_the_paged_form_plans_once_per_batch_shape(fake_kernel, split_kv_calls, monkeypatch):
+    """paged_kv_attention: decode to the split-KV kernel, a long extend to the gather + FP8 forward,
+    return_lse to the split-KV kernel with the LSE. Its arguments are checked and its route and
+    launch plan made once per batch shape: the layers after the first (other pool tensors, other
+    descales, the same shapes) find the plan, with no check run again."""
+    checks = []
+    real = paged_plan.check_paged
+    monkeypatch.setattr(paged_plan, "check_paged", lambda *a: checks.append(1) or real(*a))
+    paged_plan.clear()
+    layers = [make_pool([70, 300], 16, 2, 64, seed=s) for s in range(3)]
+    table, seqlens = layers[0][2], layers[0][3]
     for new, want in (([1, 1], "split"), ([30, 40], "gather")):
         cu, q = cu_seqlens(new), torch.randn(sum(new), 8, 64).to(FP8)
-        before = (len(split_kv_calls), len(fake_kernel))
-        got = fa4_varlen_attention(q, k_cache, v_cache, cu, max(new), page_table=table, cache_seqlens=seqlens,
-                                   k_descale=kd, causal=True, window_size=(None, None))
-        took = "split" if len(split_kv_calls) > before[0] else "gather" if len(fake_kernel) > before[1] else "?"
+        before = (len(split_kv_calls), len(fake_kernel), len(checks), paged_plan.planned())
+        for k_cache, v_cache, _, _ in layers:
+            kd = torch.rand(1).expand(2, 2)  # each layer's own scale, SGLang's expand
+            got = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu, max(new), k_descale=kd, causal=True)
+            ref = paged_attention_fp32(q, k_cache, v_cache, table, seqlens, cu, k_descale=kd, causal=True)
+            assert rel_err(got, ref) < 1e-2
+        took = "split" if len(split_kv_calls) == before[0] + 3 else "gather" if len(fake_kernel) == before[1] + 3 else "?"
         assert took == want
-        direct = paged_fp8_attention(q, k_cache, v_cache, table, seqlens, cu, max(new), k_descale=kd, causal=True)
-        assert torch.equal(got, direct)
+        assert len(checks) == before[2] + 1 and paged_plan.planned() == before[3] + 1  # one plan, three layers
     cu, q = cu_seqlens([1, 1]), torch.randn(2, 8, 64).to(FP8)
-    out, lse = fa4_varlen_attention(q, k_cache, v_cache, cu, 1, page_table=table, cache_seqlens=seqlens,
-                                    causal=True, return_lse=True)
+    out, lse = paged_fp8_attention(q, layers[0][0], layers[0][1], table, seqlens, cu, 1, causal=True, return_lse=True)
     assert split_kv_calls[-1]["lse"] is True and split_kv_calls[-1]["window"] == (-1, -1)
     assert out.shape == (2, 8, 64) and lse.shape == (8, 2)
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(cache_seqlens=None), "page_table and cache_seqlens go together"),
-    (dict(page_table=None), "page_table and cache_seqlens go together"),
-    (dict(page_table=None, cache_seqlens=None, return_lse=True), "return_lse is for the paged form only"),
-    (dict(sinks=torch.zeros(8)), "sinks do not apply to the paged FP8 KV form"),
-    (dict(vt=torch.zeros(1)), "vt do not apply to the paged FP8 KV form"),
-    (dict(cu_seqlens_k=torch.zeros(3, dtype=torch.int32)), "cu_seqlens_k do not apply to the paged FP8 KV form"),
-    (dict(q_descale=torch.ones(1)), "q_descale do not apply to the paged FP8 KV form"),
+    (dict(page_table=torch.zeros(2, 3, dtype=torch.int64)), "page_table must be int32"),
+    (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), "cache_seqlens has 3 entries"),
+    (dict(cu_seqlens_q=torch.zeros(4, dtype=torch.int32)), r"cu_seqlens_q must be int32 \(3,\)"),
+    (dict(max_seqlen_q=1.0), "max_seqlen_q must be a host int"),
+    (dict(q=torch.randn(2, 8, 64)), "q must be float8_e4m3fn"),
+    (dict(softmax_scale="0.1"), "softmax_scale must be a real number"),
+    (dict(return_lse=True, max_seqlen_q=None, backend="gather"), "only the split-KV kernel computes the LSE"),
+    (dict(backend="fast"), "backend must be one of"),
 ])
-def test_the_paged_form_refuses_each_contiguous_only_argument(change, message):
-    from sglang_fa4.kernels.varlen import FA4InputError, fa4_varlen_attention
-
+def test_the_paged_plan_refuses_each_bad_argument(change, message):
     k_cache, v_cache, table, seqlens = make_pool([70, 300], 16, 2, 64)
-    kw = dict(page_table=table, cache_seqlens=seqlens)
+    kw = dict(q=torch.randn(2, 8, 64).to(FP8), k_cache=k_cache, v_cache=v_cache, page_table=table,
+              cache_seqlens=seqlens, cu_seqlens_q=cu_seqlens([1, 1]), max_seqlen_q=1)
     kw.update(change)
-    q = torch.randn(2, 8, 64).to(FP8)
-    with pytest.raises(FA4InputError, match=message):
-        fa4_varlen_attention(q, k_cache, v_cache, cu_seqlens([1, 1]), 1, **kw)
+    with pytest.raises(PagedKVError, match=message):
+        fp8_paged_kv.plan(**kw)
 
 
 def test_decode_graphs_through_sglangs_own_graph_metadata(sglang_version):

@@ -1,5 +1,6 @@
-"""Per-(sequence, kv-head) descales of the FP8 paged-KV path, on the CPU: the kernel's descale
-tensor (``fp8_paged_kv.descales``: row 0 q, 1 k, 2 v; each row (batch, kv_heads)) and the fp32
+"""Per-(sequence, kv-head) descales of the FP8 paged-KV path, on the CPU: their checks where they enter
+(the route's plan), the gather route's descale tensor (``fp8_paged_kv.extend.descales``: row 0 q,
+1 k, 2 v; each row (batch, kv_heads)) and the fp32
 reference on the paged cache, against the shared reference (sglang_fa4/testing.py) on K/V
 dequantized by hand. Every (sequence, kv head) gets its own scale, so a transposed, shared or
 misplaced scale changes the answer."""
@@ -9,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
-from sglang_fa4.kernels.fp8_paged_kv import FP8, descales
+from sglang_fa4.kernels import fp8_paged_kv
+from sglang_fa4.kernels.fp8_paged_kv import PagedKVError
+from sglang_fa4.kernels.fp8_paged_kv.extend import FP8, descales
 from sglang_fa4.testing import attention_fp32, cu_seqlens, offsets, paged_attention_fp32, rel_err
 
 BATCH, HKV = 3, 2
@@ -43,8 +45,15 @@ def test_descales_scalar_broadcast_and_none():
     ("v_descale", 0.5, "v_descale must be a tensor, got float"),
 ])
 def test_descales_refuse_each_bad_shape(name, bad, message):
-    with pytest.raises(PagedKVError, match=message):
-        descales(**{"k_descale": None, "v_descale": None, name: bad}, batch=BATCH, hkv=HKV, device="cpu")
+    """Checked where they enter the route (its plan), on either backend."""
+    cache = torch.zeros(4, 16, HKV, 64).to(FP8)
+    table = torch.zeros(BATCH, 2, dtype=torch.int32)
+    lens = torch.full((BATCH,), 5, dtype=torch.int32)
+    for max_q in (1, 40):  # split-KV, gather
+        q = torch.zeros(BATCH * max_q, 4, 64).to(FP8)
+        with pytest.raises(PagedKVError, match=message):
+            fp8_paged_kv.plan(q, cache, cache, table, lens, cu_seqlens([max_q] * BATCH), max_q,
+                              **{"k_descale": None, "v_descale": None, name: bad})
 
 
 def test_paged_reference_applies_each_sequences_kv_head_scale():

@@ -11,13 +11,11 @@ One interpreter per SGLang version runs every case (the loader's once-per-proces
 registry and the plugin's state are reset between cases); the tests below read its results.
 """
 
-from pathlib import Path
 
 import pytest
 
 from sglang_harness import SUPPORTED_VERSIONS, require_version, run_file
 
-STUBS = Path(__file__).resolve().parents[1] / "benchmark" / "sglang_on_gpu"
 
 MISSING_TARGET = "sglang.srt.models.qwen2_5_vl.Qwen2_5_VisionTransformer.no_such_forward"
 # case -> (environment, feature whose registrar raises, the Qwen2.5-VL forward hook's target instead)
@@ -43,7 +41,7 @@ def loads(request):
     request.applymarker(pytest.mark.sglang)
     require_version(version)
     return run_file(version, "plugin_loader_cases.py",
-                    {"cases": CASES, "stubs": str(STUBS), "owner_values": OWNER_VALUES}, env=QUIET)
+                    {"cases": CASES, "owner_values": OWNER_VALUES}, env=QUIET)
 
 
 def test_a_clean_environment_applies_every_hook(loads):

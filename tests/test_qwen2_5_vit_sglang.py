@@ -47,7 +47,7 @@ TOWER_GRIDS = [[[1, 16, 20], [2, 8, 12]], [[1, 14, 22]], [[3, 10, 6], [1, 4, 4],
 @pytest.fixture(scope="module", params=SUPPORTED_VERSIONS)
 def run(request):
     require_version(request.param)
-    params = {"bench": str(ROOT / "benchmark" / "release"), "geometries": GEOMETRIES, "grids": random_grids(),
+    params = {"geometries": GEOMETRIES, "grids": random_grids(),
               "tower_grids": TOWER_GRIDS}
     return run_file(request.param, "qwen2_5_vit_host_metadata.py", params,
                     env={"SGLANG_FA4_VIT_HOST_METADATA": None})

@@ -41,9 +41,8 @@ def window_version(request: pytest.FixtureRequest) -> str:
 
 def test_registration_through_the_real_loader(window_version):
     env = {**ALL_ON, "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
-    stubs = str(ROOT / "benchmark" / "sglang_on_gpu")
     # the full-suite releases share their zygote with the other tests; one fresh start for the others
-    out = run_file(window_version, "sglang_registration.py", {"stubs": stubs}, env=env,
+    out = run_file(window_version, "sglang_registration.py", {}, env=env,
                    fresh=window_version not in SUPPORTED_VERSIONS)
     upstream = set() if window_version == "0.5.20" else FROM_0_5_21
     assert out["version"] == window_version and out["supported"]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from sglang_fa4.kernels import settings
 from sglang_fa4.kernels.vit import short_windows as short_segments
 from sglang_fa4.testing import attention_fp32, cu_seqlens, rel_err
 
@@ -13,15 +14,9 @@ class FakeQ:
         self.is_cuda = cuda
 
 
-@pytest.fixture(autouse=True)
-def fresh_threshold():
-    short_segments.route_max_seqlen.cache_clear()
-    yield
-    short_segments.route_max_seqlen.cache_clear()
-
-
 def route(arch=90, q=None, max_seqlen=64, window=(None, None), sinks=None):
-    return short_segments.should_route(arch, q or FakeQ(), max_seqlen, window, sinks)
+    return short_segments.should_route(arch, q or FakeQ(), max_seqlen, window, sinks,
+                                       settings.settings().short_route_max_seqlen)
 
 
 def test_routes_short_windows_on_sm90():
@@ -49,17 +44,19 @@ def test_stays_on_fa4(kwargs):
     assert not route(**kwargs)
 
 
-def test_threshold_from_env(monkeypatch):
+def test_threshold_from_env(monkeypatch, reload_settings):
     monkeypatch.setenv("SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX", "128")
+    reload_settings()
     assert route(max_seqlen=128) and not route(max_seqlen=129)
-    short_segments.route_max_seqlen.cache_clear()
     monkeypatch.setenv("SGLANG_FA4_SHORT_SEQLEN_ROUTE_MAX", "0")
+    assert route(max_seqlen=8)  # read once: the settings in use until they are read again
+    reload_settings()
     assert not route(max_seqlen=8)
 
 
 def test_cpu_tensors_never_reach_the_fa2_op(monkeypatch):
     """fa4_call on CPU inputs goes to the kernel cache, never to the CUDA-only FA2 op."""
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import varlen
     seen = []
 
     class Cache:
@@ -69,10 +66,10 @@ def test_cpu_tensors_never_reach_the_fa2_op(monkeypatch):
             seen.append(q.shape)
             return q
 
-    monkeypatch.setattr(dispatch, "_cache", Cache())
+    monkeypatch.setattr("sglang_fa4.kernels.fa4.cache._cache", Cache())
     monkeypatch.setattr(short_segments, "fa2_varlen_attention", lambda *a, **k: pytest.fail("routed a CPU call"))
     q = torch.randn(8, 2, 16)
-    dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+    varlen.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
     assert seen == [q.shape]
 
 
@@ -180,7 +177,7 @@ def _bad_call(**over):
 def test_short_route_rejects_bad_input(case, message):
     import torch
 
-    from sglang_fa4.kernels.fa4.config import FA4InputError
+    from sglang_fa4.kernels.inputs import FA4InputError
 
     over = {
         "fp32": {n: torch.randn(8, 2, 64) for n in ("q", "k", "v")},
@@ -198,7 +195,7 @@ def test_short_route_rejects_bad_input(case, message):
 def test_out_of_the_wrong_shape_is_an_error():
     import torch
 
-    from sglang_fa4.kernels.fa4.config import FA4InputError
+    from sglang_fa4.kernels.inputs import FA4InputError
     from sglang_fa4.kernels.inputs import check_out_shape
 
     q = torch.randn(8, 2, 64, dtype=torch.bfloat16)

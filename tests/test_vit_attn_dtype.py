@@ -15,7 +15,7 @@ import torch
 
 from sglang_fa4.integration import vision_fa4
 from sglang_fa4.kernels import compile_events
-from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels import fa4
 from sglang_fa4.kernels.vit import short_windows as short_segments
 from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 from sglang_fa4.kernels.fp8_sm90 import launch
@@ -123,11 +123,11 @@ def recorders(monkeypatch):
     calls = Calls()
     monkeypatch.setattr(vit_attn_dtype, "on_cuda", lambda q: True)
     monkeypatch.setattr(short_segments, "should_route", lambda *a: False)
-    previous = dispatch.install_kernel_cache(FakeCache(calls))
+    previous = fa4.install_kernel_cache(FakeCache(calls))
     monkeypatch.setattr(vit_attn_dtype, "fp8_attention",
                         lambda q, k, v, c, m, scale=None: calls.append(("fp8", m, scale)) or q)
     yield calls
-    dispatch.install_kernel_cache(previous)
+    fa4.install_kernel_cache(previous)
 
 
 def forward(lens, d=80, dtype=torch.bfloat16, **kw):

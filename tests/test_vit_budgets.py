@@ -298,7 +298,7 @@ def test_opt_out_gives_sglangs_per_layout_runner(sglang_version):
 # real one with graphs faked, budgets captured by the startup path on each rank. Per rank: the
 # budget replay (windowed + full blocks, padded) equals the tower's eager forward.
 def test_budget_graphs_on_tensor_parallel_tower(sglang_version):
-    out = run_file(sglang_version, "vit_budgets_tp_tower.py", {"bench_gpu": str(ROOT / "benchmark" / "sglang_on_gpu")},
+    out = run_file(sglang_version, "vit_budgets_tp_tower.py", {},
                    env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
                         "SGLANG_FA4_JIT_MONITOR": "raise", "SGLANG_FA4_VIT_GRAPH_BUDGETS": "128,256,512"})
     for r in out["ranks"]:

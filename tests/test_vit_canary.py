@@ -7,15 +7,12 @@ grows after the first pass all fail the run; a clean path passes with bitwise-eq
 from __future__ import annotations
 
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "release"))
-import check_vit_canary as canary  # noqa: E402
+from benchmark.release import check_vit_canary as canary  # noqa: E402
 
 WIDTH = 4
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from sglang_fa4.integration import hooks
-from sglang_fa4.kernels import varlen as dispatch
+from sglang_fa4.kernels import fa4, varlen
 from sglang_fa4.kernels.fa4 import b36 as fa4_b36
 from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS
 from sglang_fa4.kernels.fa4.config import FA4Config, config_for
@@ -149,14 +149,14 @@ def test_config_for_is_the_kernel_cache_key():
 def fake_fa4(monkeypatch):
     """A KernelCache with a fake FA4 backend installed process-wide, fresh warmup state."""
     backend = FakeBackend(90)
-    previous = dispatch.install_kernel_cache(KernelCache(backend))
+    previous = fa4.install_kernel_cache(KernelCache(backend))
     jit_monitor.reset_state()
     monkeypatch.delenv("SGLANG_FA4_WARMUP", raising=False)
     monkeypatch.delenv("SGLANG_FA4_JIT_MONITOR", raising=False)
     monkeypatch.setenv("SGLANG_FA4_KERNEL_CACHE", "0")
     yield backend
     jit_monitor.reset_state()
-    dispatch.install_kernel_cache(previous)
+    fa4.install_kernel_cache(previous)
 
 
 def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
@@ -166,7 +166,7 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
         report = warmup.run_warmup(variants, "cpu")
     assert len(fake_fa4.compiles) == 4 and report.resolved == 4 and report.compiled == 4
     assert not report.failures and not report.mismatches
-    assert [c.config for c in dispatch.compile_events()] == [v.config for v in variants]
+    assert [c.config for c in fa4.kernel_cache().compile_events()] == [v.config for v in variants]
     many = [c for c in fake_fa4.compiles if c.cu_seqlens.shape[0] - 1 > MANY_SEGMENTS]
     assert len(many) == 2  # the > 256-segment variants really got > 256 segments
     lines = [r.getMessage() for r in caplog.records if "warmup [" in r.getMessage()]
@@ -180,7 +180,7 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
 def test_warmup_failure_is_reported_not_raised(fake_fa4):
     variants = enumerate_variants(VLM(MiMoTower()), 120)  # FA4 has no sinks on sm_120
     fake_fa4._arch = 120
-    dispatch.install_kernel_cache(KernelCache(fake_fa4))
+    fa4.install_kernel_cache(KernelCache(fake_fa4))
     report = warmup.run_warmup(variants, "cpu")
     assert len(report.failures) == 2 and report.resolved == 2  # the two full variants still compiled
     assert all("FA4FeatureError" in msg for _, msg in report.failures)
@@ -192,10 +192,10 @@ def test_after_warmup_the_monitor_warns(fake_fa4, caplog):
     q = torch.randn(8, 16, 72, dtype=torch.bfloat16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        dispatch.fa4_varlen_attention(q, q, q, cu, 8)  # a warmed variant: nothing
+        varlen.fa4_varlen_attention(q, q, q, cu, 8)  # a warmed variant: nothing
         assert jit_monitor.compiles_after_warmup() == 0
         q2 = torch.randn(8, 16, 128, dtype=torch.bfloat16)  # not warmed
-        dispatch.fa4_varlen_attention(q2, q2, q2, cu, 8)
+        varlen.fa4_varlen_attention(q2, q2, q2, cu, 8)
     assert jit_monitor.compiles_after_warmup() == 1
     warned = [r.getMessage() for r in caplog.records if "after the startup warmup" in r.getMessage()]
     assert len(warned) == 1 and "head_dim=128" in warned[0]
@@ -210,7 +210,7 @@ def test_after_warmup_the_monitor_raises(fake_fa4, monkeypatch):
     jit_monitor.arm_jit_monitor()
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="head_dim=64"):
-        dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+        varlen.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
 
 
 def test_monitor_off(fake_fa4, monkeypatch):
@@ -218,7 +218,7 @@ def test_monitor_off(fake_fa4, monkeypatch):
     warmup.run_warmup([], "cpu")
     assert jit_monitor.arm_jit_monitor() is False
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
-    dispatch.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
+    varlen.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)
     assert jit_monitor.compiles_after_warmup() == 0
 
 
@@ -355,7 +355,7 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
     out = run_py(f"""
         import importlib.util, json, sys, logging
         from sglang_fa4.startup import warmup
-        from sglang_fa4.kernels import varlen as dispatch
+        from sglang_fa4.kernels import fa4, varlen
         from sglang_fa4.kernels.fa4 import b36 as fa4_b36
         from sglang_fa4.kernels.fa4.cache import KernelCache
         from test_fa4_kernel_cache import FakeBackend
@@ -369,7 +369,7 @@ def test_fa4_only_install_is_detected_without_importing_it(tmp_path):
         available = fa4_b36.fa4_available()
         # the plugin's startup path with this install: warms through the kernel cache (fake
         # backend), never imports flash_attn.cute itself
-        dispatch.install_kernel_cache(KernelCache(FakeBackend(90)))
+        fa4.install_kernel_cache(KernelCache(FakeBackend(90)))
         report = warmup.warm_model(qwen25_vl())
         print(json.dumps({{"spec": spec, "fa2": fa2, "available": available, "resolved": report.resolved,
                           "heavy": [m for m in {HEAVY} if m != "flash_attn"]}}))

@@ -18,7 +18,8 @@ import re
 import sys
 from pathlib import Path
 
-from sglang_fa4 import features, result_figures
+from sglang_fa4 import features
+from tools import result_figures
 from sglang_fa4.bench import report
 from sglang_fa4.environ import envs
 

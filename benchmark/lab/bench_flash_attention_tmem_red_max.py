@@ -22,7 +22,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sglang_fa4.bench.layouts import kernel_layout  # noqa: E402
 from sglang_fa4.bench.stats import median, paired, round_order  # noqa: E402

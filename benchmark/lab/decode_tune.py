@@ -21,13 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
 from sglang_fa4.bench.stats import median  # noqa: E402
 from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S  # noqa: E402
-from sglang_fa4.kernels.fp8_paged_kv.decode import paged_decode_attention  # noqa: E402
+from sglang_fa4.kernels.fp8_paged_kv import paged_decode_attention  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 #: (name, batch, context, page, q heads, kv heads, head dim)

@@ -19,7 +19,6 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: (sequences, q tokens each, keys each)
 SHAPES = [(8, 4096, 4096), (8, 4096, 4032), (8, 4096, 4224), (8, 4096, 2048), (8, 4096, 8192), (8, 4096, 16384),
@@ -96,7 +95,7 @@ def main() -> None:
     # rounds outermost, shapes and variants rotated within a round: the GPU's drift within a
     # process (10-15%) lands on every shape alike instead of on the shapes timed last
     times = [{n: [] for n, _ in variants} for _ in shapes]
-    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+    from benchmark.lab.fp8_kernel_configs import config_for
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
     configs = {name: config_for(Fp8Variant(d, False, False), flags) for name, flags in variants}

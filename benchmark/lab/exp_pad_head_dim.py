@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: Qwen3-VL pictures as one segment of tokens (patch 16): 720p, 1080p, 4K; and a 4-picture batch
 LAYOUTS = {"720p": [3520], "1080p": [8160], "4k": [32640], "4x1080p": [8160] * 4}

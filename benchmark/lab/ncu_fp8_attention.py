@@ -19,13 +19,10 @@ import csv
 import io
 import json
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SHAPE = {"batch": 8, "seqlen": 4096, "heads": 16, "head_dim": 128, "causal": False}
 
@@ -55,7 +52,7 @@ def workload(which: str, flags: str, warmup: int, shape: dict = SHAPE) -> None:
     if which == "fp8":
         from sglang_fa4.kernels.fp8_sm90 import launch
         from sglang_fa4.kernels.vit import fp8_quantize as quantize
-        from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+        from benchmark.lab.fp8_kernel_configs import config_for
         from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
         config = config_for(Fp8Variant(d, False, False), flags)
@@ -90,7 +87,7 @@ def time_variants(variants: str, out: str) -> None:
     from sglang_fa4.bench.timing import graph_replay_ms
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.kernels.vit import fp8_quantize as quantize
-    from sglang_fa4.kernels.fp8_sm90.kernel_config import config_for
+    from benchmark.lab.fp8_kernel_configs import config_for
     from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 
     rows = []

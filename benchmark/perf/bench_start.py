@@ -20,7 +20,7 @@ safetensors read, GIL released) then a blocking copy into a new CUDA tensor. The
 Qwen2.5-VL's (bench_warmup.py: d=80, windows + full blocks), so the warmup covers FA4's two variants,
 the short-window Triton kernel and the fused rotary. After the warmup the restart variants count
 kernels resolved (must be 0 compiled) and run 20 attention calls of random layouts through
-``dispatch.fa4_varlen_attention`` (must resolve nothing).
+``varlen.fa4_varlen_attention`` (must resolve nothing).
 
 Usage (repo root; torch, flash-attn-4 and this package):
     python3 benchmark/perf/bench_start.py --out $OUT/start.json [--cache-dir DIR] [--variants ...]
@@ -42,8 +42,6 @@ from pathlib import Path
 T_PROCESS = time.perf_counter()  # as early as this process can take it: before torch
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 QWEN2_5_VL_7B_GB = 16.6  # 8.29e9 bf16 parameters
 QWEN2_5_VL_7B_TENSORS = 729
@@ -84,18 +82,18 @@ def random_calls(n: int, seed: int) -> dict:
     import torch
 
     from sglang_fa4.kernels import triton_handles
-    from sglang_fa4.kernels import varlen as dispatch
-    from bench_warmup import HEADS, _cu, _windows
+    from sglang_fa4.kernels import fa4, varlen
+    from benchmark.perf.bench_warmup import HEADS, _cu, _windows
 
     rng = random.Random(seed)
-    fa4_before, triton_before = dispatch.compile_count(), triton_handles.compile_count()
+    fa4_before, triton_before = fa4.kernel_cache().compile_count(), triton_handles.compile_count()
     for _ in range(n):
         gh, gw = 2 * rng.randint(2, 60), 2 * rng.randint(2, 60)
         for lens in (_windows(gh, gw), [gh * gw]):
             q, k, v = (torch.randn(sum(lens), HEADS, 80, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-            dispatch.fa4_varlen_attention(q, k, v, _cu(lens, "cuda"), max(lens))
+            varlen.fa4_varlen_attention(q, k, v, _cu(lens, "cuda"), max(lens))
     torch.cuda.synchronize()
-    return {"calls": 2 * n, "fa4_resolved": dispatch.compile_count() - fa4_before,
+    return {"calls": 2 * n, "fa4_resolved": fa4.kernel_cache().compile_count() - fa4_before,
             "triton_resolved": triton_handles.compile_count() - triton_before}
 
 
@@ -112,7 +110,7 @@ def child(args) -> dict:
     fa4 = variant != "baseline"
     model = None
     if fa4:
-        from bench_warmup import towers
+        from benchmark.perf.bench_warmup import towers
 
         from sglang_fa4.startup import fa4_preload
 

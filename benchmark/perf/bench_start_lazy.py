@@ -46,11 +46,8 @@ from pathlib import Path
 T_PROCESS = time.perf_counter()
 
 ROOT = Path(__file__).resolve().parents[2]
-for p in (ROOT, ROOT / "benchmark" / "perf"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
-from bench_start import QWEN2_5_VL_7B_GB, QWEN2_5_VL_7B_TENSORS, load_weights  # noqa: E402
+from benchmark.perf.bench_start import QWEN2_5_VL_7B_GB, QWEN2_5_VL_7B_TENSORS, load_weights  # noqa: E402
 
 VARIANTS = ("fill", "baseline", "lazy", "fa4_disk", "breakdown")
 HEAVY = ("flash_attn", "cutlass", "quack")
@@ -81,14 +78,14 @@ def first_calls_bitwise(torch) -> dict:
     """The first FA4 calls after the warmup (stored kernels) vs FA4's own public call."""
     import random
 
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4
 
-    cache, rng = dispatch.kernel_cache(), random.Random(1)
+    cache, rng = fa4.kernel_cache(), random.Random(1)
     gen = torch.Generator(device="cuda").manual_seed(1)
     layouts = {"full_2_images": [2 * 38 * 2 * 52, 2 * 22 * 2 * 30],
                "windows_300": [rng.choice((16, 32, 48, 64)) for _ in range(300)]}
     ours, inputs = {}, {}
-    before = dispatch.compile_count()
+    before = fa4.kernel_cache().compile_count()
     for name, lens in layouts.items():
         q, k, v, cu = inputs[name] = _attention_inputs(torch, lens, gen)
         out = torch.full_like(q, float("nan"))
@@ -110,7 +107,7 @@ def first_calls_bitwise(torch) -> dict:
         static[n][4].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    resolved_by_first_calls = dispatch.compile_count() - before
+    resolved_by_first_calls = fa4.kernel_cache().compile_count() - before
     heavy_before = _heavy()
     t0 = time.perf_counter()
     from flash_attn.cute import flash_attn_varlen_func  # FA4 itself, only now
@@ -139,9 +136,9 @@ def first_calls_bitwise(torch) -> dict:
 
 def host_us(torch, n: int = 2000) -> float:
     """Median host time of one direct launch of a resolved configuration (the d80 full one)."""
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4
 
-    cache = dispatch.kernel_cache()
+    cache = fa4.kernel_cache()
     q, k, v, cu = _attention_inputs(torch, [1024], torch.Generator(device="cuda").manual_seed(2))
     out = torch.empty_like(q)
     times = []
@@ -198,7 +195,7 @@ def child(args) -> dict:
     variant, fa4 = args.child, args.child != "baseline"
     result: dict = {"variant": variant, "round": args.round}
     if fa4:
-        from bench_warmup import towers
+        from benchmark.perf.bench_warmup import towers
 
         from sglang_fa4.startup import fa4_preload
 

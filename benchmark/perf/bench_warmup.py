@@ -8,7 +8,7 @@ the attributes of SGLang's VisionAttention go through ``sglang_fa4.startup.varia
   cold   a fresh, empty FA4 cache dir: every variant is compiled (FA4 writes it to disk);
   warm   a second process on the same dir: every variant is loaded from disk, nothing compiles;
          then a trace of N random image sizes (Qwen2.5-VL windowed + full layouts and Qwen3-VL
-         full, 1-3 images per batch, 56 px to 2240 px) through ``dispatch.fa4_varlen_attention``
+         full, 1-3 images per batch, 56 px to 2240 px) through ``varlen.fa4_varlen_attention``
          counting configurations resolved after the warmup (must be 0), and a bitwise check
          that the one-kernel-per-class launches equal FA4's public API called with each call's
          exact max_seqlen (the max_seqlen normalisation changes no output).
@@ -39,8 +39,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 HEADS = 16
 PATCH = 14
@@ -138,10 +136,10 @@ def child(args) -> dict:
     cache_dir = fa4_env.configure_fa4_disk_cache()  # before flash_attn.cute is imported
     import flash_attn.cute  # noqa: F401
 
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4, varlen
     result["cache_dir"] = cache_dir
     result["import_fa4_s"] = time.perf_counter() - t0
-    arch = dispatch.kernel_cache().arch
+    arch = fa4.kernel_cache().arch
     result["arch"] = arch
     models = towers()
     variants = []
@@ -187,14 +185,14 @@ def trace(args) -> dict:
     from flash_attn.cute import flash_attn_varlen_func
 
     from sglang_fa4.kernels import triton_handles
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4, varlen
     from sglang_fa4.kernels.vit import short_windows as short_segments
     from sglang_fa4.kernels.vit import rotary as vit_rotary
     from sglang_fa4.startup import jit_monitor
 
     jit_monitor.arm_jit_monitor()
     dev = torch.device(DEVICE)
-    start_count = dispatch.compile_count()
+    start_count = fa4.kernel_cache().compile_count()
     start_triton = triton_handles.compile_count()
     start_after = jit_monitor.compiles_after_warmup()
     calls = many = routed_calls = 0
@@ -215,14 +213,14 @@ def trace(args) -> dict:
             q, k, v = (torch.randn(total, HEADS, d, dtype=torch.bfloat16, device=dev) for _ in range(3))
             cu = _cu(lens, dev)
             max_len = max(lens)
-            out = dispatch.fa4_varlen_attention(q, k, v, cu, max_len)
+            out = varlen.fa4_varlen_attention(q, k, v, cu, max_len)
             calls += 1
             if name != "qwen2.5-vl full":  # the fused rotary on this batch's tokens (bf16 tables)
                 ang = torch.rand(total, d, device=dev)
                 vit_rotary.apply_rotary(q, k, ang.cos().bfloat16(), ang.sin().bfloat16())
             many += len(lens) > 256
             # short-window layouts run on FA2 on SM90 (sglang_fa4.kernels.vit.short_windows), not on FA4
-            routed = short_segments.should_route(dispatch.kernel_cache().arch, q, max_len, (None, None), None)
+            routed = short_segments.should_route(fa4.kernel_cache().arch, q, max_len, (None, None), None)
             routed_calls += routed
             # the normalisation proof: FA4's own public call, with this call's exact max_seqlen
             if b % 4 == 0 and not routed:
@@ -241,7 +239,7 @@ def trace(args) -> dict:
         "calls_over_256_segments": many,
         "calls_routed_to_fa2": routed_calls,
         "seconds": time.perf_counter() - t0,
-        "resolved_after_warmup": dispatch.compile_count() - start_count,
+        "resolved_after_warmup": fa4.kernel_cache().compile_count() - start_count,
         "triton_resolved_after_warmup": triton_handles.compile_count() - start_triton,
         "monitor_compiles_after_warmup": jit_monitor.compiles_after_warmup() - start_after,
         "bitwise_checks": len(checks),

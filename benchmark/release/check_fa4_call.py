@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
@@ -114,7 +112,7 @@ def main() -> int:
     args = ap.parse_args()
     out_path = Path(args.json)
 
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4, varlen
     import flash_attn
 
     torch.manual_seed(0)
@@ -133,7 +131,7 @@ def main() -> int:
     bf16 = torch.bfloat16
     ok_all = True
     events_log = []
-    dispatch.add_compile_listener(lambda e: events_log.append(e))
+    fa4.kernel_cache().add_compile_listener(lambda e: events_log.append(e))
 
     # ---- 1. bitwise ------------------------------------------------------------------------
     layouts = {
@@ -163,9 +161,9 @@ def main() -> int:
             q, k, v = rand_qkv(total, H, d, bf16, packed)
             cu = cu_seqlens(lens, device=DEV)
             out = torch.full((total, H, d), float("nan"), dtype=bf16, device=DEV)
-            before = dispatch.compile_count()
-            ours = dispatch.fa4_varlen_attention(q, k, v, cu, loose or ms, out=out)
-            ours_alloc = dispatch.fa4_varlen_attention(q, k, v, cu, ms)
+            before = fa4.kernel_cache().compile_count()
+            ours = varlen.fa4_varlen_attention(q, k, v, cu, loose or ms, out=out)
+            ours_alloc = varlen.fa4_varlen_attention(q, k, v, cu, ms)
             ref = public(q, k, v, cu, ms)
             torch.cuda.synchronize()
             row = {
@@ -173,7 +171,7 @@ def main() -> int:
                 "packed_qkv": packed, "max_seqlen_passed": loose or ms,
                 "all_written": bool(not torch.isnan(ours).any()),
                 "bitwise": bool(torch.equal(ours, ref) and torch.equal(ours_alloc, ref)),
-                "new_configs": dispatch.compile_count() - before,
+                "new_configs": fa4.kernel_cache().compile_count() - before,
             }
             ok_all &= row["all_written"] and row["bitwise"]
             rows.append(row)
@@ -191,9 +189,9 @@ def main() -> int:
         cu = cu_seqlens(lens, device=DEV)
         sinks = None if sink_dtype is None else (torch.randn(H, device=DEV) * 2 + 3).to(sink_dtype)
         scale = 1.0 / math.sqrt(d)
-        before = dispatch.compile_count()
+        before = fa4.kernel_cache().compile_count()
         out = torch.full((total, H, d), float("nan"), dtype=bf16, device=DEV)
-        ours = dispatch.fa4_varlen_attention(q, k, v, cu, ms, window_size=window, sinks=sinks, out=out)
+        ours = varlen.fa4_varlen_attention(q, k, v, cu, ms, window_size=window, sinks=sinks, out=out)
         fa4_window = tuple(None if (w is not None and w < 0) else w for w in window)
         pub = public(q, k, v, cu, ms, window=fa4_window, sinks=sinks)
         ref = attention_fp32(q, k, v, cu, scale=scale, window=fa4_window, sinks=sinks)
@@ -206,7 +204,7 @@ def main() -> int:
             "rel_err_vs_fp32": rel_err(ours, ref),
             "rel_err_public_vs_fp32": rel_err(pub, ref),
             "sinks_matter_rel_diff": rel_err(ref, nosink) if nosink is not None else None,
-            "new_configs": dispatch.compile_count() - before,
+            "new_configs": fa4.kernel_cache().compile_count() - before,
         }
         ok_all &= row["bitwise_vs_public"] and row["all_written"] and row["rel_err_vs_fp32"] < 2e-2
         ws.append(row)
@@ -224,9 +222,9 @@ def main() -> int:
         cu = cu_seqlens(lens, device=DEV)
         out = torch.empty_like(q)
         with torch.inference_mode():
-            dispatch.fa4_varlen_attention(q, k, v, cu, 256, out=out)
+            varlen.fa4_varlen_attention(q, k, v, cu, 256, out=out)
             launcher = next(
-                l for l in dispatch.kernel_cache()._launchers.values()
+                l for l in fa4.kernel_cache()._launchers.values()
                 if l.config.head_dim == 80 and not l.config.many_segments
                 and not l.config.window_left and l.config.sink_dtype is None
             )
@@ -238,24 +236,24 @@ def main() -> int:
             if lay.max_seqlen is not None:
                 raw[lay.max_seqlen] = 256
             fn = launcher.fn
-            before = dispatch.compile_count()
+            before = fa4.kernel_cache().compile_count()
             timing = {
                 "shape": {"total": 256, "heads": H, "head_dim": d, "segments": 1},
                 "fa4_public": host_us(lambda: public(q, k, v, cu, 256), 1000),
                 "ours_out_given": host_us(
-                    lambda: dispatch.fa4_varlen_attention(q, k, v, cu, 256, out=out), 4000),
-                "ours_alloc": host_us(lambda: dispatch.fa4_varlen_attention(q, k, v, cu, 256), 4000),
+                    lambda: varlen.fa4_varlen_attention(q, k, v, cu, 256, out=out), 4000),
+                "ours_alloc": host_us(lambda: varlen.fa4_varlen_attention(q, k, v, cu, 256), 4000),
                 "ours_window_sinks": None,
                 "compiled_fn_direct": host_us(lambda: fn(*raw), 4000),
             }
             sinks = torch.randn(H, device=DEV)
             q64, k64, v64 = rand_qkv(256, H, 64, bf16)
             timing["ours_window_sinks"] = host_us(
-                lambda: dispatch.fa4_varlen_attention(q64, k64, v64, cu, 256, window_size=(64, 64),
+                lambda: varlen.fa4_varlen_attention(q64, k64, v64, cu, 256, window_size=(64, 64),
                                                       sinks=sinks), 4000)
             timing["fa4_public_window_sinks"] = host_us(
                 lambda: public(q64, k64, v64, cu, 256, window=(64, 64), sinks=sinks), 1000)
-            timing["new_configs_during_timing"] = dispatch.compile_count() - before
+            timing["new_configs_during_timing"] = fa4.kernel_cache().compile_count() - before
         RESULT["host_overhead"] = timing
         ok_all &= timing["ours_out_given"]["median_us"] <= 15.0
 
@@ -277,13 +275,13 @@ def main() -> int:
         sinks = torch.randn(H, device=DEV)
         out1 = torch.empty_like(q)
         out6 = torch.empty_like(q6)
-        before = dispatch.compile_count()
+        before = fa4.kernel_cache().compile_count()
 
         def body():
-            dispatch.fa4_varlen_attention(q, k, v, cu, ms, out=out1)
-            o2 = dispatch.fa4_varlen_attention(out1, k, v, cu, ms)  # chained, allocated in pool
-            om = dispatch.fa4_varlen_attention(qm, km, vm, cum, max(lens_many))  # > 256 segments
-            dispatch.fa4_varlen_attention(q6, k6, v6, cu, ms, window_size=(64, 64), sinks=sinks, out=out6)
+            varlen.fa4_varlen_attention(q, k, v, cu, ms, out=out1)
+            o2 = varlen.fa4_varlen_attention(out1, k, v, cu, ms)  # chained, allocated in pool
+            om = varlen.fa4_varlen_attention(qm, km, vm, cum, max(lens_many))  # > 256 segments
+            varlen.fa4_varlen_attention(q6, k6, v6, cu, ms, window_size=(64, 64), sinks=sinks, out=out6)
             return o2, om
 
         s = torch.cuda.Stream()
@@ -310,7 +308,7 @@ def main() -> int:
             eq.append([torch.equal(out1, e1), torch.equal(o2, e2), torch.equal(om, em), torch.equal(out6, e6)])
         g_res["replays_bitwise_equal"] = eq
         g_res["ok"] = all(all(r) for r in eq)
-        g_res["new_configs"] = dispatch.compile_count() - before
+        g_res["new_configs"] = fa4.kernel_cache().compile_count() - before
         # replay cost
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -335,8 +333,8 @@ def main() -> int:
     ok_all &= not skipped
 
     # ---- 5. compile events -------------------------------------------------------------------
-    RESULT["compile_count"] = dispatch.compile_count()
-    RESULT["compile_events"] = [e.as_dict() for e in dispatch.compile_events()]
+    RESULT["compile_count"] = fa4.kernel_cache().compile_count()
+    RESULT["compile_events"] = [e.as_dict() for e in fa4.kernel_cache().compile_events()]
     RESULT["listener_saw"] = len(events_log)
     RESULT["ok"] = bool(ok_all and not RESULT.get("errors"))
     save(out_path)

@@ -46,14 +46,11 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for p in (str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
 
 import torch  # noqa: E402
 
-import fa3_seam  # noqa: E402
-from sglang_llm_layer import Built, poison_free_memory  # noqa: E402
+from benchmark.sglang_on_gpu import fa3_seam  # noqa: E402
+from benchmark.sglang_on_gpu.sglang_llm_layer import Built, poison_free_memory  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 BAR = 3e-2
@@ -77,7 +74,7 @@ def setup(cpu_smoke: bool) -> dict:
     """What a scheduler process has before its first forward: CUDA-only wheels stubbed where absent,
     SGLang's plugin loader run (sglang_fa4's hooks applied)."""
     os.environ.setdefault("SGLANG_IS_FLASHINFER_AVAILABLE", "false")
-    import cuda_only_stubs
+    from benchmark.sglang_on_gpu import cuda_only_stubs
 
     stubbed = cuda_only_stubs.install_missing()
     import sglang
@@ -89,13 +86,13 @@ def setup(cpu_smoke: bool) -> dict:
     import sglang.srt.layers.attention.flashattention_backend as fab
 
     if cpu_smoke:
-        sys.path.insert(0, str(ROOT / "tests"))
-        import sglang_fa4.kernels.fp8_sm90.launch as launch
         from sglang_fa4.integration import llm_fp8_kv
-        from test_llm_fp8_kv_route import model_kernel
+        from sglang_fa4.kernels import fp8_sm90
+        from sglang_fa4.testing import paged_kv_torch
 
         llm_fp8_kv.is_sm90 = lambda device: True
-        launch.fp8_varlen_attention = model_kernel([])
+        paged_kv_torch.install()  # the split-KV kernel and the gather as their torch contracts
+        fp8_sm90.fp8_varlen_attention = paged_kv_torch.fp8_forward_model([])
         import sglang.srt.layers.attention.attention_registry as registry
 
         registry.get_device_capability = lambda *a, **k: (9, 0)  # ATTENTION_BACKENDS["fa3"] asserts SM90
@@ -103,15 +100,15 @@ def setup(cpu_smoke: bool) -> dict:
     FA3_SKIP = fa3_seam.install(fa3_model if cpu_smoke else None)
     if FA3_SKIP:
         RESULT["notes"].append(FA3_SKIP)
-    import sglang_fa4.kernels.fp8_paged_kv as paged
+    from sglang_fa4.kernels import fp8_paged_kv as paged
 
-    routed = paged.paged_fp8_attention  # counted: proves each forward took the FP8 route
+    routed = paged.paged_kv_attention  # counted: proves each forward took the FP8 route
 
     def counted(*a, **k):
         ROUTED_CALLS.append(1)
         return routed(*a, **k)
 
-    paged.paged_fp8_attention = counted
+    paged.paged_kv_attention = counted
     from sglang_fa4.bench import fa3
 
     return {"sglang": sglang.__version__, "stubbed": stubbed, "fa3": None if FA3_SKIP else

@@ -43,7 +43,6 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
@@ -205,7 +204,8 @@ def fa4_bf16(row, tq, tk, cu_q, cu_k, new, lens, kc, vc, seqlens, table, budget_
 
 def section_speed(budget_s):
     from sglang_fa4.bench.timing import measure_copy_gbps
-    from sglang_fa4.kernels.fp8_paged_kv import descales, gather_paged_kv
+    from sglang_fa4.kernels.fp8_paged_kv import gather_paged_kv
+    from sglang_fa4.kernels.fp8_paged_kv.extend import descales
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
     from sglang_fa4.kernels.fp8_sm90.vt_pack import pack_vt
 

@@ -19,7 +19,7 @@ encoder eagerly). Per request, through ``vision_model`` as the chat model calls 
 output against the same model run eagerly (SGLang's eager encoder path, graphs off) on the same
 pixels (bitwise equal expected; max |diff| reported), and against the encoder's layers run eagerly
 with the runner's own seqlens layout (a diagnostic), finite. After startup: graphs captured (the
-runner's graph count and the plugin's capture guard) and FA4 compiles (dispatch.compile_count, the
+runner's graph count and the plugin's capture guard) and FA4 compiles (varlen.compile_count, the
 JIT monitor) must all be 0.
 
 usage (GPU machine, SGLang importable; see benchmark/sglang_on_gpu/README.md):
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 ENV = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_INTERNVL_STARTUP": "1",
        "SGLANG_FA4_JIT_MONITOR": "raise"}
@@ -137,7 +136,7 @@ def build_internvl_chat(seed: int, device: str, config=None, dtype=None):
     max_dynamic_patch, use_thumbnail) and ``vision_model`` (SGLang's InternVisionModel)."""
     import torch
 
-    from sglang_towers import build_internvit, internvl_config
+    from benchmark.sglang_on_gpu.sglang_towers import build_internvit, internvl_config
 
     model = torch.nn.Module()
     model.config = config or internvl_config()
@@ -218,7 +217,7 @@ def serve(model, requests: list[list[int]], seed: int, device: str) -> dict:
     import torch
 
     from sglang_fa4.integration import internvl_graphs as ig
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4
     from sglang_fa4.startup import jit_monitor
 
     vm = model.vision_model
@@ -227,7 +226,7 @@ def serve(model, requests: list[list[int]], seed: int, device: str) -> dict:
     state = ig.startup_state(runner)
     size = vm.embeddings.image_size
     dtype = next(vm.parameters()).dtype
-    graphs0, compiles0, jit0 = len(runner.graphs), dispatch.compile_count(), jit_monitor.compiles_after_warmup()
+    graphs0, compiles0, jit0 = len(runner.graphs), fa4.kernel_cache().compile_count(), jit_monitor.compiles_after_warmup()
     guard0 = state.captures_after_startup if state else 0
     gen = torch.Generator(device=device).manual_seed(seed)
     rows, failures = [], []
@@ -257,7 +256,7 @@ def serve(model, requests: list[list[int]], seed: int, device: str) -> dict:
     return {"requests": rows, "failures": failures, "seconds": round(time.perf_counter() - t0, 2),
             "graphs_captured_after_startup": len(runner.graphs) - graphs0,
             "capture_guard_count": (state.captures_after_startup if state else 0) - guard0,
-            "fa4_compiles_after_startup": dispatch.compile_count() - compiles0,
+            "fa4_compiles_after_startup": fa4.kernel_cache().compile_count() - compiles0,
             "jit_monitor_compiles_after_warmup": jit_monitor.compiles_after_warmup() - jit0,
             "graphs_at_end": len(runner.graphs)}
 
@@ -369,7 +368,7 @@ def processor_max_tiles():
 
 def run_check(args, device: str = "cuda", config=None, dtype=None, meta: dict | None = None) -> dict:
     """Startup then the requests (SGLang prepared, plugins loaded); the result with its verdict."""
-    from sglang_towers import internvl_config
+    from benchmark.sglang_on_gpu.sglang_towers import internvl_config
 
     config = config or internvl_config(max_dynamic_patch=args.max_tiles)
     mr, start = startup(args.seed, device, config, dtype)
@@ -392,7 +391,7 @@ def run_check(args, device: str = "cuda", config=None, dtype=None, meta: dict | 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from sglang_towers import prepare_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import prepare_sglang
 
     info = prepare_sglang("fa4", ENV)
     from sglang_fa4.bench.meta import base_meta
@@ -400,7 +399,7 @@ def main(argv=None) -> int:
     meta = base_meta("internvl_graphs", sys.argv if argv is None else ["check_internvl_graphs.py", *argv])
     meta.update(sglang=info)
     result = run_check(args, "cuda", meta=meta)
-    from sglang_towers import result_stem
+    from benchmark.sglang_on_gpu.sglang_towers import result_stem
 
     stem = result_stem("internvl_graphs", info["sglang_version"], args.tag)
     args.out.mkdir(parents=True, exist_ok=True)

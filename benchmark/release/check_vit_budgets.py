@@ -25,8 +25,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 HEADS, D, PATCH, WINDOW = 16, 80, 14, 8
 
@@ -49,7 +47,7 @@ def main(argv=None) -> int:
     from sglang_fa4.bench.timing import GraphedCalls
     from sglang_fa4.environ import envs
     from sglang_fa4.integration import vit_budget_layouts as budget_layouts
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4, varlen
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -69,15 +67,15 @@ def main(argv=None) -> int:
             q, k, v = (torch.randn(b, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cu = torch.tensor(layout, dtype=torch.int32, device=dev)
             out = torch.empty_like(q)
-            call = (lambda q=q, k=k, v=v, cu=cu, m=max_len, out=out: dispatch.fa4_varlen_attention(q, k, v, cu, m, out=out))
+            call = (lambda q=q, k=k, v=v, cu=cu, m=max_len, out=out: varlen.fa4_varlen_attention(q, k, v, cu, m, out=out))
             static[b, kind] = dict(q=q, k=k, v=v, cu=cu, out=out, max_len=max_len, cap=cap,
                                    graph=GraphedCalls([call], 1, warmup=2))
     # the exact-layout reference calls below use FA4's <=256-segment variant: compile it now, so
     # that any compile counted after this point is the budget path's
     qw = torch.randn(300, HEADS, D, device=dev, dtype=torch.bfloat16)
-    dispatch.fa4_varlen_attention(qw, qw, qw, torch.tensor([0, 100, 300], dtype=torch.int32, device=dev), 200)
+    varlen.fa4_varlen_attention(qw, qw, qw, torch.tensor([0, 100, 300], dtype=torch.int32, device=dev), 200)
     torch.cuda.synchronize()
-    compiles_sealed = dispatch.compile_count()
+    compiles_sealed = fa4.kernel_cache().compile_count()
 
     rows = []
     for i in range(args.mixes):
@@ -95,7 +93,7 @@ def main(argv=None) -> int:
             padded = budget_layouts.pad_layout(cumsum(lens), budget, s["cap"], s["max_len"])
             q, k, v = (torch.randn(tokens, HEADS, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             cu = torch.tensor(cumsum(lens), dtype=torch.int32, device=dev)
-            exact = dispatch.fa4_varlen_attention(q, k, v, cu, max(lens))
+            exact = varlen.fa4_varlen_attention(q, k, v, cu, max(lens))
             for name, src in (("q", q), ("k", k), ("v", v)):
                 s[name][:tokens].copy_(src)
                 s[name][tokens:].zero_()  # the runner zeroes the padding rows of its inputs
@@ -107,7 +105,7 @@ def main(argv=None) -> int:
             diff = (real - exact.float()).abs().max().item()
             rel = ((real - exact.float()).norm() / exact.float().norm()).item()
             pad_finite = bool(torch.isfinite(s["out"][tokens:]).all().item())
-            exact_graph = GraphedCalls([lambda q=q, k=k, v=v, cu=cu, m=max(lens): dispatch.fa4_varlen_attention(q, k, v, cu, m)], 1)
+            exact_graph = GraphedCalls([lambda q=q, k=k, v=v, cu=cu, m=max(lens): varlen.fa4_varlen_attention(q, k, v, cu, m)], 1)
             t_budget = statistics.median(s["graph"].ms_per_call(10) for _ in range(5)) * 1000
             t_exact = statistics.median(exact_graph.ms_per_call(10) for _ in range(5)) * 1000
             exact_graph.release()
@@ -124,7 +122,7 @@ def main(argv=None) -> int:
         "max_abs_diff": max(r["max_abs_diff"] for r in checked),
         "max_rel_err": max(r["rel_err"] for r in checked),
         "all_pad_rows_finite": all(r["pad_rows_finite"] for r in checked),
-        "fa4_compiles_after_capture": dispatch.compile_count() - compiles_sealed,
+        "fa4_compiles_after_capture": fa4.kernel_cache().compile_count() - compiles_sealed,
         "median_overhead": {kind: statistics.median(r["overhead"] for r in checked if r["layout"] == kind)
                             for kind in ("full", "windowed")},
     }

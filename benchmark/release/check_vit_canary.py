@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 #: one unit in the last place of bf16 (8 significant bits) relative to a value: an element agrees
 #: "to bf16 rounding" when |out - ref| <= BF16_ULP * (|ref| + rms(ref)) (the rms term: values near 0)
@@ -239,9 +238,9 @@ def check_model(model: str, args, seed: int) -> dict:
     import torch
 
     from sglang_fa4.integration import vit_budgets
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4
     from sglang_fa4.startup import jit_monitor, warmup
-    from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     jit_monitor.reset_state()  # each model stands for its own server process
     set_graph_mode(None, True)
@@ -308,10 +307,10 @@ def check_model(model: str, args, seed: int) -> dict:
     res["startup_s"] = round(time.perf_counter() - t0, 2)
     res["capture_s"] = round(time.perf_counter() - t1, 2)
     res["budgets"] = list(state.budgets)
-    graphs0, compiles0 = len(runner.block_graphs), dispatch.compile_count()
+    graphs0, compiles0 = len(runner.block_graphs), fa4.kernel_cache().compile_count()
 
     def counters():
-        return {"fa4_compiles": dispatch.compile_count() - compiles0,
+        return {"fa4_compiles": fa4.kernel_cache().compile_count() - compiles0,
                 "jit_monitor_compiles": jit_monitor.compiles_after_warmup(),
                 "graph_captures": len(runner.block_graphs) - graphs0 + state.captures_after_startup}
 
@@ -389,7 +388,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from sglang_towers import prepare_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import prepare_sglang
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_JIT_MONITOR": "raise"}
@@ -398,7 +397,7 @@ def main(argv=None) -> int:
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": info, "env": env,
               "models": []}
     args.out.mkdir(parents=True, exist_ok=True)
-    from sglang_towers import result_stem
+    from benchmark.sglang_on_gpu.sglang_towers import result_stem
 
     stem = result_stem("vit_canary", info["sglang_version"], args.tag)
     for i, model in enumerate(args.models):

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 MARGIN = 1.02  # FP8 must beat bf16 by this much (above run-to-run noise) to be routed
 HEADS = 16
@@ -93,7 +92,7 @@ def crossover(args) -> dict:
 def crossover_row(d: int, lens: list) -> dict:
     import torch
 
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4, varlen
     from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
     from sglang_fa4.kernels.fp8_sm90.launch import fp8_varlen_attention
     from sglang_fa4.kernels.vit.fp8_quantize import quantize_qkv
@@ -106,7 +105,7 @@ def crossover_row(d: int, lens: list) -> dict:
                for s in (2.0, 2.0, 1.0))
     cu = cu_seqlens(lens, device="cuda")
     pre = quantize_qkv_chunked(q, k, v, cu, cu, m)
-    bf16 = lambda: dispatch.fa4_varlen_attention(q, k, v, cu, m)  # noqa: E731
+    bf16 = lambda: varlen.fa4_varlen_attention(q, k, v, cu, m)  # noqa: E731
     fp8 = lambda: vit_attn_dtype.fp8_attention(q, k, v, cu, m)  # noqa: E731
     row = {"head_dim": d, "segments": len(lens), "empty_segments": lens.count(0), "seg_len": m, "tokens": total,
            "bf16_ms": graph_ms(bf16), "fp8_ms": graph_ms(fp8),
@@ -173,7 +172,7 @@ class LayerErrors:
     def __init__(self):
         import torch
 
-        from sglang_fa4.kernels import varlen as dispatch
+        from sglang_fa4.kernels import fa4, varlen
         from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 
         self.on, self.errors, self.noise, self.calls, inner = False, [], 0.0, 0, vit_attn_dtype.fp8_attention
@@ -181,7 +180,7 @@ class LayerErrors:
         def wrapped(q, k, v, cu, max_seqlen, softmax_scale=None):
             self.calls += 1
             if self.noise:
-                ref = dispatch.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale).float()
+                ref = varlen.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale).float()
                 n = torch.randn_like(ref)
                 out = (ref + n * (self.noise * ref.norm() / n.norm())).to(q.dtype)
                 if self.on:
@@ -189,7 +188,7 @@ class LayerErrors:
                 return out
             out = inner(q, k, v, cu, max_seqlen, softmax_scale)
             if self.on:
-                ref = dispatch.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale)
+                ref = varlen.fa4_varlen_attention(q, k, v, cu, max_seqlen, softmax_scale=softmax_scale)
                 self.errors.append(rel(out, ref))
             return out
 
@@ -197,17 +196,17 @@ class LayerErrors:
 
 
 def compiles() -> dict:
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4, varlen
     from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
 
-    return {"fa4": dispatch.compile_count(), "fp8_forward": launch.compile_count(),
+    return {"fa4": fa4.kernel_cache().compile_count(), "fp8_forward": launch.compile_count(),
             "quantize": len(quantize_chunked.compile_events())}
 
 
 def call_ms(tower, x, grid, graph: bool, mode: str) -> float:
     """check_vit_graphs.call_ms (one synced tower call) with the ViT attention dtype ``mode`` set."""
-    from check_vit_graphs import call_ms as tower_call_ms
+    from benchmark.release.check_vit_graphs import call_ms as tower_call_ms
 
     set_mode(mode)
     return tower_call_ms(tower, x, grid, graph)
@@ -219,7 +218,7 @@ def graph_outputs(pair: dict, x, grid, layer_errors: LayerErrors) -> dict:
     the bf16 graph; the FP8 calls the eager forward made (the measured table's decision)."""
     import torch
 
-    from sglang_towers import set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import set_graph_mode
 
     outs = {}
     with torch.no_grad():
@@ -241,13 +240,13 @@ def graph_outputs(pair: dict, x, grid, layer_errors: LayerErrors) -> dict:
 def towers_section(model: str, args, table: dict, seed: int, layer_errors: LayerErrors) -> dict:
     import torch
 
-    from check_vit_graphs import random_mix
+    from benchmark.release.check_vit_graphs import random_mix
     from sglang_fa4.bench.layouts import PICTURES as SIZES
     from sglang_fa4.integration import vit_budgets
     from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
     from sglang_fa4 import sglang_model
     from sglang_fa4.startup import jit_monitor, warmup
-    from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     jit_monitor.reset_state()
     set_graph_mode(None, True)
@@ -450,7 +449,7 @@ def main(argv=None) -> int:
     result: dict = {}
     info = None
     if "towers" in args.sections:
-        from sglang_towers import prepare_sglang
+        from benchmark.sglang_on_gpu.sglang_towers import prepare_sglang
 
         env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
                "SGLANG_FA4_JIT_MONITOR": "warn",

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 
 
@@ -67,11 +66,11 @@ def copy_cost_ms(shape, dtype, rounds: int = 50) -> float:
 def check_qwen(model: str, args, seed: int) -> dict:
     import torch
 
-    from check_vit_graphs import random_mix
+    from benchmark.release.check_vit_graphs import random_mix
     from sglang_fa4.integration import vit_budgets
     from sglang_fa4.startup import warmup
     from sglang_fa4.bench.layouts import PICTURES
-    from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     set_graph_mode(None, True)  # Qwen2.5-VL builds its runner only when the flag is on at __init__
     tower = build_tower(model, seed=seed)
@@ -144,7 +143,7 @@ def check_qwen(model: str, args, seed: int) -> dict:
 def check_internvit(args, seed: int) -> dict:
     import torch
 
-    from sglang_towers import INTERNVIT_300M, TILE_TOKENS, build_internvit, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import INTERNVIT_300M, TILE_TOKENS, build_internvit, set_graph_mode
 
     set_graph_mode(None, True)  # the encoder builds its runner when the flag is on at __init__
     enc = build_internvit(seed, part="encoder")
@@ -199,7 +198,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from sglang_towers import prepare_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import prepare_sglang
 
     # budgets registered (captured by hand per tower, after its exact-layout pass)
     info = prepare_sglang("fa4", env={"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
@@ -216,7 +215,7 @@ def main(argv=None) -> int:
                   for p in ("exact_layout", "budgets", "runner_graphs") if p in r)
     result["held_outputs_changed_total"] = changed
     args.out.mkdir(parents=True, exist_ok=True)
-    from sglang_towers import result_stem
+    from benchmark.sglang_on_gpu.sglang_towers import result_stem
 
     stem = result_stem("vit_graph_outputs", result["sglang_version"])
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 PICTURES = ("448", "720p", "1080p", "4k")
 # bf16 towers, same weights and input; graph and eager differ in GEMM row counts (padding) and
@@ -41,7 +40,7 @@ REL_TOL = 2e-2
 
 
 def random_mix(rng: random.Random, model: str, max_tokens: int) -> list[tuple[int, int, int]]:
-    from sglang_towers import grid_of
+    from benchmark.sglang_on_gpu.sglang_towers import grid_of
 
     while True:
         grids = []
@@ -62,7 +61,7 @@ def rel_err(a, b) -> float:
 def call_ms(tower, x, grid, graph: bool) -> float:
     import torch
 
-    from sglang_towers import set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import set_graph_mode
 
     set_graph_mode(tower, graph)
     with torch.no_grad():
@@ -78,8 +77,8 @@ def tower_profile(tower, x, grid) -> dict:
     ``call_ms`` times): which kernels make up a difference between the two columns."""
     import torch
 
-    from sglang_towers import set_graph_mode
-    from vit_graph_profile import compare
+    from benchmark.sglang_on_gpu.sglang_towers import set_graph_mode
+    from benchmark.release.vit_graph_profile import compare
 
     def call(graph: bool):
         set_graph_mode(tower, graph)
@@ -135,7 +134,7 @@ def blocks_ms(tower, runner, state, hooked_run, recorded, x, grid, rounds: int, 
         out["back_to_back_ms"] = {k: round(statistics.median(event_time_ms(paths[k], 4) for _ in range(3)), 3)
                                   for k in graphs}
     if profile:
-        from vit_graph_profile import compare
+        from benchmark.release.vit_graph_profile import compare
 
         with torch.no_grad():
             out["profile"] = compare(paths)
@@ -159,7 +158,7 @@ def batch_invariance(tower, model: str, state, rng: random.Random, n_random: int
     import torch
 
     from sglang_fa4.bench.layouts import PICTURES as SIZES
-    from sglang_towers import grid_of, pixels, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import grid_of, pixels, set_graph_mode
 
     mixes = [[grid_of(model, *SIZES[name]) for name in names] for names in INVARIANCE_MIXES]
     mixes += [[tuple(int(v) for v in g) for g in mix] for mix in grids_given]
@@ -245,7 +244,7 @@ def graph_eager_same(tower, runner, recorded: dict, x, grid):
     import torch
 
     from sglang_fa4.integration import vit_budgets
-    from sglang_towers import set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import set_graph_mode
 
     with torch.no_grad():
         set_graph_mode(tower, True)
@@ -264,9 +263,9 @@ def graph_eager_same(tower, runner, recorded: dict, x, grid):
 def check_model(model: str, args, seed: int) -> dict:
     import torch
 
-    from sglang_fa4.kernels import varlen as dispatch
+    from sglang_fa4.kernels import fa4
     from sglang_fa4.startup import jit_monitor
-    from sglang_towers import build_tower, grid_of, pixels, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import build_tower, grid_of, pixels, set_graph_mode
 
     jit_monitor.reset_state()  # each model stands for its own server process (JIT monitor state)
     set_graph_mode(None, True)  # Qwen2.5-VL builds its runner only when the flag is on at __init__
@@ -287,7 +286,7 @@ def check_model(model: str, args, seed: int) -> dict:
     set_graph_mode(tower, True)
     state, runner = startup_capture(holder, res, model)
     graphs0 = len(runner.block_graphs)
-    compiles0 = dispatch.compile_count()
+    compiles0 = fa4.kernel_cache().compile_count()
     recorded, hooked_run = record_runner_inputs(runner)
     rng = random.Random(seed)
     mixes, failures, kept = [], [], []
@@ -319,7 +318,7 @@ def check_model(model: str, args, seed: int) -> dict:
         mixes.append(row)
     res["mixes"] = mixes
     res["mix_failures"] = failures
-    res["fa4_compiles_after_startup"] = dispatch.compile_count() - compiles0
+    res["fa4_compiles_after_startup"] = fa4.kernel_cache().compile_count() - compiles0
     res["jit_monitor_compiles_after_warmup"] = jit_monitor.compiles_after_warmup()
     res["graphs_captured_after_startup"] = len(runner.block_graphs) - graphs0
     res["capture_guard_count"] = state.captures_after_startup
@@ -445,11 +444,11 @@ def markdown(result: dict) -> str:
             lines.append("")
         for r in m["latency"]:
             if r["blocks_ms"].get("profile"):
-                from vit_graph_profile import markdown as profile_markdown
+                from benchmark.release.vit_graph_profile import markdown as profile_markdown
 
                 lines += profile_markdown(m["model"], r["image"], r["blocks_ms"]["profile"])
             if r.get("tower_profile"):
-                from vit_graph_profile import markdown as profile_markdown
+                from benchmark.release.vit_graph_profile import markdown as profile_markdown
 
                 lines += profile_markdown(m["model"], f"{r['image']} (whole tower)", r["tower_profile"])
         if m.get("batch_invariance"):
@@ -511,7 +510,7 @@ def main(argv=None) -> int:
 
         args.budgets = ",".join(map(str, dense_ladder()))
 
-    from sglang_towers import prepare_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import prepare_sglang
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_VIT_GRAPH_BUDGETS": args.budgets, "SGLANG_FA4_JIT_MONITOR": "raise",
@@ -525,7 +524,7 @@ def main(argv=None) -> int:
     result = {"meta": meta, "models": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from sglang_towers import result_stem
+    from benchmark.sglang_on_gpu.sglang_towers import result_stem
 
     stem = result_stem("vit_graphs", info["sglang_version"], args.tag)
     for i, model in enumerate(args.models):

@@ -33,9 +33,6 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for _path in (ROOT, ROOT / "benchmark" / "sglang_on_gpu"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 import torch  # noqa: E402
 
@@ -173,7 +170,7 @@ def main(argv=None) -> int:
         print("no CUDA device", file=sys.stderr)
         return 2
     if on_gpu:  # a GPU machine without SGLang's CUDA-only binaries (the device machine): stand-ins
-        import cuda_only_stubs
+        from benchmark.sglang_on_gpu import cuda_only_stubs
 
         result["stubbed_packages"] = cuda_only_stubs.install_missing()
     import sglang
@@ -195,7 +192,7 @@ def main(argv=None) -> int:
     })
     save()
 
-    from sglang_towers import init_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import init_sglang
 
     init_sglang(backend, dist_backend="gloo")  # world size 1: no collectives
     from sglang.srt.models.qwen2_5_vl import Qwen2_5_VisionTransformer

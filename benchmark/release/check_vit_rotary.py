@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 MODELS = {"qwen2_5_vl": (16, 80, ("bfloat16",)), "qwen3_vl": (16, 72, ("bfloat16", "float32"))}
 PICTURES = ("448", "720p", "1080p", "4k")
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    import cuda_only_stubs
+    from benchmark.sglang_on_gpu import cuda_only_stubs
 
     cuda_only_stubs.install_missing()  # SGLang's utils import CUDA-only packages the machine lacks
     from sglang.srt.layers.rotary_embedding.utils import apply_rotary_pos_emb_native, apply_rotary_pos_emb_native_eager

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "sglang_on_gpu")]
 
 MODEL = "qwen2_5_vl"
 # replay vs the same blocks eagerly on the same inputs: bf16 GEMMs over padded row counts may pick
@@ -60,7 +59,7 @@ def run_rank(rank: int, args, port: int) -> dict:
     # a rank stuck (in a collective its peer never enters) dumps every thread's stack
     faulthandler.dump_traceback_later(args.stacks_after_s, repeat=True)
     torch.cuda.set_device(rank)
-    from sglang_towers import build_tower, grid_of, pixels, prepare_sglang, set_graph_mode
+    from benchmark.sglang_on_gpu.sglang_towers import build_tower, grid_of, pixels, prepare_sglang, set_graph_mode
 
     env = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_FA4_VIT_GRAPH_BUDGETS_ENABLE": "1",
            "SGLANG_FA4_JIT_MONITOR": "raise"}
@@ -69,8 +68,8 @@ def run_rank(rank: int, args, port: int) -> dict:
     progress(f"groups built, plugins loaded: {info['plugin_hooked']}")
     from sglang.srt.distributed import parallel_state as ps
 
-    from check_vit_graphs import graph_eager_same, random_mix, record_runner_inputs, rel_err, startup_capture
-    from sglang_fa4.kernels import varlen as dispatch
+    from benchmark.release.check_vit_graphs import graph_eager_same, random_mix, record_runner_inputs, rel_err, startup_capture
+    from sglang_fa4.kernels import fa4
     from sglang_fa4.startup import jit_monitor
 
     tp_group = ps.get_tp_group()
@@ -94,7 +93,7 @@ def run_rank(rank: int, args, port: int) -> dict:
     progress("first eager forward done; warmup and budget capture")
     set_graph_mode(tower, True)
     state, runner = startup_capture(holder, res, f"rank {rank}")
-    graphs0, compiles0 = len(runner.block_graphs), dispatch.compile_count()
+    graphs0, compiles0 = len(runner.block_graphs), fa4.kernel_cache().compile_count()
     recorded, _ = record_runner_inputs(runner)
     progress(f"captured {res['budgets'].get('graphs')} graphs; mixes")
     rng = random.Random(args.seed)  # the same mixes on every rank
@@ -116,7 +115,7 @@ def run_rank(rank: int, args, port: int) -> dict:
     progress("mixes done; latency")
 
     latency = []
-    from check_vit_graphs import call_ms
+    from benchmark.release.check_vit_graphs import call_ms
     from sglang_fa4.bench.layouts import PICTURES as SIZES
 
     for name in args.pictures:  # every rank runs the same calls in lockstep (collectives)
@@ -135,7 +134,7 @@ def run_rank(rank: int, args, port: int) -> dict:
     res["latency"] = latency
     res["graphs_captured_after_startup"] = len(runner.block_graphs) - graphs0
     res["capture_guard_count"] = state.captures_after_startup
-    res["fa4_compiles_after_startup"] = dispatch.compile_count() - compiles0
+    res["fa4_compiles_after_startup"] = fa4.kernel_cache().compile_count() - compiles0
     res["jit_monitor_compiles_after_warmup"] = jit_monitor.compiles_after_warmup()
     res["report"] = state.report()
     faulthandler.cancel_dump_traceback_later()
@@ -239,7 +238,7 @@ def main(argv=None) -> int:
 
     if torch.cuda.device_count() < args.tp:
         raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs; this machine has {torch.cuda.device_count()}")
-    from sglang_towers import _free_port
+    from benchmark.sglang_on_gpu.sglang_towers import _free_port
     from sglang_fa4.bench.meta import base_meta
 
     ctx = mp.get_context("spawn")

@@ -41,13 +41,12 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmark" / "release"), str(ROOT / "benchmark" / "sglang_on_gpu")]
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # SGLang's torch.compile'd rotary: eager on a CPU
 
 import torch  # noqa: E402
 
-from check_vit_fp8 import BF16_NOISE, FORCED_MIN, rel, scale_like_trained  # noqa: E402
-from fp8_error_budget import E4M3_MAX, P_OFFSET, amax_scale, e4m3  # noqa: E402
+from benchmark.release.check_vit_fp8 import BF16_NOISE, FORCED_MIN, rel, scale_like_trained  # noqa: E402
+from benchmark.release.fp8_error_budget import E4M3_MAX, P_OFFSET, amax_scale, e4m3  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
@@ -249,7 +248,7 @@ def stub_vllm_rotary() -> None:
 
 
 def run_model(model: str, seed: int, size: int, noise: tuple, log) -> dict:
-    from sglang_towers import build_tower, grid_of, pixels
+    from benchmark.sglang_on_gpu.sglang_towers import build_tower, grid_of, pixels
 
     tower = build_tower(model, seed=seed, device="cpu")
     modules = attention_modules(tower)
@@ -387,7 +386,7 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.simplefilter("ignore")
-    from sglang_towers import init_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import init_sglang
 
     init_sglang("sdpa")
     import sglang

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for p in (str(ROOT), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
 
 MODELS = ("qwen2_5_vl", "qwen3_vl")
 
@@ -79,7 +75,7 @@ def prepare_sglang(mm_attention_backend: str = "fa4", env: dict | None = None, b
     is built or captured. Call once per process. Returns what was done, for the report."""
     for key, value in (env or {}).items():
         os.environ[key] = str(value)
-    import cuda_only_stubs
+    from benchmark.sglang_on_gpu import cuda_only_stubs
 
     stubbed = cuda_only_stubs.install_missing()
     import sglang

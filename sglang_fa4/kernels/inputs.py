@@ -98,7 +98,10 @@ def check_tensors(q, k, v, cu_seqlens, require_cuda: bool):
             f"tensor; got {describe(q)}, {describe(k)}, {describe(v)}, {describe(cu_seqlens)}"
         ) from None
     if dtype not in DTYPE_NAMES or k.dtype is not dtype or v.dtype is not dtype:
-        raise FA4InputError(f"q, k, v must all be bfloat16 or all float16; got {q.dtype}, {k.dtype}, {v.dtype}")
+        fp8 = any(t.dtype is torch.float8_e4m3fn for t in (q, k, v))
+        raise FA4InputError(f"q, k, v must all be bfloat16 or all float16; got {q.dtype}, {k.dtype}, {v.dtype}" + (
+            " (E4M3 q/k/v: sglang_fa4.kernels.fp8_sm90.fp8_varlen_attention; a paged E4M3 KV cache: "
+            "sglang_fa4.kernels.fp8_paged_kv.paged_kv_attention)" if fp8 else ""))
     if total_v != total_k or nheads_v != nheads_k or head_dim_k != head_dim:
         raise FA4InputError(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must share tokens and heads, and k "

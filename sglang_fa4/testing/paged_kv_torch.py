@@ -5,11 +5,13 @@ kernels, and what the tests read the pool back with.
   window, descales per (batch, kv head) or scalar, the LSE); :func:`split_kv` runs it for a plan;
 * :func:`gather` -- the page gather's torch path (``fp8_paged_kv.gather_paged_kv``) with the torch
   V^T pack: identical to the fused kernel wherever the FP8 forward reads;
-* :func:`install` -- both for CPU tensors outside Triton's interpreter (a CUDA tensor, or any
+* :func:`fp8_forward_model` -- the SM90 FP8 forward's contract, for a harness to put in its place;
+* :func:`install` -- the first two for CPU tensors outside Triton's interpreter (a CUDA tensor, or any
   tensor under TRITON_INTERPRET, still takes the kernel), as the route's kernels
   (``fp8_paged_kv.install_kernels``): the SGLang CPU harnesses call it first;
 * :func:`gather_paged_kv_reference`, :func:`dequantized_paged_kv` -- the pool read back per
-  sequence, built from SGLang's page arithmetic directly.
+  sequence, built from SGLang's page arithmetic directly; :func:`paged_attention_fp32` -- the fp32
+  reference attention over it.
 
 Host loops over the sequences (``.tolist()``): CPU only, never inside a CUDA-graph capture.
 """
@@ -20,6 +22,7 @@ import torch
 
 from sglang_fa4.kernels import fp8_paged_kv, fp8_sm90
 from sglang_fa4.kernels.triton_handles import interpreting
+from sglang_fa4.testing.reference import attention_fp32, offsets
 
 FP8 = torch.float8_e4m3fn
 
@@ -136,3 +139,45 @@ def dequantized_paged_kv(k_cache, v_cache, page_table, cache_seqlens, *, k_desca
         ks.append(descaled(kb.view(FP8).float().to(device), k_descale, b))
         vs.append(descaled(vb.view(FP8).float().to(device), v_descale, b))
     return torch.cat(ks), torch.cat(vs)
+
+
+def fp8_forward_model(calls: list):
+    """A torch model of ``fp8_sm90.fp8_varlen_attention``'s contract (what the CUDA kernel computes),
+    recording each call's host facts in ``calls``: what the CPU harnesses put in the forward's place."""
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, descale, softmax_scale, causal, window_size=(None, None), out=None,
+             vt=None, q_descale=None, k_descale=None, v_descale=None):
+        assert q_descale is k_descale is v_descale is None  # the route hands one (3, batch, Hkv) descale
+        calls.append(dict(max_q=max_q, max_k=max_k, causal=causal, window=window_size, out=out, vt=vt is not None))
+        if v is None:  # the route hands the kernel the permuted V^T: read V back through its layout
+            assert vt.dtype == torch.uint8 and vt.shape[:2] == k.shape[1:] and vt.stride(1) % 16 == 0
+            v = fp8_sm90.unpack_vt_reference(vt, cu_k).view(FP8)
+        assert q.dtype == k.dtype == v.dtype == FP8 and descale.shape == (3, cu_q.shape[0] - 1, k.shape[1])
+        hq, d = q.shape[1], q.shape[2]
+        qf, kf, vf = q.float(), k.float(), v.float()  # dequantized per (sequence, kv head) below
+        for b in range(cu_q.shape[0] - 1):
+            qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+            assert ke - ks <= max_k
+            qf[qs:qe] *= descale[0, b].repeat_interleave(hq // k.shape[1])[None, :, None]
+            kf[ks:ke] *= descale[1, b][None, :, None]
+            vf[ks:ke] *= descale[2, b][None, :, None]
+        # the window is not modelled (the route's windows are SGLang's unbounded -1, -1)
+        res = attention_fp32(qf, kf, vf, cu_q, cu_k, scale=softmax_scale or d ** -0.5, causal=causal)
+        result = res.to(torch.bfloat16)
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
+
+    return fake
+
+
+def paged_attention_fp32(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *,
+                         k_descale=None, v_descale=None, softmax_scale=None, causal=True) -> torch.Tensor:
+    """:func:`attention_fp32` of ``q`` over a paged E4M3 KV pool (SGLang's ``(pages, page_size, hkv,
+    d)`` layout), dequantized by :func:`dequantized_paged_kv`: one segment per sequence,
+    bottom-right causal unless told otherwise."""
+    k, v = dequantized_paged_kv(k_cache, v_cache, page_table, cache_seqlens, k_descale=k_descale,
+                                v_descale=v_descale, device=q.device)
+    return attention_fp32(q, k, v, cu_seqlens_q, offsets(cache_seqlens.tolist()), scale=softmax_scale,
+                          causal=causal)

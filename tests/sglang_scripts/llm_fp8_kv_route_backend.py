@@ -1,12 +1,11 @@
 """The FP8 KV route's hooks on a REAL SGLang release's FlashAttentionBackend methods and fp8_e4m3
 MHATokenToKVPool, then SGLang's own decode CUDA-graph metadata path (init_cuda_graph_state,
 init_forward_metadata_out_graph at capture and at replay): for tests/test_llm_fp8_kv_route.py, one
-subprocess per version. Env: FP8KV_STUBS (benchmark/sglang_on_gpu), FP8KV_TESTS (tests/)."""
+subprocess per version."""
 
 from emit import emit
-import os, sys, warnings; warnings.simplefilter("ignore")
-sys.path.insert(0, os.environ["FP8KV_STUBS"])
-import cuda_only_stubs; cuda_only_stubs.install_missing()   # sgl_kernel / flashinfer are CUDA-only wheels
+import warnings; warnings.simplefilter("ignore")
+from benchmark.sglang_on_gpu import cuda_only_stubs; cuda_only_stubs.install_missing()   # sgl_kernel / flashinfer are CUDA-only wheels
 import torch
 from sglang.srt.plugins import load_plugins
 load_plugins()
@@ -14,22 +13,25 @@ import sglang.srt.layers.attention.flashattention_backend as fab
 import sglang.kernels.ops.attention.flash_attention as fa
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_fa4.integration import llm_fp8_kv
-import sglang_fa4.kernels.fp8_sm90.launch as launch
-sys.path.insert(0, os.environ["FP8KV_TESTS"])
-from test_llm_fp8_kv_route import model_kernel
-from sglang_fa4.testing import cu_seqlens, paged_attention_fp32, rel_err
+from sglang_fa4.kernels import fp8_paged_kv as fpk, fp8_sm90
+import sglang_fa4.kernels.fp8_paged_kv.decode as fpd
+from sglang_fa4.testing import cu_seqlens, paged_attention_fp32, paged_kv_torch, rel_err
 llm_fp8_kv.is_sm90 = lambda device: True          # this CPU stands in for an H200
-calls = []; launch.fp8_varlen_attention = model_kernel(calls)
-# the split-KV decode kernel runs for real, in Triton's interpreter (TRITON_INTERPRET=1); count its calls
-import sglang_fa4.kernels.fp8_paged_kv.decode as fpd, sglang_fa4.kernels.fp8_paged_kv as fpk
-split_calls = []
-def counted(*a, _real=fpd.paged_decode_attention, **k):
-    split_calls.append(k.get("return_lse", False)); return _real(*a, **k)
-fpd.paged_decode_attention = fpk.paged_decode_attention = counted
+calls = []; fp8_sm90.fp8_varlen_attention = paged_kv_torch.fp8_forward_model(calls)
+# the split-KV decode kernel runs for real, in Triton's interpreter (TRITON_INTERPRET=1), or as its torch
+# contract (INTERPRET); the gather as its torch path (its own kernel is interpreted in
+# test_fp8_paged_gather.py); every split-KV call counted, with the metadata tensors it read
+INTERPRET = [False]
+split_calls, seen = [], []
+def split_kv(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *a):
+    split_calls.append(plan.return_lse)
+    seen.append({"page_table": page_table.data_ptr(), "cache_seqlens": cache_seqlens.data_ptr(),
+                 "cu_seqlens_q": cu_seqlens_q.data_ptr(), "pt_shape": list(page_table.shape)})
+    kernel = fpd.launch if INTERPRET[0] else paged_kv_torch.split_kv
+    return kernel(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *a)
+fpk.install_kernels(fpk.Kernels(split_kv, paged_kv_torch.gather))
 launches = []; _launch = fpd.SPLIT.launch
 fpd.SPLIT.launch = lambda *a, **k: (launches.append(a[0]), _launch(*a, **k))
-import sglang_fa4.kernels.fp8_paged_kv.gather as fpg
-fpg.interpreting = lambda: False   # the gather's own kernel is interpreted in test_fp8_paged_gather.py
 res = {"hooked_dispatch": fab.flash_attn_with_kvcache is fa.flash_attn_with_kvcache
        and getattr(fab.flash_attn_with_kvcache, "__wrapped__", None) is not None,
        "hooked_prepare": getattr(fab.FlashAttentionBackend.prepare_paged_mha_query, "__wrapped__", None) is not None}
@@ -45,7 +47,7 @@ hq, hkv, d = 28, 4, 128
 for P in (1, 16, 64):
     # the split-KV kernel interpreted at page 16 (its arithmetic at every page size: test_fp8_paged_decode.py);
     # its torch contract at pages 1 and 64 (CI time)
-    fpd.interpreting = (lambda: True) if P == 16 else (lambda: False)
+    INTERPRET[0] = P == 16
     for mode, lens, new in (("extend", [90, 257], [40, 257]), ("extend-short", [90, 257], [5, 16]),
                             ("decode", [33, 130, 64], [1, 1, 1])):
         B = len(lens)
@@ -103,7 +105,6 @@ res["interpreted_launches"] = len(launches)
 torch.manual_seed(1)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.layers.radix_attention import RadixAttention
-import sglang_fa4.kernels.fp8_paged_kv.decode as fpd
 from test_fp8_paged_decode import _NoSync
 
 def graph_backend(P, max_context_len, pool, req_to_token):
@@ -158,20 +159,13 @@ pool.set_kv_buffer(layer, all_loc, (torch.randn(all_loc.numel(), hkv, d) * 0.1).
                    (torch.randn(all_loc.numel(), hkv, d) * 0.1).to(torch.bfloat16), layer.k_scale, layer.v_scale)
 
 graph_launches, ran = [], []
-fpd.interpreting = lambda: True   # the launch path a GPU call takes: the launches are recorded, not run
+INTERPRET[0] = True   # the launch path a GPU call takes: the launches are recorded, not run
 real_split, real_combine = _launch, fpd.COMBINE.launch
 def run_split(grid, args, index, **o):
     ran.append(list(grid)); return real_split(grid, args, index, **o)
 def recorder(name):
     return lambda grid, args, index, **o: graph_launches.append(
         [name, list(grid), [a for a in args if not isinstance(a, torch.Tensor)], sorted(o.items())])
-seen = []
-_counted = fpd.paged_decode_attention
-def seen_call(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *a, **k):
-    seen.append({"page_table": page_table.data_ptr(), "cache_seqlens": cache_seqlens.data_ptr(),
-                 "cu_seqlens_q": cu_seqlens_q.data_ptr(), "pt_shape": list(page_table.shape)})
-    return _counted(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, *a, **k)
-fpd.paged_decode_attention = fpk.paged_decode_attention = seen_call
 
 def decode(fb, q, k, v, capturing):
     torch.cuda.is_current_stream_capturing = (lambda: True) if capturing else (lambda: False)
@@ -219,10 +213,10 @@ for bs in (1, 4, 8):
         # the result, on what the replay left in the buffers: the kernel itself in Triton's interpreter
         # at batch 4 (GQA 7, split + combine), its torch contract at 1 and 8 (CI time)
         fpd.SPLIT.launch, fpd.COMBINE.launch = run_split, real_combine
-        fpd.interpreting = (lambda: True) if bs == 4 else (lambda: False)
+        INTERPRET[0] = bs == 4
         ran.clear()
         out = decode(fb, q, k_new, v_new, capturing=False).view(bs, hq, d)
-        fpd.interpreting = lambda: True
+        INTERPRET[0] = True
         r["interpreted_grids"] = list(ran)
         fpd.SPLIT.launch, fpd.COMBINE.launch = recorder("split"), recorder("combine")
         qf = q.view(bs, hq, d).to(torch.float8_e4m3fn)     # prepare_paged_mha_query's cast, as the route sees it
@@ -231,6 +225,6 @@ for bs in (1, 4, 8):
         ref = paged_attention_fp32(qf, key_cache, value_cache, ref_table, torch.tensor(lens, dtype=torch.int32),
                                    cu_seqlens([1] * bs), k_descale=layer.k_scale, v_descale=layer.v_scale, causal=True)
         r["err"] = rel_err(out, ref); r["finite"] = bool(torch.isfinite(out.float()).all())
-fpd.interpreting = lambda: False
+INTERPRET[0] = False
 res["graph"] = graph
 emit(res)

@@ -1,17 +1,16 @@
 """Every case of tests/test_plugin_real_loader.py through a REAL SGLang release's plugin loader, in one
 interpreter (the loader's once-per-process guard, the hook registry and the plugin's state reset
 between cases). Params: ``cases`` (name -> [environment, feature whose registrar raises, the
-Qwen2.5-VL forward hook's target instead]), ``stubs`` (benchmark/sglang_on_gpu), ``owner_values``
+Qwen2.5-VL forward hook's target instead]), ``owner_values``
 (raw values of SGLANG_VIT_ENABLE_CUDA_GRAPH to read beside SGLang)."""
 
 from emit import emit, params
 
 _PARAMS = params()
-CASES, STUBS, OWNER_VALUES = _PARAMS["cases"], _PARAMS["stubs"], _PARAMS["owner_values"]
-import logging, os, sys, warnings
+CASES, OWNER_VALUES = _PARAMS["cases"], _PARAMS["owner_values"]
+import logging, os, warnings
 warnings.simplefilter("ignore")
-sys.path.insert(0, STUBS)
-import cuda_only_stubs; cuda_only_stubs.install_missing()  # sgl_kernel / flashinfer: CUDA-only wheels
+from benchmark.sglang_on_gpu import cuda_only_stubs; cuda_only_stubs.install_missing()  # sgl_kernel / flashinfer: CUDA-only wheels
 RECORDS = []
 class _Keep(logging.Handler):
     def emit(self, record):

@@ -6,17 +6,16 @@ upstream's forward and by the hooked one, attention calls and tensor scalar read
 from emit import emit, params
 
 _P = params()
-BENCH, GEOMETRIES, GRIDS, TOWER_GRIDS = _P["bench"], _P["geometries"], _P["grids"], _P["tower_grids"]
+GEOMETRIES, GRIDS, TOWER_GRIDS = _P["geometries"], _P["grids"], _P["tower_grids"]
 
-import sys, warnings
+import warnings
 warnings.simplefilter("ignore")
-sys.path.insert(0, BENCH)
 from types import SimpleNamespace
 from unittest import mock
 import torch
-import check_vit_no_sync as tower
+from benchmark.release import check_vit_no_sync as tower
 
-from sglang_towers import init_sglang  # on the path check_vit_no_sync sets
+from benchmark.sglang_on_gpu.sglang_towers import init_sglang
 init_sglang("sdpa")
 from sglang.srt.layers.attention import vision
 from sglang.srt.models import qwen2_5_vl

@@ -1,15 +1,13 @@
 """The plugin registered through a REAL SGLang release's loader (``load_plugins()``): the plan, the
 registered and applied hook targets, the ViT backend per GPU capability, doctor's report and the
-plugin's log; for tests/test_sglang_window.py. Params: ``stubs`` (benchmark/sglang_on_gpu)."""
+plugin's log; for tests/test_sglang_window.py."""
 
-from emit import emit, params
+from emit import emit
 
-STUBS = params()["stubs"]
-import io, logging, sys, warnings
+import io, logging, warnings
 warnings.simplefilter("ignore")
 # sgl_kernel / flashinfer are CUDA-only wheels: the LLM attention backend's module imports them
-sys.path.insert(0, STUBS)
-import cuda_only_stubs; cuda_only_stubs.install_missing()
+from benchmark.sglang_on_gpu import cuda_only_stubs; cuda_only_stubs.install_missing()
 log = io.StringIO()
 handler = logging.StreamHandler(log)
 logging.getLogger("sglang_fa4").addHandler(handler)

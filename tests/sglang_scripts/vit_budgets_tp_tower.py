@@ -1,11 +1,10 @@
 """SGLang's real Qwen2.5-VL tower, tensor-parallel over 2 CPU processes (gloo), its budgets captured by
 the startup path on each rank, inside a REAL SGLang release: for
-tests/test_vit_budgets.py::test_budget_graphs_on_tensor_parallel_tower. params: ``bench_gpu``, the
-benchmark/sglang_on_gpu folder (its init_sglang, shared with the GPU checks)."""
+tests/test_vit_budgets.py::test_budget_graphs_on_tensor_parallel_tower (benchmark/sglang_on_gpu's
+init_sglang, shared with the GPU checks)."""
 
 import random
 import socket
-import sys
 from unittest import mock
 
 import torch
@@ -15,10 +14,9 @@ from vit_graph_fakes import STATE, FakeGraph, fake_graph, recording_create, visi
 from sglang.srt.models import qwen2_5_vl
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
-from emit import emit, params
+from emit import emit
 from sglang_fa4.integration import vit_budgets as vb
 
-sys.path.insert(0, params()["bench_gpu"])  # benchmark/sglang_on_gpu: init_sglang, shared with the GPU checks
 
 def free_port():
     with socket.socket() as s:
@@ -34,7 +32,7 @@ def rank_main(rank, port, queue):
 
 def run_rank(rank, port):
     from sglang.srt.distributed import parallel_state as ps
-    from sglang_towers import init_sglang
+    from benchmark.sglang_on_gpu.sglang_towers import init_sglang
     init_sglang("fa4", tp_size=2, rank=rank, port=port)  # gloo groups on a CPU
     with mock.patch.object(vision, "_is_cuda", True), mock.patch.object(qwen2_5_vl, "_is_cuda", True):
         cfg = Qwen2_5_VLVisionConfig(depth=4, hidden_size=64, hidden_act="silu", intermediate_size=96,

@@ -2,7 +2,7 @@
 
 * :mod:`.attention` -- :func:`paged_kv_attention`, the form's one public function (plan, then
   run), and :func:`run` for a caller holding a plan;
-* :mod:`.plan` -- the route's plan: the arguments checked and the backend, launch plan and scratch
+* :mod:`.batch_plan` -- the route's plan: the arguments checked and the backend, launch plan and scratch
   sizes chosen once per batch shape, reused by every layer (FlashInfer's plan / run);
 * :mod:`.decode` -- the split-KV kernel (decode and short extends: the pool read in place, Triton),
   :mod:`.decode_plan` -- its split count and launch config (pure);
@@ -34,7 +34,7 @@ from sglang_fa4.kernels.fp8_paged_kv.gather import (
     gather_paged_kv,
     gather_paged_kv_vt,
 )
-from sglang_fa4.kernels.fp8_paged_kv.plan import GATHER, SPLIT_KV, PagedPlan, plan
+from sglang_fa4.kernels.fp8_paged_kv.batch_plan import GATHER, SPLIT_KV, PagedPlan, plan
 from sglang_fa4.kernels.fp8_paged_kv.warmup import FAMILIES, SplitKvShape
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The paged FP8 KV form's one public function, and the per-layer run of a plan.
 
 :func:`paged_kv_attention` is what SGLang's fa4 backend on an fp8_e4m3 pool reaches (through
-``integration/llm_fp8_kv``): :func:`.plan.plan` (the arguments checked and the route chosen once
+``integration/llm_fp8_kv``): :func:`.batch_plan.plan` (the arguments checked and the route chosen once
 per batch shape, then found again) and :func:`run` (the launch). A caller that holds the batch's
 plan -- a benchmark timing the layers, the split-KV kernel's tests -- calls :func:`run` with it
 directly, as FlashInfer's ``plan`` / ``run``.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional
 
 from sglang_fa4.kernels.fp8_paged_kv import decode, extend, gather
-from sglang_fa4.kernels.fp8_paged_kv.plan import SPLIT_KV, PagedPlan, plan
+from sglang_fa4.kernels.fp8_paged_kv.batch_plan import SPLIT_KV, PagedPlan, plan
 
 
 class Kernels(NamedTuple):
@@ -72,7 +72,7 @@ def paged_kv_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlen
     ``out``: written when it is a bf16 tensor of the result's shape, else the result is copied into
     it. ``return_lse``: (out, lse (Hq, total_q)) as FlashAttention's varlen call returns them.
     Decode and short extends run the split-KV kernel (the pool read in place), longer extends the
-    page gather + SM90 FP8 forward (:mod:`.plan`)."""
+    page gather + SM90 FP8 forward (:mod:`.batch_plan`)."""
     p = plan(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale=k_descale,
              v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size, out=out,
              return_lse=return_lse)
@@ -86,7 +86,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, cu_se
                            num_splits: Optional[int] = None, sms: Optional[int] = None,
                            launch: Optional[dict] = None):
     """The split-KV kernel on any call (its tests, the decode benchmark, the tuning lab): a plan
-    with that backend forced (``num_splits``, ``sms``, ``launch``: :func:`.plan.plan`'s options),
+    with that backend forced (``num_splits``, ``sms``, ``launch``: :func:`.batch_plan.plan`'s options),
     then its run. q may be bf16 here (converted to fp16 in registers)."""
     p = plan(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale=k_descale,
              v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size, out=out,

@@ -19,7 +19,7 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
   (:func:`.decode_plan.choose_splits`), one program each; each writes its
   normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
   them weighted by exp(lse - max).  With one split the first kernel writes the output itself.
-* **Host side.** :func:`launch` runs one layer from the route's plan (:mod:`.plan`: the arguments
+* **Host side.** :func:`launch` runs one layer from the route's plan (:mod:`.batch_plan`: the arguments
   checked, the launch plan and scratch sizes chosen once per batch shape): descale strides, the
   output and scratch allocations, the two launches. CUDA or Triton's interpreter only; the CPU
   harnesses install the same contract in fp32 torch (``sglang_fa4.testing.paged_kv_torch``).
@@ -248,7 +248,7 @@ def _descale(x, batch: int, hkv: int, device):
 
 def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale,
            softmax_scale: Optional[float], out):
-    """One layer of a split-KV plan (:class:`.plan.PagedPlan`, whose arguments were checked): q
+    """One layer of a split-KV plan (:class:`.batch_plan.PagedPlan`, whose arguments were checked): q
     (total_q, Hq, d), E4M3 or bf16, against SGLang's paged E4M3 cache (pages, P, Hkv, d) -> bf16
     (total_q, Hq, d) (into ``out`` when given), and with the plan's ``return_lse`` also the
     log-sum-exp of the scaled scores, natural log, (Hq, total_q) fp32 (FlashAttention's varlen

@@ -9,7 +9,7 @@ from one read of each used page; sized exactly from one read-back of the lengths
 the page table's host bound inside a CUDA-graph capture), then calls the kernel.  The gather moves
 twice the bytes the attention reads: fine against prefill's compute, a large share of decode's
 time (docs/fp8-kv-cache.md): decode and short extends take the split-KV kernel (:mod:`.decode`),
-which reads the pages in place; the route's plan (:mod:`.plan`) chooses.
+which reads the pages in place; the route's plan (:mod:`.batch_plan`) chooses.
 
 Decode on this route (``SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0``) packs the GQA group (``decode_gqa_pack``): with one new token per sequence, the g q heads
 that share a kv head see the same keys (a decode query sees the whole cache, causal or not), so
@@ -60,7 +60,7 @@ def decode_gqa_unpack(o, batch: int, hkv: int, g: int):
 
 def run(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale,
         softmax_scale, out, gather):
-    """One layer of a gather plan (:class:`.plan.PagedPlan`, arguments checked): the pages gathered
+    """One layer of a gather plan (:class:`.batch_plan.PagedPlan`, arguments checked): the pages gathered
     by ``gather`` (:func:`.gather.gather_paged_kv_vt`: sized exactly from one read-back of the
     lengths per forward, by the host bound inside a capture), then the FP8 forward -> bf16
     (total_q, Hq, d), into ``out`` when given. The causal diagonal is bottom-right aligned; a

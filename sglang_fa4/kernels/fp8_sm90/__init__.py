@@ -37,11 +37,11 @@ __all__ = [
     # the forward (torch; cutlass on the first compile)
     "fp8_varlen_attention", "Fp8AttentionError", "compiled_kernel", "FAMILIES",
     # V -> V^T
-    "pack_vt", "pack_vt_reference",
+    "pack_vt", "pack_vt_reference", "unpack_vt_reference",
 ]
 
 _LAUNCH = ("fp8_varlen_attention", "Fp8AttentionError", "compiled_kernel", "FAMILIES")
-_VT_PACK = ("pack_vt", "pack_vt_reference")
+_VT_PACK = ("pack_vt", "pack_vt_reference", "unpack_vt_reference")
 
 
 def __getattr__(name: str):

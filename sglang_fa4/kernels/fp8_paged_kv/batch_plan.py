@@ -141,7 +141,8 @@ def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seql
     _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
     q_dtypes = (FP8, torch.bfloat16) if backend == SPLIT_KV else (FP8,)
     _need(isinstance(q, torch.Tensor) and q.dtype in q_dtypes,
-          f"q must be {' or '.join(map(str, q_dtypes))} (cast like SGLang's fa3 path), got "
+          f"q must be {' or '.join(str(dt).replace('torch.', '') for dt in q_dtypes)} (cast like SGLang's fa3 "
+          f"path), got "
           f"{getattr(q, 'dtype', type(q).__name__)}")
     _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
     total_q, hq, qd = q.shape
