@@ -13,12 +13,18 @@ from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels import compile_events
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
 from sglang_fa4.startup import jit_monitor, warmup
-from sglang_fa4.startup.variants import enumerate_fp8_variants
+from sglang_fa4.kernels.settings import RoutingSettings
+from sglang_fa4.startup.variants import WarmItem, vit_warmup_list
 from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401 (fixture)
 
 D128 = Fp8Variant(128, False, False)
 D64_CAUSAL = Fp8Variant(64, True, False)
 D96_LOCAL = Fp8Variant(96, False, True)
+
+
+def warm_fp8(variants):
+    """The FP8 forward's variants through the one warmup loop (the registry's fp8_forward family)."""
+    return warmup.warm([WarmItem("fp8_forward", v) for v in variants], "cpu")
 
 
 @pytest.fixture
@@ -39,27 +45,27 @@ def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_wa
 
 def test_warm_fp8_variants_compiles_each_once_with_a_log_line(fake_fp8, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_fa4"):
-        report = warmup.warm_fp8_variants([D128, D64_CAUSAL, D96_LOCAL])
+        report = warm_fp8([D128, D64_CAUSAL, D96_LOCAL])
     assert fake_fp8 == [D128, D64_CAUSAL, D96_LOCAL]
     assert report.resolved == report.compiled == 3 and not report.failures
-    assert report.variants == [D128, D64_CAUSAL, D96_LOCAL] and len(report.seconds) == 3
+    assert report.variants("fp8_forward") == [D128, D64_CAUSAL, D96_LOCAL] and len(report.seconds) == 3
+    assert report.family("fp8_forward") == {"variants": 3, "resolved": 3, "compiled": 3, "failed": 0}
     lines = [r.getMessage() for r in caplog.records if "warmup [" in r.getMessage()]
-    assert lines[0].startswith("sglang-fa4 warmup [1/3] fp8 e4m3 d=128 full: ") and lines[0].endswith(" s (compiled)")
-    assert "d=64 causal" in lines[1] and "d=96 local" in lines[2]
-    assert any("3 FP8 variant(s)" in r.getMessage() for r in caplog.records)
+    assert lines[0].startswith("sglang-fa4 warmup [1/3] fp8_forward fp8 e4m3 d=128 full: ")
+    assert lines[0].endswith(" s (compiled)") and "d=64 causal" in lines[1] and "d=96 local" in lines[2]
     assert jit_monitor.warmup_finished()
     # warmed variants are in the launch path's cache: a call would not compile again
     assert launch.compiled_kernel(D128) is launch._compiled[D128] and len(fake_fp8) == 3
-    again = warmup.warm_fp8_variants([D128])
+    again = warm_fp8([D128])
     assert again.compiled == 0 and len(fake_fp8) == 3
     assert again.as_dict()["variants"][0]["head_dim"] == 128
 
 
 def test_warmup_compiles_are_not_flagged_later_ones_warn(fake_fp8, caplog):
-    warmup.run_warmup([], "cpu")
+    warmup.warm([], "cpu")
     assert jit_monitor.arm_jit_monitor()
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
-        warmup.warm_fp8_variants([D128])  # startup work, even after the FA4 warmup
+        warm_fp8([D128])  # startup work, even after the FA4 warmup
         assert jit_monitor.compiles_after_warmup() == 0
         launch.compiled_kernel(D128)  # warmed: no compile
         assert jit_monitor.compiles_after_warmup() == 0
@@ -72,7 +78,7 @@ def test_warmup_compiles_are_not_flagged_later_ones_warn(fake_fp8, caplog):
 
 def test_post_warmup_fp8_compile_raises(fake_fp8, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
-    warmup.warm_fp8_variants([D128])
+    warm_fp8([D128])
     jit_monitor.arm_jit_monitor()
     with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="FP8 .*'head_dim': 96"):
         launch.compiled_kernel(D96_LOCAL)
@@ -81,7 +87,7 @@ def test_post_warmup_fp8_compile_raises(fake_fp8, monkeypatch):
 
 def test_monitor_off_ignores_fp8(fake_fp8, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "off")
-    warmup.warm_fp8_variants([])
+    warm_fp8([])
     assert jit_monitor.arm_jit_monitor() is False and compile_events.listener_count() == 0
     launch.compiled_kernel(D128)
     assert jit_monitor.compiles_after_warmup() == 0
@@ -99,18 +105,24 @@ def test_fp8_warmup_failure_is_reported_not_raised(fake_fp8, monkeypatch):
         raise RuntimeError("no cutlass here")
 
     monkeypatch.setattr(launch, "compile_variant", broken)
-    report = warmup.warm_fp8_variants([D128])
-    assert report.failures == [(D128, "RuntimeError: no cutlass here")] and report.compiled == 0
+    report = warm_fp8([D128])
+    assert [(i.variant, m) for i, m in report.failures] == [(D128, "RuntimeError: no cutlass here")]
+    assert report.compiled == 0 and report.family("fp8_forward")["failed"] == 1
 
 
-def test_enumerate_fp8_variants_pads_head_dims_and_skips_sinks():
-    assert enumerate_fp8_variants(qwen25_vl()) == [Fp8Variant(96, False, False)]  # d=80 -> 96
-    assert enumerate_fp8_variants(qwen3_vl()) == [Fp8Variant(96, False, False)]  # d=72 -> 96
-    assert enumerate_fp8_variants(internvl()) == [Fp8Variant(64, False, False)]
+def test_every_fp8_shape_pads_head_dims_and_skips_sinks():
+    """warm_model(fp8=True)'s FP8 forward variants: every shape the forward can take, padded."""
+    def kernels(model):
+        return [i.variant for i in vit_warmup_list(model, 90, RoutingSettings(), on_gpu=False, fp8=True)
+                if i.family == "fp8_forward"]
+
+    assert kernels(qwen25_vl()) == [Fp8Variant(96, False, False)]  # d=80 -> 96
+    assert kernels(qwen3_vl()) == [Fp8Variant(96, False, False)]  # d=72 -> 96
+    assert kernels(internvl()) == [Fp8Variant(64, False, False)]
     # MiMo-VL: sink blocks stay on FA4; its full block (no sinks) is plain full attention
-    assert enumerate_fp8_variants(VLM(MiMoTower())) == [Fp8Variant(64, False, False)]
-    assert enumerate_fp8_variants(internvl(backend="triton_attn")) == []
-    assert enumerate_fp8_variants(VLM(MiMoTower(fullatt=()))) == []  # every block has sinks
+    assert kernels(VLM(MiMoTower())) == [Fp8Variant(64, False, False)]
+    assert kernels(internvl(backend="triton_attn")) == []
+    assert kernels(VLM(MiMoTower(fullatt=()))) == []  # every block has sinks
 
 
 def test_warm_model_fp8_warms_the_models_fp8_variants_then_arms(fake_fp8, monkeypatch):
@@ -118,7 +130,7 @@ def test_warm_model_fp8_warms_the_models_fp8_variants_then_arms(fake_fp8, monkey
 
     monkeypatch.setattr(fa4_b36, "fa4_available", lambda: True)
     report = warmup.warm_model(qwen25_vl(), fp8=True)
-    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
-    assert report.as_dict()["fp8"]["compiled"] == 1
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.family("fp8_forward")["compiled"] == 1
+    assert report.as_dict()["by_family"]["fp8_forward"]["compiled"] == 1
     assert jit_monitor.armed() and compile_events.listener_count() == 1
-    assert warmup.warm_model(qwen3_vl()).fp8 is None  # default: no FP8 work
+    assert warmup.warm_model(qwen3_vl()).variants("fp8_forward") == []  # default: no FP8 work

@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_fa4.environ import EnvValueError
 from sglang_fa4.integration import vision_fa4
-from sglang_fa4.kernels import compile_events
-from sglang_fa4.kernels import fa4
-from sglang_fa4.kernels.vit import short_windows as short_segments
-from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
+from sglang_fa4.kernels import compile_events, fa4, settings, vit
 from sglang_fa4.kernels.fp8_sm90 import launch
 from sglang_fa4.kernels.fp8_sm90.layout import Fp8Variant
+from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
 from sglang_fa4.startup import warmup
-from sglang_fa4.startup.variants import Fp8VitShape, enumerate_fp8_vit_shapes
+from sglang_fa4.startup.variants import enumerate_fp8_vit_shapes
 from sglang_fa4.testing import cu_seqlens, offsets
 from test_warmup import VLM, MiMoTower, fake_fa4, internvl, qwen3_vl, qwen25_vl  # noqa: F401,F811 (fixture)
 
@@ -34,29 +33,31 @@ def fresh(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     vit_attn_dtype.reset()
     vit_attn_dtype.set_min_segment_table(TABLE)
+    settings.install(None)
     yield
     vit_attn_dtype.reset()
+    settings.install(None)
 
 
 def fp8_mode(monkeypatch, value="fp8"):
+    """The variable set and the routing settings read again (as the plugin reads them at startup)."""
     monkeypatch.setenv(ENV, value)
-    vit_attn_dtype.mode.cache_clear()
+    settings.reload()
 
 
 # -- the env var ---------------------------------------------------------------------------------
 
 
 def test_default_is_bf16_and_fp8_parses(monkeypatch):
-    assert vit_attn_dtype.mode() == "bf16"
+    assert settings.settings().vit_attn_dtype == "bf16" and not settings.settings().vit_fp8
     fp8_mode(monkeypatch)
-    assert vit_attn_dtype.mode() == "fp8"
+    assert settings.settings().vit_attn_dtype == "fp8" and settings.settings().vit_fp8
 
 
 @pytest.mark.parametrize("bad", ["FP8", "e4m3", "fp16", "1"])
 def test_bad_value_is_a_clear_error(monkeypatch, bad):
-    fp8_mode(monkeypatch, bad)
-    with pytest.raises(vit_attn_dtype.VitAttnDtypeError, match=f"{ENV}.*{bad}|{bad}.*{ENV}") as info:
-        vit_attn_dtype.mode()
+    with pytest.raises(EnvValueError, match=f"{ENV}.*{bad}|{bad}.*{ENV}") as info:
+        fp8_mode(monkeypatch, bad)
     assert "'bf16'" in str(info.value) and "'fp8'" in str(info.value)
 
 
@@ -95,7 +96,7 @@ def test_set_table_checks_entries_and_restores():
     assert vit_attn_dtype.min_segment_table() == vit_attn_dtype.FP8_MIN_SEGMENT
 
 
-# -- routing through the fa4 ViT backend and the one entry point (dispatch) ----------------------
+# -- routing through the fa4 ViT backend and the ViT form's entry point (varlen) -----------------
 
 
 class Calls(list):
@@ -103,7 +104,7 @@ class Calls(list):
 
 
 class FakeCache:
-    """dispatch's kernel cache: records the bf16 FA4 calls and each architecture query."""
+    """The process's FA4 kernel cache: records the bf16 FA4 calls and each architecture query."""
 
     def __init__(self, calls):
         self.calls = calls
@@ -122,10 +123,9 @@ class FakeCache:
 def recorders(monkeypatch):
     calls = Calls()
     monkeypatch.setattr(vit_attn_dtype, "on_cuda", lambda q: True)
-    monkeypatch.setattr(short_segments, "should_route", lambda *a: False)
+    monkeypatch.setattr(vit, "should_route", lambda *a: False)
     previous = fa4.install_kernel_cache(FakeCache(calls))
-    monkeypatch.setattr(vit_attn_dtype, "fp8_attention",
-                        lambda q, k, v, c, m, scale=None: calls.append(("fp8", m, scale)) or q)
+    monkeypatch.setattr(vit, "fp8_attention", lambda q, k, v, c, m, scale=None: calls.append(("fp8", m, scale)) or q)
     yield calls
     fa4.install_kernel_cache(previous)
 
@@ -154,10 +154,14 @@ def test_fp8_mode_routes_only_where_the_table_says(monkeypatch, recorders):
                          ("bf16", 8192, (None, None))]
 
 
-def test_bad_mode_fails_the_call_clearly(monkeypatch, recorders):
-    fp8_mode(monkeypatch, "half")
-    with pytest.raises(vit_attn_dtype.VitAttnDtypeError, match=ENV):
-        forward([128])
+def test_the_mode_is_read_once_not_per_call(monkeypatch, recorders):
+    forward([8192])  # the settings read on first use: bf16
+    monkeypatch.setenv(ENV, "fp8")
+    forward([8192])  # not read again per call
+    assert recorders == [("bf16", 8192, (None, None))] * 2
+    settings.reload()
+    forward([8192])
+    assert recorders[-1] == ("fp8", 8192, 0.1)
 
 
 @pytest.mark.parametrize("arch", [100, 103, 120])
@@ -189,27 +193,28 @@ def fake_fp8(monkeypatch, fake_fa4):  # noqa: F811 - pytest fixture from test_wa
 
 
 def test_fp8_shapes_follow_the_table():
-    assert enumerate_fp8_vit_shapes(qwen25_vl(), TABLE) == [Fp8VitShape(80, 16, 16, "bfloat16")]
-    assert enumerate_fp8_vit_shapes(qwen3_vl(), TABLE)[0].kernel == Fp8Variant(96, False, False)
+    assert enumerate_fp8_vit_shapes(qwen25_vl(), TABLE) == [vit.VitShape(80, 16, 16, "bfloat16")]
+    assert enumerate_fp8_vit_shapes(qwen3_vl(), TABLE)[0].fp8_kernel == Fp8Variant(96, False, False)
     assert enumerate_fp8_vit_shapes(qwen3_vl(), {80: 4096}) == []  # d72 never routed: nothing to warm
     assert enumerate_fp8_vit_shapes(internvl(), TABLE) == []  # d64
-    assert enumerate_fp8_vit_shapes(VLM(MiMoTower()), {64: 100}) == [Fp8VitShape(64, 16, 16, "bfloat16")]
+    assert enumerate_fp8_vit_shapes(VLM(MiMoTower()), {64: 100}) == [vit.VitShape(64, 16, 16, "bfloat16")]
     assert enumerate_fp8_vit_shapes(internvl(backend="triton_attn"), {64: 100}) == []
 
 
 def test_warm_model_warms_the_fp8_path_when_the_env_asks(monkeypatch, fake_fp8):
-    assert warmup.warm_model(qwen25_vl()).fp8 is None  # bf16: no FP8 work
+    assert warmup.warm_model(qwen25_vl()).variants("fp8_forward") == []  # bf16: no FP8 work
     fp8_mode(monkeypatch)
     report = warmup.warm_model(qwen25_vl())
-    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
-    assert report.as_dict()["fp8"]["variants"][0]["head_dim"] == 96
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.family("fp8_forward")["compiled"] == 1
+    assert [v["head_dim"] for v in report.as_dict()["variants"] if v["family"] == "fp8_forward"] == [96]
+    assert report.variants("fp8_vit") == []  # the quantize call needs a GPU: not on this CPU
 
 
 def test_warm_model_off_sm90_logs_and_warms_nothing(monkeypatch, fake_fp8, caplog):
     fp8_mode(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
         report = warmup.warm_model(qwen25_vl(), arch=100)
-    assert report.fp8 is None and fake_fp8 == []
+    assert report.variants("fp8_forward") == [] and fake_fp8 == []
     assert sum(ENV in r.getMessage() for r in caplog.records) == 1
 
 
@@ -266,7 +271,7 @@ def test_a_quantize_compile_after_the_warmup_is_flagged(monkeypatch, fake_fp8, c
         quantize_chunked._note_launch(kernel, "quantize", 80, torch.bfloat16, 0.0)  # startup work
     jit_monitor.arm_jit_monitor()
     quantize_chunked._note_launch(kernel, "quantize", 80, torch.bfloat16, 0.0)  # known: no event
-    assert jit_monitor.compiles_after_warmup() == 0 and len(quantize_chunked.compile_events()) == 1
+    assert jit_monitor.compiles_after_warmup() == 0 and len(compile_events.events("fp8_quantize")) == 1
     with caplog.at_level(logging.WARNING, logger="sglang_fa4"):
         quantize_chunked._note_launch(object(), "quantize amax", 72, torch.bfloat16, 0.0)  # a new one
     assert jit_monitor.compiles_after_warmup() == 1
@@ -288,6 +293,6 @@ def test_quantize_kernels_specialize_on_nothing_that_varies_per_layout():
 def test_explicit_fp8_warmup_covers_every_fp8_shape_the_table_does_not(monkeypatch, fake_fp8):
     vit_attn_dtype.set_min_segment_table({})  # nothing routed: the env-driven warmup has no FP8 work
     fp8_mode(monkeypatch)
-    assert warmup.warm_model(qwen3_vl()).fp8.variants == []
+    assert warmup.warm_model(qwen3_vl()).variants("fp8_forward") == []
     report = warmup.warm_model(qwen3_vl(), fp8=True)  # explicit: every FP8-capable shape
-    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.fp8.compiled == 1
+    assert fake_fp8 == [Fp8Variant(96, False, False)] and report.family("fp8_forward")["compiled"] == 1

@@ -24,7 +24,7 @@ from sglang_fa4.kernels.fa4.b36 import MANY_SEGMENTS
 from sglang_fa4.kernels.fa4.config import FA4Config, config_for
 from sglang_fa4.kernels.fa4.cache import KernelCache
 from sglang_fa4.startup import fa4_env, jit_monitor, warmup
-from sglang_fa4.startup.variants import enumerate_variants
+from sglang_fa4.startup.variants import WarmItem, enumerate_variants
 from sglang_fa4.testing import cu_seqlens
 from fake_vision_models import (  # noqa: F401 - re-exported: other tests import them from here
     VLM, Block, FakeVisionAttention, InternEmbeddings, InternViT, MiMoTower, QwenTower, internvl, qwen3_vl, qwen25_vl,
@@ -145,6 +145,11 @@ def test_config_for_is_the_kernel_cache_key():
 # ---- running it -----------------------------------------------------------------------------
 
 
+def run_warmup(variants, device):
+    """FA4 variants through the one warmup loop (the registry's fa4 family)."""
+    return warmup.warm([WarmItem("fa4", v) for v in variants], device)
+
+
 @pytest.fixture
 def fake_fa4(monkeypatch):
     """A KernelCache with a fake FA4 backend installed process-wide, fresh warmup state."""
@@ -163,7 +168,7 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
     variants = enumerate_variants(qwen25_vl(), 90) + enumerate_variants(qwen3_vl(), 90)
     assert len(variants) == 4
     with caplog.at_level(logging.INFO, logger="sglang_fa4"):
-        report = warmup.run_warmup(variants, "cpu")
+        report = run_warmup(variants, "cpu")
     assert len(fake_fa4.compiles) == 4 and report.resolved == 4 and report.compiled == 4
     assert not report.failures and not report.mismatches
     assert [c.config for c in fa4.kernel_cache().compile_events()] == [v.config for v in variants]
@@ -173,7 +178,7 @@ def test_warmup_compiles_each_variant_once(fake_fa4, caplog):
     assert len(lines) == 4 and all(" s (compiled)" in line for line in lines)
     assert "d=80" in lines[0] and "d=72" in lines[2]
     # a second warmup (another model loaded, a restart of the runner) compiles nothing
-    again = warmup.run_warmup(variants, "cpu")
+    again = run_warmup(variants, "cpu")
     assert len(fake_fa4.compiles) == 4 and again.resolved == 0 and again.as_dict()["compiled"] == 0
 
 
@@ -181,13 +186,13 @@ def test_warmup_failure_is_reported_not_raised(fake_fa4):
     variants = enumerate_variants(VLM(MiMoTower()), 120)  # FA4 has no sinks on sm_120
     fake_fa4._arch = 120
     fa4.install_kernel_cache(KernelCache(fake_fa4))
-    report = warmup.run_warmup(variants, "cpu")
+    report = run_warmup(variants, "cpu")
     assert len(report.failures) == 2 and report.resolved == 2  # the two full variants still compiled
     assert all("FA4FeatureError" in msg for _, msg in report.failures)
 
 
 def test_after_warmup_the_monitor_warns(fake_fa4, caplog):
-    warmup.run_warmup(enumerate_variants(qwen3_vl(), 90), "cpu")
+    run_warmup(enumerate_variants(qwen3_vl(), 90), "cpu")
     assert jit_monitor.arm_jit_monitor() and jit_monitor.arm_jit_monitor()  # idempotent
     q = torch.randn(8, 16, 72, dtype=torch.bfloat16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
@@ -200,13 +205,13 @@ def test_after_warmup_the_monitor_warns(fake_fa4, caplog):
     warned = [r.getMessage() for r in caplog.records if "after the startup warmup" in r.getMessage()]
     assert len(warned) == 1 and "head_dim=128" in warned[0]
     # a later warmup's own compiles are expected, not flagged
-    warmup.run_warmup(enumerate_variants(internvl(), 90), "cpu")
+    run_warmup(enumerate_variants(internvl(), 90), "cpu")
     assert jit_monitor.compiles_after_warmup() == 1
 
 
 def test_after_warmup_the_monitor_raises(fake_fa4, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
-    warmup.run_warmup([], "cpu")
+    run_warmup([], "cpu")
     jit_monitor.arm_jit_monitor()
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(jit_monitor.FA4CompileAfterWarmup, match="head_dim=64"):
@@ -215,7 +220,7 @@ def test_after_warmup_the_monitor_raises(fake_fa4, monkeypatch):
 
 def test_monitor_off(fake_fa4, monkeypatch):
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "off")
-    warmup.run_warmup([], "cpu")
+    run_warmup([], "cpu")
     assert jit_monitor.arm_jit_monitor() is False
     q = torch.randn(8, 16, 64, dtype=torch.bfloat16)
     varlen.fa4_varlen_attention(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8)

@@ -19,6 +19,7 @@ pass through a face that is already running, which is no edge).
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,6 +193,7 @@ def summary(module: Module) -> str:
     """The first sentence of a module's docstring, cut at a word to SUMMARY_CHARS."""
     doc = ast.get_docstring(module.tree) or ""
     first = " ".join(doc.strip().split("\n\n")[0].split()).split(". ")[0].rstrip(".")
+    first = re.sub(r"\s*\([Ii]ssue #\d+[^)]*\)", "", first)  # the user docs name no issues
     if len(first) > SUMMARY_CHARS:
         first = first[: SUMMARY_CHARS - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
     return first

@@ -43,7 +43,6 @@ from sglang_fa4 import sglang_model
 from sglang_fa4.kernels import fa4, fp8_paged_kv, fp8_sm90, vit
 from sglang_fa4.kernels.fa4 import MANY_SEGMENTS
 from sglang_fa4.kernels.fp8_sm90 import SUPPORTED_HEAD_DIMS as FP8_HEAD_DIMS
-from sglang_fa4.kernels.fp8_sm90 import Fp8Variant, padded_head_dim
 from sglang_fa4.kernels.inputs import FA4InputError, window_bounds
 from sglang_fa4.kernels.settings import RoutingSettings
 from sglang_fa4.kernels.vit import VitShape
@@ -206,20 +205,6 @@ def enumerate_variants(
     return [
         Variant(**{**v.__dict__, "modules": tuple(users[c])}) for c, v in variants.items()
     ]
-
-
-def enumerate_fp8_variants(model) -> list[Fp8Variant]:
-    """The SM90 FP8 forward's variants (:mod:`sglang_fa4.kernels.fp8_sm90`) the fa4 ViT attention
-    modules of ``model`` would hit if their attention ran in FP8: the head dim zero-padded to the
-    next supported one (``quantize_qkv`` pads), neither causal nor local (as in
-    :func:`enumerate_variants`, only modules with sinks get a sliding window).  Modules the FP8
-    kernel cannot serve are left out (they stay on FA4): attention sinks, head dims over 128."""
-    dims = {
-        padded_head_dim(d)
-        for d, m in ((sglang_model.attention_shape(m)[0], m) for _name, m in sglang_model.find_fa4_attention(model))
-        if sglang_model.attention_sinks(m) is None and d <= FP8_HEAD_DIMS[-1]
-    }
-    return [Fp8Variant(d, False, False) for d in sorted(dims)]
 
 
 def enumerate_fp8_vit_shapes(model, head_dims) -> list[VitShape]:

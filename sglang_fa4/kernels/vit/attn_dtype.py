@@ -107,12 +107,16 @@ def fp8_faster(head_dim: int, max_seqlen: Optional[int], tokens: int, segments: 
     return work_lower_bound(max_seqlen, tokens, max(segments, 1)) >= float(length) * tokens
 
 
+def on_cuda(q) -> bool:
+    return bool(getattr(q, "is_cuda", False))
+
+
 def use_fp8(asked: bool, arch, q, cu_seqlens, max_seqlen: Optional[int], window_size=(None, None),
             sinks=None) -> bool:
     """Whether this ViT attention call runs FP8: ``asked`` (the setting), the call's kind (full,
     non-causal attention without sinks on 16-bit CUDA tensors), the GPU (``arch``: an int, or a
     callable asked only when everything else allows FP8) and the measured table. Host-only."""
-    if not asked or sinks is not None or not getattr(q, "is_cuda", False):
+    if not asked or sinks is not None or not on_cuda(q):
         return False
     import torch
 
