@@ -25,7 +25,7 @@ from sglang_fa4.kernels.fa4.b36 import LAYOUT_SM90, Resolved
 from sglang_fa4.kernels.fa4.cache import KernelCache
 from sglang_fa4.kernels.fa4.shared_libs import Store
 from sglang_fa4.startup import fa4_preload, jit_monitor, warmup
-from sglang_fa4.startup.variants import enumerate_variants
+from sglang_fa4.startup.variants import WarmItem, enumerate_variants
 from sglang_fa4.testing import cu_seqlens
 from test_fa4_kernel_cache import STATIC, FakeBackend, qkv
 
@@ -287,11 +287,11 @@ def test_the_warmup_loads_every_variant_from_the_store(tmp_path, monkeypatch):
     previous = fa4.install_kernel_cache(KernelCache(StubBackend(90), Store(tmp_path)))
     jit_monitor.reset_state()
     try:
-        first = warmup.run_warmup(variants, "cpu")
+        first = warmup.warm([WarmItem("fa4", v) for v in variants], "cpu")
         assert first.compiled == len(variants) == 2 and first.from_shared_library == 0
         backend = NoFA4(90)
         fa4.install_kernel_cache(KernelCache(backend, Store(tmp_path)))
-        again = warmup.run_warmup(variants, "cpu")
+        again = warmup.warm([WarmItem("fa4", v) for v in variants], "cpu")
     finally:
         jit_monitor.reset_state()
         fa4.install_kernel_cache(previous)

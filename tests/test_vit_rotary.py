@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sglang_harness import run_file, run_with_sglang
+from sglang_fa4.kernels import compile_events
 from sglang_fa4.kernels import triton_handles
 from sglang_fa4.kernels.vit import rotary as vit_rotary
 
@@ -141,7 +142,7 @@ def fake_handles(monkeypatch):
 def test_handle_resolves_once_per_specialization(fake_handles):
     handles, jit = fake_handles
     events = []
-    remove = triton_handles.add_compile_listener(events.append)
+    remove = compile_events.add_listener(lambda _source, event: events.append(event), "triton")
     try:
         x = torch.zeros(64, dtype=torch.float16)
         handles.launch((3,), (x, 100, 32, 16), 0, num_warps=4)  # resolves through the JIT
@@ -175,7 +176,7 @@ def test_caller_memo_skips_the_key_and_never_resolves_twice(fake_handles, monkey
     new memo whose key is known reuses that handle (no resolve, no compile event)."""
     handles, jit = fake_handles
     events = []
-    remove = triton_handles.add_compile_listener(events.append)
+    remove = compile_events.add_listener(lambda _source, event: events.append(event), "triton")
     keys = []
     real_key = handles._key
     monkeypatch.setattr(handles, "_key", lambda *a: keys.append(1) or real_key(*a))

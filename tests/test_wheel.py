@@ -16,6 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: what the wheel holds besides sglang_fa4's modules: the environment registry's spec, the patch series
 DATA = ("sglang_fa4/environ.yaml", "sglang_fa4/patches/")
+#: shipped modules that look into a checkout, and why: the FA3 baseline library of `sglang-fa4 bench`
+#: is built by benchmark/fa3_build/build.sh into <checkout>/.fa3 (absent: that column is skipped)
+CHECKOUT = {"sglang_fa4/bench/fa3.py": 29}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_the_wheel_holds_the_package_and_nothing_of_the_repository(wheel):
 def test_no_shipped_module_finds_files_through_the_checkout(wheel):
     """No module computes a path above the package through ``Path(__file__)...parents[N]`` (what
     docs.py and result_figures.py did to find benchmark/results): only a checkout has one. The
-    checkers that do live in tools/."""
+    checkers that do live in tools/; the one shipped module that looks there says why (CHECKOUT)."""
     offenders = []
     for name in (n for n in wheel.namelist() if n.endswith(".py")):
         tree = ast.parse(wheel.read(name).decode(), name)
@@ -56,4 +59,4 @@ def test_no_shipped_module_finds_files_through_the_checkout(wheel):
                     and node.value.attr == "parents" and isinstance(node.slice, ast.Constant)
                     and node.slice.value >= depth):
                 offenders.append(f"{name}:{node.lineno}")
-    assert offenders == []
+    assert offenders == [f"{name}:{line}" for name, line in CHECKOUT.items()]

@@ -3,7 +3,7 @@
 For the attention configurations of two ViT towers -- Qwen2.5-VL (head_dim 80, 64-token windows +
 full blocks) and Qwen3-VL (head_dim 72, full attention), 16 heads, bf16 -- stand-in models with
 the attributes of SGLang's VisionAttention go through ``sglang_fa4.startup.variants.enumerate_variants`` and
-``warmup.run_warmup``, each phase in its own process:
+``warmup.warm`` (the FA4 variants, then the Triton kernels), each phase in its own process:
 
   cold   a fresh, empty FA4 cache dir: every variant is compiled (FA4 writes it to disk);
   warm   a second process on the same dir: every variant is loaded from disk, nothing compiles;
@@ -14,7 +14,7 @@ the attributes of SGLang's VisionAttention go through ``sglang_fa4.startup.varia
          exact max_seqlen (the max_seqlen normalisation changes no output).
 
 Our Triton kernels (short-window attention, ViT rotary) go through the same two phases with their
-own fresh TRITON_CACHE_DIR (startup/triton_warmup.py): cold compiles them, warm loads them from
+own fresh TRITON_CACHE_DIR (startup/variants.triton_shapes): cold compiles them, warm loads them from
 disk; the warm trace also runs the fused rotary on every batch's token counts and counts Triton
 specializations resolved after the warmup (must be 0).
 
@@ -136,7 +136,10 @@ def child(args) -> dict:
     cache_dir = fa4_env.configure_fa4_disk_cache()  # before flash_attn.cute is imported
     import flash_attn.cute  # noqa: F401
 
-    from sglang_fa4.kernels import fa4, varlen
+    from sglang_fa4.kernels import fa4
+    from sglang_fa4.kernels.settings import settings
+    from sglang_fa4.startup.variants import WarmItem, triton_shapes
+
     result["cache_dir"] = cache_dir
     result["import_fa4_s"] = time.perf_counter() - t0
     arch = fa4.kernel_cache().arch
@@ -146,26 +149,25 @@ def child(args) -> dict:
     for name, model in models.items():
         for v in enumerate_variants(model, arch):
             variants.append((name, v))
-    report = warmup.run_warmup([v for _, v in variants], torch.device(DEVICE))
+    report = warmup.warm([WarmItem("fa4", v) for _, v in variants], torch.device(DEVICE))
     result["warmup"] = {
         "total_s": report.total_seconds,
         "resolved": report.resolved,
         "compiled": report.compiled,
-        "failures": [[v.describe(), m] for v, m in report.failures],
+        "failures": [[item.describe(), m] for item, m in report.failures],
         "mismatches": len(report.mismatches),
         "variants": [
             {"tower": name, "describe": v.describe(), "seconds": s, **v.as_dict()}
             for (name, v), s in zip(variants, report.seconds)
         ],
     }
-    from sglang_fa4.kernels import triton_handles
-    from sglang_fa4.startup import jit_monitor, triton_warmup
+    from sglang_fa4.kernels import compile_events
 
     t1 = time.perf_counter()
-    with jit_monitor.expected_compiles(finishes_warmup=True):
-        tri = {name: triton_warmup.warm_triton(model, arch, torch.device(DEVICE)) for name, model in models.items()}
+    tri = {name: warmup.warm(triton_shapes(model, arch, settings()), torch.device(DEVICE)).as_dict()
+           for name, model in models.items()}
     torch.cuda.synchronize()
-    events = triton_handles.compile_events()
+    events = compile_events.events("triton")
     result["triton_warmup"] = {
         "total_s": time.perf_counter() - t1,
         "towers": tri,

@@ -9,14 +9,15 @@ import sglang.srt.plugins as plugins
 plugins.load_plugins()
 from sglang.srt.layers.attention import vision
 from sglang.srt.layers.rotary_embedding import utils as rope_utils
+from sglang_fa4.kernels import vit
 from sglang_fa4.kernels.vit import rotary as vit_rotary
 
 calls = []
-real_apply = vit_rotary.apply_rotary
+real_apply = vit.apply_rotary  # the hook calls the ViT kernels' face
 def spy(*a, **kw):
     calls.append(1)
     return real_apply(*a, **kw)
-vit_rotary.apply_rotary = spy
+vit.apply_rotary = spy
 
 d, heads = 8, 2
 g = torch.Generator().manual_seed(1)

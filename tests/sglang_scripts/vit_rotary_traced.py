@@ -7,11 +7,12 @@ import torch
 import sglang.srt.plugins as plugins
 plugins.load_plugins()
 from sglang.srt.layers.rotary_embedding import utils as rope_utils
+from sglang_fa4.kernels import vit
 from sglang_fa4.kernels.vit import rotary as vit_rotary
 
 calls = []
-real = vit_rotary.apply_rotary
-vit_rotary.apply_rotary = lambda *a, **k: calls.append(1) or real(*a, **k)
+real = vit.apply_rotary  # the hook calls the ViT kernels' face
+vit.apply_rotary = lambda *a, **k: calls.append(1) or real(*a, **k)
 # SGLang's compiled rotary calls the rebound name: dynamo must trace through the hook in one graph
 traced = torch.compile(rope_utils.apply_rotary_pos_emb_native_eager, backend="eager", fullgraph=True, dynamic=True)
 g = torch.Generator().manual_seed(2)
