@@ -257,11 +257,12 @@ def test_route_threshold_variable_is_bounded(monkeypatch):
             var.get()
 
 
-@pytest.mark.parametrize("d,page,single", [(128, 16, False), (192, 1, True)])
-def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, page, single):
+@pytest.mark.parametrize("d,single", [(128, False), (192, True)])
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single):
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
-    aligned pointers and strides, page size 1 as a constant): the E4M3 K/V tiles are read as 16-byte
-    vectors (no byte-wise global access) and both products run on the tensor cores (mma)."""
+    aligned pointers and strides): the E4M3 K/V tiles are read as 16-byte vectors (no byte-wise
+    global access), both products run on the tensor cores (mma), and the page arithmetic of the
+    key loop is shifts (no integer division: page sizes are powers of two)."""
     import re
 
     from triton_ptx import sm90_ptx
@@ -273,8 +274,6 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": D.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": D.block_n(d), "SINGLE": single,
               "WRITE_LSE": False}
-    if page == 1:
-        consts["page_size"] = 1
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -286,6 +285,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
     assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
     assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)
+    assert not re.search(r"\b(div|rem)\.[su]\d+", ptx.split("cp.async.commit_group", 1)[1]), "a division per key"
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):
