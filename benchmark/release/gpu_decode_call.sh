@@ -6,7 +6,7 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness fa3 tune tune-splits wide matrix-first matrix-short
+# STEPS (in the order given): env correctness fa3 kernel tune tune-splits wide matrix-first matrix-short
 # matrix-long (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
@@ -41,6 +41,9 @@ for arg in "$@"; do
       step ${t:-120} fa3 python3 -m pytest -q -rs tests/test_fa3_baseline.py -k gpu ;;
     tune)
       t=${t:-260}; step $t tune python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep launch --budget-s $((t - 30)) ;;
+    kernel)
+      t=${t:-200}; step $t kernel python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep kernel --tag kernel \
+          --budget-s $((t - 25)) ;;
     tune-splits)
       t=${t:-200}; step $t tune-splits python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep splits --tag splits \
           --budget-s $((t - 25)) ;;
