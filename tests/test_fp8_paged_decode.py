@@ -53,6 +53,28 @@ def _matrix_cases() -> dict:
     # a page table 8192 tokens wide over short contexts (SGLang's decode graphs): the plan's 32
     # splits meet MIN_KEYS_PER_SPLIT on the device, so all but the first two stay empty
     cases["wide-table-empty-splits"] = dict(lens=[300, 40, 257], page=16, hq=4, hkv=1, d=128, width=512)
+    # the kernel's edges (issue #44, item 5), where Gemma-4's sliding layers live:
+    # a sliding-window extend at d256 whose window (20) is narrower than the spread of the rows (64
+    # tokens x 2 heads: two row blocks): a row block's first key block and whole splits hold none
+    # of some rows' keys
+    cases["edge-window-narrower-than-rows-d256"] = dict(lens=[600, 90], new=[64, 2], page=16, hq=4, hkv=2, d=256,
+                                                        window=(20, 0), splits=4)
+    # a causal extend whose last split has fewer keys (10) than new rows (48): rows that end before
+    # it see nothing there (-inf LSE partials in the combine)
+    cases["edge-last-split-shorter-than-rows"] = dict(lens=[714], new=[48], page=16, hq=2, hkv=1, d=256, splits=3)
+    # k and v descales in different layouts
+    cases["edge-descales-per-k-scalar-v"] = dict(lens=[77, 300], page=16, hq=8, hkv=2, d=128, descale="per",
+                                                 descale_v="scalar")
+    cases["edge-descales-none-k-one-v"] = dict(lens=[33], page=1, hq=4, hkv=1, d=64, descale="none", descale_v="one")
+    cases["edge-descales-wide-k-none-v"] = dict(lens=[129, 5], page=64, hq=7, hkv=1, d=192, descale="wide",
+                                                descale_v="none")
+    # non-causal (left, 0) windows over several rows, and a window of 0 (each row its own key)
+    cases["edge-noncausal-left-window-rows"] = dict(lens=[200], new=[12], page=16, hq=4, hkv=1, d=128,
+                                                    causal=False, window=(30, 0))
+    cases["edge-window-zero"] = dict(lens=[64, 9], new=[5, 1], page=4, hq=2, hkv=1, d=64, causal=False, window=(0, 0))
+    # a column-sliced page table (row stride wider than its columns) and a zero-length sequence
+    cases["edge-column-sliced-table"] = dict(lens=[100, 250], page=16, hq=4, hkv=1, d=128, slice_table=True)
+    cases["edge-zero-length-sequence"] = dict(lens=[0, 130, 0], new=[0, 3, 0], page=16, hq=4, hkv=1, d=128)
     # extend with a few new rows per sequence through the same kernel (bottom-right causal)
     cases["extend-few-rows"] = dict(lens=[70, 300, 17], new=[5, 16, 17], page=16, hq=4, hkv=1, d=128, splits=3)
     # decode == extend for one cache: its last rows (window off / on, different split structures)
@@ -299,6 +321,11 @@ def test_warm_calls_every_variant_the_route_launches(monkeypatch):
     assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
                                      (3, 1, False), (3, 2, False), (5, 1, False), (5, 2, False)]
     assert seen[-1][3:] == ((5, 28, 128), (4, 16, 4, 128), 6, [0, 5])
+    # MHA (q heads == kv heads): up to 16 new tokens fit one 16-row block, so one row-block size
+    seen.clear()
+    D.warm(128, 8, 8, 16, "cpu")
+    assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True)]
+    assert seen[0][3:5] == ((1, 8, 128), (4, 16, 8, 128))
     seen.clear()
     monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", "1")
     D.warm(64, 8, 8, 1, "cpu")
