@@ -53,9 +53,31 @@ def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, causal, window):
                           causal=causal, window=tuple(window), dtype=torch.float64, return_lse=True)
 
 
+def descale(kind: str, batch: int, hkv: int, value: float):
+    """(the values the reference multiplies by (batch, hkv), what the kernel is given) for one
+    descale layout: per (batch, kv head) around 1, "wide" (log-uniform over 1e-3 .. 1e2), "scalar"
+    (SGLang's layer scale: a (batch, kv head) expand of one value), "one" (a 1-element tensor),
+    "none" (None: 1)."""
+    if kind == "per":
+        x = 0.5 + torch.rand(batch, hkv)
+        return x, x
+    if kind == "wide":
+        x = 10.0 ** (-3 + 5 * torch.rand(batch, hkv))
+        return x, x
+    if kind == "scalar":
+        x = torch.tensor([value]).expand(batch, hkv)
+        return x, x
+    if kind == "one":
+        return torch.tensor([value]).expand(batch, hkv), torch.tensor([value])
+    if kind == "none":
+        return torch.ones(batch, hkv), None
+    raise ValueError(f"unknown descale kind {kind!r}")
+
+
 def run_case(c: dict, device: str) -> dict:
     """One case: lens, page, hq, hkv, d, new (tokens per sequence), window (left, right or None),
-    causal, splits (None: the heuristic), descale (per | scalar | none), q (fp8 | bf16)."""
+    causal, splits (None: the heuristic), descale / descale_v (see :func:`descale`), q (fp8 |
+    bf16), width (page-table columns), slice_table (the table a column slice of a wider one)."""
     torch.manual_seed(c.get("seed", 0))
     lens, P, hq, hkv, d = c["lens"], c["page"], c["hq"], c["hkv"], c["d"]
     new = c.get("new", [1] * len(lens))
@@ -63,15 +85,13 @@ def run_case(c: dict, device: str) -> dict:
     cu_q = cu_seqlens(new)
     q = torch.randn(sum(new), hq, d)
     q = q.to(FP8) if c.get("q", "fp8") == "fp8" else q.to(torch.bfloat16)
-    kind = c.get("descale", "per")
-    if kind == "per":  # differs per (batch, kv head)
-        kd, vd = 0.5 + torch.rand(len(lens), hkv), 0.5 + torch.rand(len(lens), hkv)
-    elif kind == "wide":  # per (batch, kv head), log-uniform over 1e-3 .. 1e2
-        kd, vd = (10.0 ** (-3 + 5 * torch.rand(len(lens), hkv)) for _ in range(2))
-    elif kind == "scalar":  # as SGLang passes a layer scale: a (batch, kv head) expand of one value
-        kd, vd = torch.tensor([0.7]).expand(len(lens), hkv), torch.tensor([1.3]).expand(len(lens), hkv)
-    else:
-        kd = vd = torch.ones(len(lens), hkv)
+    # descale layouts, k's and v's each its own ("descale" for both unless "descale_v" says otherwise)
+    kd, kd_arg = descale(c.get("descale", "per"), len(lens), hkv, 0.7)
+    vd, vd_arg = descale(c.get("descale_v", c.get("descale", "per")), len(lens), hkv, 1.3)
+    if c.get("slice_table"):  # a column slice of a wider table: rows strided, columns contiguous
+        wide = torch.full((table.shape[0], table.shape[1] + 5), 2**30, dtype=torch.int32)
+        wide[:, : table.shape[1]] = table
+        table = wide[:, : table.shape[1]]
     window = c.get("window") or (-1, -1)
     causal = c.get("causal", True)
     scale = c.get("scale", d ** -0.5)
@@ -79,7 +99,7 @@ def run_case(c: dict, device: str) -> dict:
     out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device=device)
     got, lse = paged_decode_attention(
         dev(q), dev(k), dev(v), dev(table), dev(seqlens), dev(cu_q), max(new),
-        k_descale=None if kind == "none" else dev(kd), v_descale=None if kind == "none" else dev(vd),
+        k_descale=None if kd_arg is None else dev(kd_arg), v_descale=None if vd_arg is None else dev(vd_arg),
         softmax_scale=scale, causal=causal, window_size=tuple(window), out=out, return_lse=True,
         num_splits=c.get("splits"), sms=c.get("sms", 132 if device == "cpu" else None))
     ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, causal, window)

@@ -58,6 +58,28 @@ def _matrix_cases() -> dict:
     # a page table 8192 tokens wide over short contexts (SGLang's decode graphs): the plan's 32
     # splits meet MIN_KEYS_PER_SPLIT on the device, so all but the first two stay empty
     cases["wide-table-empty-splits"] = dict(lens=[300, 40, 257], page=16, hq=4, hkv=1, d=128, width=512)
+    # the kernel's edges (issue #44, item 5), where Gemma-4's sliding layers live:
+    # a sliding-window extend at d256 whose window (20) is narrower than the spread of the rows (64
+    # tokens x 2 heads: two row blocks): a row block's first key block and whole splits hold none
+    # of some rows' keys
+    cases["edge-window-narrower-than-rows-d256"] = dict(lens=[600, 90], new=[64, 2], page=16, hq=4, hkv=2, d=256,
+                                                        window=(20, 0), splits=4)
+    # a causal extend whose last split has fewer keys (10) than new rows (48): rows that end before
+    # it see nothing there (-inf LSE partials in the combine)
+    cases["edge-last-split-shorter-than-rows"] = dict(lens=[714], new=[48], page=16, hq=2, hkv=1, d=256, splits=3)
+    # k and v descales in different layouts
+    cases["edge-descales-per-k-scalar-v"] = dict(lens=[77, 300], page=16, hq=8, hkv=2, d=128, descale="per",
+                                                 descale_v="scalar")
+    cases["edge-descales-none-k-one-v"] = dict(lens=[33], page=1, hq=4, hkv=1, d=64, descale="none", descale_v="one")
+    cases["edge-descales-wide-k-none-v"] = dict(lens=[129, 5], page=64, hq=7, hkv=1, d=192, descale="wide",
+                                                descale_v="none")
+    # non-causal (left, 0) windows over several rows, and a window of 0 (each row its own key)
+    cases["edge-noncausal-left-window-rows"] = dict(lens=[200], new=[12], page=16, hq=4, hkv=1, d=128,
+                                                    causal=False, window=(30, 0))
+    cases["edge-window-zero"] = dict(lens=[64, 9], new=[5, 1], page=4, hq=2, hkv=1, d=64, causal=False, window=(0, 0))
+    # a column-sliced page table (row stride wider than its columns) and a zero-length sequence
+    cases["edge-column-sliced-table"] = dict(lens=[100, 250], page=16, hq=4, hkv=1, d=128, slice_table=True)
+    cases["edge-zero-length-sequence"] = dict(lens=[0, 130, 0], new=[0, 3, 0], page=16, hq=4, hkv=1, d=128)
     # extend with a few new rows per sequence through the same kernel (bottom-right causal)
     cases["extend-few-rows"] = dict(lens=[70, 300, 17], new=[5, 16, 17], page=16, hq=4, hkv=1, d=128, splits=3)
     # decode == extend for one cache: its last rows (window off / on, different split structures)
@@ -278,11 +300,12 @@ def test_route_threshold_variable_is_bounded_and_read_once(monkeypatch, reload_s
             var.get()
 
 
-@pytest.mark.parametrize("d,page,single", [(128, 16, False), (192, 1, True)])
-def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, page, single):
+@pytest.mark.parametrize("d,single", [(128, False), (192, True)])
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single):
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
-    aligned pointers and strides, page size 1 as a constant): the E4M3 K/V tiles are read as 16-byte
-    vectors (no byte-wise global access) and both products run on the tensor cores (mma)."""
+    aligned pointers and strides): the E4M3 K/V tiles are read as 16-byte vectors (no byte-wise
+    global access), both products run on the tensor cores (mma), and the page arithmetic of the
+    key loop is shifts (no integer division: page sizes are powers of two)."""
     import re
 
     from triton_ptx import sm90_ptx
@@ -294,8 +317,6 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
               "WRITE_LSE": False}
-    if page == 1:
-        consts["page_size"] = 1
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -307,6 +328,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
     assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
     assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)
+    assert not re.search(r"\b(div|rem)\.[su]\d+", ptx.split("cp.async.commit_group", 1)[1]), "a division per key"
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):
@@ -320,6 +342,11 @@ def test_warm_calls_every_variant_the_route_launches(monkeypatch):
     assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
                                      (3, 1, False), (3, 2, False), (5, 1, False), (5, 2, False)]
     assert seen[-1][3:] == ((5, 28, 128), (4, 16, 4, 128), 6, [0, 5])
+    # MHA (q heads == kv heads): up to 16 new tokens fit one 16-row block, so one row-block size
+    seen.clear()
+    W.warm_split_kv(W.SplitKvShape(128, 8, 8, 16, 16), "cpu")
+    assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True)]
+    assert seen[0][3:5] == ((1, 8, 128), (4, 16, 8, 128))
     seen.clear()
     W.warm_split_kv(W.SplitKvShape(64, 8, 8, 1, 1), "cpu")  # the route's limit 1 (the variable's value)
     assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True)]

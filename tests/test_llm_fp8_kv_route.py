@@ -377,14 +377,15 @@ def test_backend_init_warms_the_fp8_variants(monkeypatch, reload_settings):
 
 def test_route_warmup_counts_the_gather_and_arms_the_monitors(monkeypatch):
     """warm_llm_fp8_kv: the gather's compiles are warmup work; afterwards one is flagged."""
-    from sglang_fa4.kernels import compile_events, fp8_sm90, triton_handles
+    from sglang_fa4.kernels import compile_events, triton_handles
     from sglang_fa4.kernels.fp8_paged_kv import gather as fp8_paged_gather
+    from sglang_fa4.kernels.fp8_sm90 import launch
     from sglang_fa4.startup import jit_monitor, warmup
     from sglang_fa4.startup.variants import LlmAttentionShape
 
     jit_monitor.reset_state()
     monkeypatch.setenv("SGLANG_FA4_JIT_MONITOR", "raise")
-    monkeypatch.setattr(fp8_sm90.launch, "compiled_kernel", lambda variant: None)
+    monkeypatch.setattr(launch, "compiled_kernel", lambda variant: None)
     event = triton_handles.CompileEvent("fp8_paged_gather", ("key",), 0.5, False, False)
 
     def fake_warm(shape, device):  # a compile inside the warmup: expected

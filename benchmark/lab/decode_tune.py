@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
+from benchmark.lab import decode_transposed  # noqa: E402
+
 from sglang_fa4.bench.stats import median  # noqa: E402
 from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S  # noqa: E402
 from sglang_fa4.kernels.fp8_paged_kv import paged_decode_attention  # noqa: E402
@@ -104,7 +106,9 @@ def candidates(d: int, smoke: bool) -> list[dict]:
     for bn, st in itertools.product(bns, (2, 3, 4)):
         out.append({"block_n": bn, "num_warps": 4, "num_stages": st})
     out += [{"block_n": bn, "num_warps": 8, "num_stages": 3} for bn in bns[1:]]
-    out += [{"block_n": bns[1], "num_warps": 2, "num_stages": 3}]
+    # fewer warps: the softmax's row max / sum cross fewer warps (a barrier each per key block)
+    out += [{"block_n": bn, "num_warps": w, "num_stages": st} for bn, w, st in
+            ((bns[1], 2, 3), (bns[-1], 2, 3), (bns[0], 2, 4), (bns[1], 1, 3), (bns[0], 1, 4))]
     return out
 
 
@@ -133,6 +137,14 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
     tables = {"tight": table}
     if sweep == "launch":
         variants = {json.dumps(c, sort_keys=True): (c, None, "tight") for c in candidates(d, smoke)}
+    elif sweep == "kernel":  # the product kernel against the transposed lab kernel (decode_transposed.py)
+        variants = {"product {}": ({}, None, "tight")}
+        for bn, st, w in (((64, 3, 4), (32, 3, 4)) if smoke else
+                          ((64, 2, 4), (64, 3, 4), (64, 4, 4), (128, 2, 4), (128, 3, 4), (64, 3, 8), (32, 4, 4))):
+            if d > 128 and bn == 128:
+                continue
+            variants[f"transposed bn{bn} s{st} w{w}"] = ({"block_n": bn, "num_stages": st, "num_warps": w,
+                                                          "kernel": "transposed"}, None, "tight")
     elif sweep == "splits":
         variants = {f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS}
     else:  # SGLang's decode graphs pass the table as wide as the context limit: the same batch both ways
@@ -148,12 +160,18 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
                "heuristic_splits": heuristic.num_splits}
 
         row["splits"] = S.plan(batch, hkv, hq // hkv, d, 1, tables[which].shape[1] * page, sms, splits,
-                               launch=launch or None).num_splits
+                               launch={k: v for k, v in launch.items() if k != "kernel"} or None).num_splits
 
         def call(k, v, launch=launch, splits=splits, t=tables[which]):
-            return paged_decode_attention(q, k, v, t, seqlens, cu_q, 1, k_descale=kd, v_descale=vd,
-                                          softmax_scale=scale, causal=True, out=out, num_splits=splits,
-                                          launch=launch or None)
+            launch = dict(launch)
+            transposed = launch.pop("kernel", None) == "transposed"
+            decode_transposed.install(transposed)
+            try:
+                return paged_decode_attention(q, k, v, t, seqlens, cu_q, 1, k_descale=kd, v_descale=vd,
+                                              softmax_scale=scale, causal=True, out=out, num_splits=splits,
+                                              launch=launch or None)
+            finally:
+                decode_transposed.install(False)
         try:
             out.fill_(float("nan"))
             call(*pools[0])
@@ -201,7 +219,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=400)
-    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "both"], default="both")
+    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "both"], default="both")
     ap.add_argument("--shapes", nargs="*", default=None, help="names (substrings) of SHAPES to run")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
@@ -230,7 +248,7 @@ def main() -> None:
     stem = "decode_tune" + (f"-{args.tag}" if args.tag else "")
     for sweep in sweeps:
         for i, shape in enumerate(shapes):
-            if sweep == "launch" and not smoke and shape[0] not in LAUNCH_SHAPES:
+            if sweep in ("launch", "kernel") and not smoke and shape[0] not in LAUNCH_SHAPES:
                 continue
             if time.monotonic() - t0 > args.budget_s:
                 meta["truncated"] = f"budget reached before {sweep} {shape[0]}"

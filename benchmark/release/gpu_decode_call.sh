@@ -6,13 +6,17 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness fa3 tune tune-splits matrix-short matrix-long wide
-# (see the case statement). .fa3: benchmark/fa3_build/build.sh; .sgl_decode:
-# benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
+# STEPS (in the order given): env correctness fa3 kernel tune tune-splits wide matrix-first matrix-short
+# matrix-long (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
+# .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
+# BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+# a call brings back at most 8 files: results gather in $RES and travel as one archive
+FINAL=${OUT:-/tmp/out}
+OUT=${RES:-/tmp/decode_results}
+mkdir -p "$OUT" "$FINAL"
+trap 'tar -czf "$FINAL/decode_results.tgz" -C "$OUT" . && echo "results: $(ls "$OUT" | tr "\n" " ")"' EXIT
 export PYTHONPATH=$PWD:$PWD/.sgl_decode${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*"; }
@@ -22,32 +26,39 @@ step() {  # step LIMIT_S NAME CMD...: run with a time limit, log its status
     timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log" | tail -n 60
     log "step $name: exit ${PIPESTATUS[0]}"
 }
-for s in "$@"; do
+B=${BACKENDS:+--backends $BACKENDS}
+for arg in "$@"; do
+  s=${arg%%=*}; t=${arg#*=}; [ "$t" = "$arg" ] && t=""
   case "$s" in
     env)
       nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv | tee "$OUT/gpu.csv"
       python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.csv"
       [ -f .fa3/BUILD_INFO ] && cat .fa3/BUILD_INFO ;;
     correctness)
-      step 240 correctness python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
+      step ${t:-240} correctness python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
           --out "$OUT/fp8_decode_correctness.json" ;;
     fa3)
-      step 120 fa3 python3 -m pytest -q -rs tests/test_fa3_baseline.py -k gpu ;;
+      step ${t:-120} fa3 python3 -m pytest -q -rs tests/test_fa3_baseline.py -k gpu ;;
     tune)
-      step 260 tune python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep launch --budget-s 230 ;;
+      t=${t:-260}; step $t tune python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep launch --budget-s $((t - 30)) ;;
+    kernel)
+      t=${t:-200}; step $t kernel python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep kernel --tag kernel \
+          --budget-s $((t - 25)) ;;
     tune-splits)
-      step 200 tune-splits python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep splits --tag splits --budget-s 180 ;;
+      t=${t:-200}; step $t tune-splits python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep splits --tag splits \
+          --budget-s $((t - 25)) ;;
     matrix-short)
-      step 300 matrix-short python3 -m sglang_fa4.cli bench decode --contexts 1024 8192 --out-dir "$OUT" \
-          --tag short --time-budget-s 280 ;;
+      t=${t:-300}; step $t matrix-short python3 -m sglang_fa4.cli bench decode $B --contexts 1024 8192 \
+          --out-dir "$OUT" --tag short --time-budget-s $((t - 25)) ;;
     matrix-long)
-      step 300 matrix-long python3 -m sglang_fa4.cli bench decode --contexts 32768 131072 --out-dir "$OUT" \
-          --tag long --time-budget-s 280 ;;
+      t=${t:-300}; step $t matrix-long python3 -m sglang_fa4.cli bench decode $B --contexts 32768 131072 \
+          --out-dir "$OUT" --tag long --time-budget-s $((t - 25)) ;;
     matrix-first)
-      step 240 matrix-first python3 -m sglang_fa4.cli bench decode --batches 1 8 64 256 --contexts 8192 32768 \
-          --no-extra-pages --out-dir "$OUT" --tag first --time-budget-s 220 ;;
+      t=${t:-240}; step $t matrix-first python3 -m sglang_fa4.cli bench decode $B --batches 1 8 64 256 \
+          --contexts 8192 32768 --no-extra-pages --out-dir "$OUT" --tag first --time-budget-s $((t - 25)) ;;
     wide)
-      step 150 wide python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep wide --tag wide --rounds 11 --budget-s 130 ;;
+      t=${t:-150}; step $t wide python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep wide --tag wide --rounds 11 \
+          --budget-s $((t - 25)) ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done

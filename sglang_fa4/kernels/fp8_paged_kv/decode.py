@@ -97,7 +97,7 @@ def _make_split_kernel():
         OUT, LSE, O_PART, LSE_PART,
         q_stride_t, q_stride_h, pt_stride, kd_stride_b, kd_stride_h, vd_stride_b, vd_stride_h,
         o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
-        num_splits, min_chunk, width, page_size, tok_stride, hkv, qk_scale_log2, left, right,
+        num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
     ):
@@ -143,9 +143,11 @@ def _make_split_kernel():
             acc = tl.zeros([BLOCK_M, D_POW2], tl.float32)
             for start in range(k_start, k_end, BLOCK_N):
                 kk = start + tl.arange(0, BLOCK_N)
-                k_ok = (kk < k_end) & (kk // page_size < width)
-                page = tl.load(pt_row + kk // page_size, mask=k_ok, other=0).to(tl.int64)
-                src = (page * page_size + kk % page_size) * tok_stride
+                # page sizes are powers of two: shifts, not integer divisions, per key
+                col = kk >> page_shift
+                k_ok = (kk < k_end) & (col < width)
+                page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
+                src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
                 kv_mask = k_ok[:, None] & d_ok[None, :]
                 # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
                 kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
@@ -278,7 +280,8 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 o, lse, o_part, lse_part,
                 q.stride(0), q.stride(1), page_table.stride(0), kd_sb, kd_sh, vd_sb, vd_sh,
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
-                p.num_splits, p.min_chunk, width, page_size, hkv * d, hkv, scale * LOG2E, plan.left, plan.right,
+                p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
+                plan.right,
                 group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
