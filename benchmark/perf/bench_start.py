@@ -81,12 +81,12 @@ def random_calls(n: int, seed: int) -> dict:
 
     import torch
 
-    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.kernels import compile_events
     from sglang_fa4.kernels import fa4, varlen
     from benchmark.perf.bench_warmup import HEADS, _cu, _windows
 
     rng = random.Random(seed)
-    fa4_before, triton_before = fa4.kernel_cache().compile_count(), triton_handles.compile_count()
+    fa4_before, triton_before = fa4.kernel_cache().compile_count(), compile_events.count("triton")
     for _ in range(n):
         gh, gw = 2 * rng.randint(2, 60), 2 * rng.randint(2, 60)
         for lens in (_windows(gh, gw), [gh * gw]):
@@ -94,7 +94,7 @@ def random_calls(n: int, seed: int) -> dict:
             varlen.fa4_varlen_attention(q, k, v, _cu(lens, "cuda"), max(lens))
     torch.cuda.synchronize()
     return {"calls": 2 * n, "fa4_resolved": fa4.kernel_cache().compile_count() - fa4_before,
-            "triton_resolved": triton_handles.compile_count() - triton_before}
+            "triton_resolved": compile_events.count("triton") - triton_before}
 
 
 def child(args) -> dict:
@@ -125,7 +125,7 @@ def child(args) -> dict:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-        from sglang_fa4.kernels import triton_handles
+        from sglang_fa4.kernels import compile_events
         from sglang_fa4.startup import fa4_preload, jit_monitor, warmup
 
         preload_done = fa4_preload._seconds is not None  # noqa: SLF001 - finished before the warmup asked?
@@ -135,7 +135,7 @@ def child(args) -> dict:
         result["warmup_s"] = t2 - t1
         result["import_in_background_s"] = fa4_preload._seconds  # noqa: SLF001
         result["import_done_before_warmup"] = preload_done
-        events = triton_handles.compile_events()
+        events = compile_events.events("triton")
         result["fa4"] = {"resolved": report.resolved, "compiled": report.compiled,
                          "seconds": [round(s, 4) for s in report.seconds], "failures": len(report.failures)}
         result["triton"] = {"resolved": len(events), "compiled": sum(e.cache_hit is False for e in events),

@@ -210,13 +210,13 @@ def child(args) -> dict:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-        from sglang_fa4.kernels import triton_handles
+        from sglang_fa4.kernels import compile_events
         from sglang_fa4.startup import warmup
 
         report = warmup.warm_model(model)
         torch.cuda.synchronize()
         result["warmup_s"] = time.perf_counter() - t1
-        events = triton_handles.compile_events()
+        events = compile_events.events("triton")
         result["fa4"] = {k: report.as_dict()[k] for k in ("resolved", "compiled", "from_shared_library")}
         result["fa4"]["failures"] = len(report.failures)
         result["triton"] = {"resolved": len(events), "compiled": sum(e.cache_hit is False for e in events)}

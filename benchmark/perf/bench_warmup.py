@@ -186,7 +186,7 @@ def trace(args) -> dict:
 
     from flash_attn.cute import flash_attn_varlen_func
 
-    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.kernels import compile_events
     from sglang_fa4.kernels import fa4, varlen
     from sglang_fa4.kernels.vit import short_windows as short_segments
     from sglang_fa4.kernels.vit import rotary as vit_rotary
@@ -195,7 +195,7 @@ def trace(args) -> dict:
     jit_monitor.arm_jit_monitor()
     dev = torch.device(DEVICE)
     start_count = fa4.kernel_cache().compile_count()
-    start_triton = triton_handles.compile_count()
+    start_triton = compile_events.count("triton")
     start_after = jit_monitor.compiles_after_warmup()
     calls = many = routed_calls = 0
     checks = []
@@ -242,7 +242,7 @@ def trace(args) -> dict:
         "calls_routed_to_fa2": routed_calls,
         "seconds": time.perf_counter() - t0,
         "resolved_after_warmup": fa4.kernel_cache().compile_count() - start_count,
-        "triton_resolved_after_warmup": triton_handles.compile_count() - start_triton,
+        "triton_resolved_after_warmup": compile_events.count("triton") - start_triton,
         "monitor_compiles_after_warmup": jit_monitor.compiles_after_warmup() - start_after,
         "bitwise_checks": len(checks),
         "bitwise_all_equal": all(c["bitwise_equal"] for c in checks),

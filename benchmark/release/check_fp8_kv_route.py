@@ -245,15 +245,17 @@ def section_speed(budget_s):
                 q8, k.view(FP8), None, cu_q, cu_kg, max(new), bound, descale=desc, softmax_scale=D ** -0.5,
                 causal=True, vt=vt, out=out), row)
         if max(new) == 1:  # decode: the GQA group packed into the tile (the default) vs one CTA per q head
-            from sglang_fa4.kernels import fp8_paged_kv
+            from sglang_fa4.kernels.fp8_paged_kv.extend import decode_gqa_pack
 
-            qp, cu_qp, g = fp8_paged_kv.decode_gqa_pack(q8, HKV)
+            qp, cu_qp, g = decode_gqa_pack(q8, HKV)
             timed("fp8_kernel_only_packed_ms", lambda: fp8_varlen_attention(
                 qp, k.view(FP8), None, cu_qp, cu_kg, g, bound, descale=desc, softmax_scale=D ** -0.5,
                 causal=False, vt=vt), row)
         if max(new) == 1 and not GATHER_ONLY:  # one CTA per q head: the causal variant, another compile
             # (the route packs decode-shaped calls; without a host max_seqlen_q it cannot tell one)
-            timed("fa4_fp8_routed_unpacked_ms", lambda: fp8_paged_kv.paged_fp8_attention(
+            from sglang_fa4.kernels.fp8_paged_kv import paged_kv_attention
+
+            timed("fa4_fp8_routed_unpacked_ms", lambda: paged_kv_attention(
                 q8, kc, vc, table, seqlens, cu_q, None, k_descale=kd, v_descale=vd, softmax_scale=D ** -0.5,
                 causal=True, out=out), row)
         if not GATHER_ONLY:

@@ -157,14 +157,14 @@ def scale_like_trained(tower, gain: float = 2.5, outlier: float = 3.0, modules=N
 
 
 def set_mode(mode: str) -> None:
-    from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
+    from sglang_fa4.kernels import settings
 
     os.environ["SGLANG_FA4_VIT_ATTN_DTYPE"] = mode
-    vit_attn_dtype.mode.cache_clear()
+    settings.reload()  # the routing settings are read once: read them again
 
 
 class LayerErrors:
-    """Wraps vit_attn_dtype.fp8_attention: while ``on``, each FP8 call also runs FA4 bf16 on the
+    """Wraps the ViT kernels' ``fp8_attention`` (what the ViT form's route calls): while ``on``, each FP8 call also runs FA4 bf16 on the
     same q/k/v and records the rel. error of the FP8 output. With ``noise`` > 0 the call returns
     FA4 bf16 plus Gaussian noise of that rel. size instead (no FP8): how far the random tower moves
     for a bf16-sized perturbation of the same layers (benchmark/release/vit_fp8_accuracy.py)."""
@@ -172,10 +172,9 @@ class LayerErrors:
     def __init__(self):
         import torch
 
-        from sglang_fa4.kernels import fa4, varlen
-        from sglang_fa4.kernels.vit import attn_dtype as vit_attn_dtype
+        from sglang_fa4.kernels import varlen, vit
 
-        self.on, self.errors, self.noise, self.calls, inner = False, [], 0.0, 0, vit_attn_dtype.fp8_attention
+        self.on, self.errors, self.noise, self.calls, inner = False, [], 0.0, 0, vit.fp8_attention
 
         def wrapped(q, k, v, cu, max_seqlen, softmax_scale=None):
             self.calls += 1
@@ -192,16 +191,14 @@ class LayerErrors:
                 self.errors.append(rel(out, ref))
             return out
 
-        vit_attn_dtype.fp8_attention = wrapped
+        vit.fp8_attention = wrapped
 
 
 def compiles() -> dict:
-    from sglang_fa4.kernels import fa4, varlen
-    from sglang_fa4.kernels.fp8_sm90 import launch
-    from sglang_fa4.kernels.vit import fp8_quantize_chunked as quantize_chunked
+    from sglang_fa4.kernels import compile_events, fa4
 
-    return {"fa4": fa4.kernel_cache().compile_count(), "fp8_forward": launch.compile_count(),
-            "quantize": len(quantize_chunked.compile_events())}
+    return {"fa4": fa4.kernel_cache().compile_count(), "fp8_forward": compile_events.count("fp8_forward"),
+            "quantize": compile_events.count("fp8_quantize")}
 
 
 def call_ms(tower, x, grid, graph: bool, mode: str) -> float:

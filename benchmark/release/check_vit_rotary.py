@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     from sglang_fa4.bench.meta import base_meta
     from sglang_fa4.bench.timing import measure_copy_gbps
-    from sglang_fa4.kernels import triton_handles
+    from sglang_fa4.kernels import compile_events
     from sglang_fa4.kernels.vit import rotary as vit_rotary
 
     meta = base_meta("vit_rotary", sys.argv if argv is None else ["check_vit_rotary.py", *argv])
@@ -125,12 +125,12 @@ def main(argv=None) -> int:
         vit_rotary.warm(d, heads, heads, "bfloat16", table_dtypes=tables, device="cuda")
     meta["warm_s"] = round(time.perf_counter() - t0, 2)
     meta["warm_events"] = [{"kernel": e.kernel, "how": e.how, "seconds": round(e.seconds, 3)}
-                           for e in triton_handles.compile_events()]
+                           for e in compile_events.events("triton")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     impls = {"fused": vit_rotary.apply_rotary, "native": apply_rotary_pos_emb_native_eager,
              "compiled": apply_rotary_pos_emb_native}
-    resolved0 = triton_handles.compile_count()
+    resolved0 = compile_events.count("triton")
     for model, (heads, d, tables) in MODELS.items():
         for table in tables:
             for pic in PICTURES:
@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     print(f"[vit_rotary] short-window route host us/call: {route_host}", flush=True)
     result = {"meta": meta, "rows": rows, "host_us_per_call": round(statistics.median(host), 2),
               "short_window_route_host_us": route_host,
-              "resolved_after_warm": triton_handles.compile_count() - resolved0 - sum(
-                  1 for e in triton_handles.compile_events()[resolved0:] if e.kernel == "short_window_attention")}
+              "resolved_after_warm": compile_events.count("triton") - resolved0 - sum(
+                  1 for e in compile_events.events("triton")[resolved0:] if e.kernel == "short_window_attention")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vit_rotary.json").write_text(json.dumps(result, indent=1, default=str))
