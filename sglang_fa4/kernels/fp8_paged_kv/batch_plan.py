@@ -75,11 +75,6 @@ class PagedPlan:
     def group(self) -> int:
         return self.q_heads // self.kv_heads
 
-    @property
-    def rows(self) -> int:
-        """Query rows per sequence the split-KV grid is sized for (new tokens x group)."""
-        return max(self.max_seqlen_q if self.max_seqlen_q is not None else self.total_q, 1) * self.group
-
 
 _plans: dict = {}
 
@@ -139,11 +134,10 @@ def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seql
           softmax_scale, causal, window_size, out, return_lse, backend, num_splits, sms, launch) -> PagedPlan:
     _need(backend in BACKENDS, f"backend must be one of {BACKENDS}, got {backend!r}")
     _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
-    q_dtypes = (FP8, torch.bfloat16) if backend == SPLIT_KV else (FP8,)
+    q_dtypes = (FP8, torch.bfloat16) if backend == SPLIT_KV else (FP8,)  # the split-KV kernel takes bf16 q too
+    names = " or ".join(str(dt).replace("torch.", "") for dt in q_dtypes)
     _need(isinstance(q, torch.Tensor) and q.dtype in q_dtypes,
-          f"q must be {' or '.join(str(dt).replace('torch.', '') for dt in q_dtypes)} (cast like SGLang's fa3 "
-          f"path), got "
-          f"{getattr(q, 'dtype', type(q).__name__)}")
+          f"q must be {names} (cast like SGLang's fa3 path), got {getattr(q, 'dtype', type(q).__name__)}")
     _need(q.dim() == 3, f"q must be (tokens, heads, head_dim), got {tuple(q.shape)}")
     total_q, hq, qd = q.shape
     _need(qd == d, f"q's head_dim {qd} differs from the cache's {d}")
