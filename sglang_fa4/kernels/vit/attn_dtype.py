@@ -38,7 +38,6 @@ from typing import Optional
 
 from sglang_fa4.kernels import fp8_sm90
 from sglang_fa4.kernels.inputs import normalize_window
-from sglang_fa4.kernels.settings import BF16, FP8  # noqa: F401 (the two modes, named here too)
 
 logger = logging.getLogger("sglang_fa4")
 
