@@ -196,8 +196,9 @@ static int setup(const fa3_args *a, Flash_fwd_params &p, char *err, int64_t errl
     // (batch 1) and the varlen scheduler then picks each batch's split count on the device
     auto const tile = tile_size_fwd_sm90(d_rounded, d_rounded, causal, false, elt, false, paged, false);
     int const kBlockM = std::get<0>(tile), kBlockN = std::get<1>(tile);
-    if (a->num_splits > 0) {
-        p.num_splits = (int)a->num_splits;
+    if (a->num_splits > 0 || !paged) {
+        // the ViT call (flash_attn_varlen_func) passes num_splits=1, FA3's default there
+        p.num_splits = a->num_splits > 0 ? (int)a->num_splits : 1;
     } else {
         int const num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
         int const num_m_blocks = (p.seqlen_q * (p.h / p.h_k) + kBlockM - 1) / kBlockM;

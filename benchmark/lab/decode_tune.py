@@ -181,7 +181,7 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
             if not row["finite"] or row["rel_err"] > 2e-2:
                 row["error"] = "wrong result"
             else:
-                calls[label] = (lambda: [call(k, v) for k, v in pools])
+                calls[label] = (lambda call=call: [call(k, v) for k, v in pools])  # bound now, not at the last variant
         except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a finding
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
