@@ -137,14 +137,27 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
     tables = {"tight": table}
     if sweep == "launch":
         variants = {json.dumps(c, sort_keys=True): (c, None, "tight") for c in candidates(d, smoke)}
-    elif sweep == "kernel":  # the product kernel against the transposed lab kernel (decode_transposed.py)
-        variants = {"product {}": ({}, None, "tight")}
-        for bn, st, w in (((64, 3, 4), (32, 3, 4)) if smoke else
-                          ((64, 2, 4), (64, 3, 4), (64, 4, 4), (128, 2, 4), (128, 3, 4), (64, 3, 8), (32, 4, 4))):
-            if d > 128 and bn == 128:
-                continue
-            variants[f"transposed bn{bn} s{st} w{w}"] = ({"block_n": bn, "num_stages": st, "num_warps": w,
-                                                          "kernel": "transposed"}, None, "tight")
+    elif sweep == "kernel":  # occupancy (registers per thread bound the CTAs an SM holds) and the
+        # transposed lab kernel (decode_transposed.py); register counts from ptxas for sm_90a, d128
+        variants = {"product {}": ({}, None, "tight")}  # the plan's default
+        cands = [("product", {"maxnreg": 0}),  # no cap: 190 regs, 2 CTAs of 4 warps an SM
+                 ("product", {"maxnreg": 128}),  # 128, no spills: 4 CTAs
+                 ("product", {"num_warps": 8}),  # 128: 2 CTAs of 8 warps
+                 ("product", {"block_n": 32}),  # 138: 3 CTAs
+                 ("product", {"block_n": 32, "maxnreg": 128}),
+                 ("product", {"block_n": 128, "num_warps": 8, "maxnreg": 128}),
+                 ("transposed", {"block_n": 32, "num_stages": 3, "num_warps": 4}),  # 135: 3 CTAs
+                 ("transposed", {"block_n": 32, "num_stages": 4, "num_warps": 4, "maxnreg": 128}),
+                 ("transposed", {"block_n": 64, "num_stages": 3, "num_warps": 4, "maxnreg": 168}),
+                 ("transposed", {"block_n": 64, "num_stages": 3, "num_warps": 8})]
+        if d > 128:
+            cands = [("product", {"num_warps": 4}), ("product", {"num_warps": 4, "maxnreg": 128}),
+                     ("product", {"block_n": 16, "maxnreg": 128}),
+                     ("transposed", {"block_n": 32, "num_warps": 8}),
+                     ("transposed", {"block_n": 32, "num_warps": 4, "maxnreg": 168})]
+        for kernel, c in (cands[:2] if smoke else cands):
+            label = f"{kernel} {json.dumps(c, sort_keys=True)}"
+            variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
     elif sweep == "splits":
         variants = {f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS}
     else:  # SGLang's decode graphs pass the table as wide as the context limit: the same batch both ways

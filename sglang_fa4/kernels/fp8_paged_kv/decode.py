@@ -285,7 +285,7 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
-                     num_stages=p.num_stages)
+                     num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))
         if not single:
             COMBINE.launch((total_q, hkv), (o_part, lse_part, o, lse, part_s, part_t, lpart_s, o.stride(0),
                                             o.stride(1), lse_h, p.num_splits, hq, group, pow2_at_least(group), d,

@@ -66,9 +66,17 @@ def block_m(rows: int) -> int:
 
 
 def num_warps(block_m_: int, head_dim: int) -> int:
-    """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
-    at large head dims)."""
-    return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+    """Warps per program: 4 up to head dim 128, 8 above it or once the fp32 accumulator passes 16
+    rows x 256 (extend row blocks at large head dims). ptxas (sm_90a): the d256 decode program
+    needs 219 registers a thread with 4 warps (2 CTAs of 4 warps an SM), 128 with 8 (2 of 8)."""
+    return 4 if head_dim <= 128 and block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+
+
+def maxnreg(head_dim: int, warps: int) -> Optional[int]:
+    """The register cap a thread gets: 128 for the 4-warp d <= 128 program, which ptxas otherwise
+    gives 190 registers (2 CTAs an SM; capped, 4 CTAs, no spill); None (the compiler's choice)
+    elsewhere."""
+    return 128 if head_dim <= 128 and warps == 4 else None
 
 
 #: software-pipelining depth of the key loop (Triton's num_stages): the K/V tiles in flight
@@ -76,14 +84,15 @@ NUM_STAGES = 3
 
 
 class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk): the launch's
-    host facts (tests read them)."""
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg): the
+    launch's host facts (tests read them)."""
 
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT):
-        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk))
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None):
+        return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
+                                     maxnreg))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
@@ -94,13 +103,16 @@ class DecodePlan(tuple):
     #: keys a split takes at least, applied on the device to the real context: a page table wider
     #: than the batch's contexts (SGLang's decode graphs) leaves the surplus splits empty, not thin
     min_chunk = property(lambda s: s[6])
+    #: a register cap per thread (Triton's maxnreg; None: the compiler's choice): the CTAs an SM
+    #: holds at once are bounded by registers, and decode needs many in flight
+    maxnreg = property(lambda s: s[7])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
-    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm, for the
-    tuning sweep)."""
+    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm / maxnreg,
+    for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
     bm = block_m(rows)
@@ -115,5 +127,6 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
 
         raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     bn = launch.get("block_n", block_n(head_dim))
-    return DecodePlan(bm, row_blocks, bn, num_splits, launch.get("num_warps", num_warps(bm, head_dim)),
-                      launch.get("num_stages", NUM_STAGES), min_chunk)
+    warps = launch.get("num_warps", num_warps(bm, head_dim))
+    return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
+                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None)
