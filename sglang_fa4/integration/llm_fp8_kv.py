@@ -35,6 +35,11 @@ PREPARE_QUERY = f"{FA_BACKEND}.prepare_paged_mha_query"
 
 _logged: set = set()
 
+#: head dims whose layers SGLang hands the route a bf16 q (it casts q to the pool's E4M3 only up to
+#: the head dims its FA3 path runs); the route takes bf16 q for these and E4M3 q elsewhere. Empty
+#: until a kernel runs a head dim over 256 on every call size (issue #44: Gemma-4's 512).
+BF16_QUERY_HEAD_DIMS: tuple = ()
+
 
 class FP8KVRouteError(NotImplementedError):
     """fa4 on an FP8 KV cache on SM90 was asked for something the SM90 FP8 kernel does not do."""
