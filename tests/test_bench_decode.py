@@ -80,7 +80,8 @@ def test_wide_table_points_past_the_pages_at_page_zero():
 
 def test_markdown_has_time_spread_bandwidth_copy_share_error_and_the_ratios():
     rows = [dict(name="llama3-8b b64 ctx4096 P16", backend="fa4_fp8_split_kv", median_us=100.0, spread=0.04,
-                 gbps=2684.0, copy_fraction=0.65, rel_err=3e-3, speedup_vs_fa3_fp8=1.38, speedup_vs_fa3_bf16=2.1),
+                 gbps=2684.0, copy_fraction=0.65, rel_err=3e-3, speedup_vs_fa3_fp8=1.38, speedup_vs_fa3_bf16=2.1,
+                 speedup_vs_fa3_fp8_range=[1.31, 1.42], speedup_vs_fa3_bf16_range=[2.05, 2.2]),
             dict(name="llama3-8b b64 ctx4096 P16", backend="fa3_fp8", median_us=138.0, spread=0.02, gbps=1945.0,
                  rel_err=4e-3, speedup_vs_fa3_fp8=1.0),
             dict(name="llama3-8b b64 ctx4096 P16", backend="fa3_bf16", median_us=210.0, spread=0.01, gbps=2557.0,
@@ -92,7 +93,7 @@ def test_markdown_has_time_spread_bandwidth_copy_share_error_and_the_ratios():
     md = decode.markdown(result)
     assert "device copy rate (4100 GB/s, same process)" in md and "L2-cold" in md
     assert ("| llama3-8b b64 ctx4096 P16 | 100.0 ±4% · 2684 GB/s (65%) · 3.0e-03 | 138.0 ±2% · 1945 GB/s · 4.0e-03 | "
-            "210.0 ±1% · 2557 GB/s · 2.0e-03 | — ImportError: no sglang | 1.38x | 2.10x | — |") in md, md
+            "210.0 ±1% · 2557 GB/s · 2.0e-03 | — ImportError: no sglang | 1.38x (1.31-1.42) | 2.10x (2.05-2.20) | — |") in md, md
 
 
 def test_cli_has_decode(capsys):

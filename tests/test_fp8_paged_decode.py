@@ -161,7 +161,7 @@ def test_choose_splits_fills_the_gpu_from_host_facts():
 
 def test_plan_blocks_and_bounds():
     p = S.plan(8, 4, 7, 128, 1, 8192, 132)
-    assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 64)  # 7 rows padded to 16
+    assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 32)  # 7 rows padded to 16; 32 keys a step (the prefetched tiles in registers)
     p = S.plan(8, 4, 8, 256, 16, 8192, 132)
     assert (p.block_m, p.row_blocks, p.block_n) == (64, 2, 32)  # 128 rows in 2 blocks; d 256: 32 keys
     assert S.plan(1, 1, 1, 64, 1, 100, 132, num_splits=5).num_splits == 5
@@ -250,7 +250,7 @@ def test_no_host_sync_and_a_grid_from_host_facts_only(monkeypatch, request):
     (n1, grid1, _), (n2, grid2, _) = launches[:2]
     splits = choose_splits(4, 4, 1, 2048 * 16, 132)
     assert (n1, grid1) == ("fp8_paged_decode_split", (1, 16, splits)) and splits == 33
-    assert (n2, grid2) == ("fp8_paged_decode_combine", (4, 4))  # per (token, kv head): 7 q heads each
+    assert (n2, grid2) == ("fp8_paged_decode_combine", (4, 28))  # per (token, q head)
 
 
 def test_kv_bytes_read():
@@ -300,12 +300,13 @@ def test_route_threshold_variable_is_bounded_and_read_once(monkeypatch, reload_s
             var.get()
 
 
-@pytest.mark.parametrize("d,single", [(128, False), (192, True)])
-def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single):
+@pytest.mark.parametrize("d,single,prefetch", [(128, False, True), (192, True, True), (128, False, False)])
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single, prefetch):
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
     aligned pointers and strides): the E4M3 K/V tiles are read as 16-byte vectors (no byte-wise
     global access), both products run on the tensor cores (mma), and the page arithmetic of the
-    key loop is shifts (no integer division: page sizes are powers of two)."""
+    key loop is shifts (no integer division: page sizes are powers of two). The hand-prefetched
+    loop loads into registers (no cp.async); the other one is pipelined by Triton through cp.async."""
     import re
 
     from triton_ptx import sm90_ptx
@@ -316,7 +317,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
-              "WRITE_LSE": False}
+              "WRITE_LSE": False, "PREFETCH": prefetch}
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -328,7 +329,11 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
     assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
     assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)
-    assert not re.search(r"\b(div|rem)\.[su]\d+", ptx.split("cp.async.commit_group", 1)[1]), "a division per key"
+    assert ("cp.async" in ptx) != prefetch
+    # the key loop: the basic blocks after the prologue (the split's key range takes divisions, once)
+    blocks = re.split(r"\n\$L__BB0_\d+:", ptx)
+    loop = [b for b in blocks[1:] if "mma.sync" in b]
+    assert loop and not any(re.search(r"\b(div|rem)\.[su]\d+", b) for b in loop), "a division per key"
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):

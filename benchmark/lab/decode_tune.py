@@ -52,6 +52,8 @@ WIDE_SHAPES = [("llama b1 4k P16", 1, 4096, 16, 32, 8, 128), ("llama b8 4k P16",
 WIDE_TOKENS = 131072
 #: the shapes the launch sweep runs on (the split sweep runs on all)
 LAUNCH_SHAPES = ("llama b1 32k P16", "llama b32 8k P16", "qwen b1 32k P16", "d256 b16 8k P16")
+#: the kernel sweep's: those, a mid and a large batch, and batch 1 at d256
+KERNEL_SHAPES = LAUNCH_SHAPES + ("llama b8 8k P16", "llama b128 4k P16", "d256 b1 32k P16")
 #: bytes the layers of one shape span at least (several times the 50-60 MB L2)
 COLD_BYTES = 384 << 20
 MAX_LAYERS = 48
@@ -140,20 +142,26 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
     elif sweep == "kernel":  # occupancy (registers per thread bound the CTAs an SM holds) and the
         # transposed lab kernel (decode_transposed.py); register counts from ptxas for sm_90a, d128
         variants = {"product {}": ({}, None, "tight")}  # the plan's default
-        cands = [("product", {"maxnreg": 0}),  # no cap: 190 regs, 2 CTAs of 4 warps an SM
-                 ("product", {"maxnreg": 128}),  # 128, no spills: 4 CTAs
-                 ("product", {"num_warps": 8}),  # 128: 2 CTAs of 8 warps
-                 ("product", {"block_n": 32}),  # 138: 3 CTAs
-                 ("product", {"block_n": 32, "maxnreg": 128}),
-                 ("product", {"block_n": 128, "num_warps": 8, "maxnreg": 128}),
-                 ("transposed", {"block_n": 32, "num_stages": 3, "num_warps": 4}),  # 135: 3 CTAs
-                 ("transposed", {"block_n": 32, "num_stages": 4, "num_warps": 4, "maxnreg": 128}),
-                 ("transposed", {"block_n": 64, "num_stages": 3, "num_warps": 4, "maxnreg": 168}),
-                 ("transposed", {"block_n": 64, "num_stages": 3, "num_warps": 8})]
+        # registers a thread, ptxas sm_90a (d128 G4): the Triton-pipelined loop (prefetch off) 190,
+        # capped 128 with no spill; the hand-prefetched loop 241 at block_n 64 (capped 128: 1168 B
+        # spilled), 163 at block_n 32 (capped 128: 16 B), 160 with 8 warps; d256 G2: 241 at block_n 32
+        cands = [("product", {"prefetch": False}),  # the previous default: 4 CTAs an SM
+                 ("product", {"prefetch": False, "block_n": 128, "num_warps": 8, "maxnreg": 128}),
+                 ("product", {"prefetch": True, "block_n": 64, "maxnreg": 0}),  # 2 CTAs
+                 ("product", {"prefetch": True, "block_n": 32, "maxnreg": 0}),  # 3 CTAs
+                 ("product", {"prefetch": True, "block_n": 32, "maxnreg": 128}),  # 4 CTAs, 16 B spilled
+                 ("product", {"prefetch": True, "block_n": 16, "maxnreg": 128}),
+                 ("product", {"prefetch": True, "block_n": 64, "num_warps": 8, "maxnreg": 0}),
+                 ("product", {"prefetch": True, "block_n": 32, "num_warps": 2, "maxnreg": 0}),
+                 ("transposed", {"block_n": 32, "num_stages": 3, "num_warps": 4})]
         if d > 128:
-            cands = [("product", {"num_warps": 4}), ("product", {"num_warps": 4, "maxnreg": 128}),
-                     ("product", {"block_n": 16, "maxnreg": 128}),
-                     ("transposed", {"block_n": 32, "num_warps": 8}),
+            cands = [("product", {"prefetch": False, "num_warps": 4}),
+                     ("product", {"prefetch": False, "num_warps": 4, "num_stages": 4}),
+                     ("product", {"prefetch": False, "block_n": 32, "num_warps": 1, "num_stages": 4}),
+                     ("product", {"prefetch": True, "block_n": 32, "num_warps": 4}),
+                     ("product", {"prefetch": True, "block_n": 16, "num_warps": 4}),
+                     ("product", {"prefetch": True, "block_n": 64, "num_warps": 8}),
+                     ("product", {"prefetch": True, "block_n": 32, "num_warps": 2}),
                      ("transposed", {"block_n": 32, "num_warps": 4, "maxnreg": 168})]
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"
@@ -261,7 +269,7 @@ def main() -> None:
     stem = "decode_tune" + (f"-{args.tag}" if args.tag else "")
     for sweep in sweeps:
         for i, shape in enumerate(shapes):
-            if sweep in ("launch", "kernel") and not smoke and shape[0] not in LAUNCH_SHAPES:
+            if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES, "kernel": KERNEL_SHAPES}.get(sweep, (shape[0],)):
                 continue
             if time.monotonic() - t0 > args.budget_s:
                 meta["truncated"] = f"budget reached before {sweep} {shape[0]}"

@@ -374,7 +374,10 @@ def bench_case(case: Case, backends, rounds: int, replays: int, device, seed: in
             for ref_name, key in (("fa3_fp8", "speedup_vs_fa3_fp8"), ("fa3_bf16", "speedup_vs_fa3_bf16"),
                                   ("triton_fp8", "speedup_vs_triton_fp8")):
                 if ref_name in by:
-                    r[key] = by[ref_name]["median_us"] / r["median_us"]
+                    # per-round ratios (the rounds are interleaved: round i of both ran together)
+                    ratios = [b / a for a, b in zip(r["per_round_us"], by[ref_name]["per_round_us"])]
+                    r[key] = median(ratios)
+                    r[key + "_range"] = [min(ratios), max(ratios)]
     del x, calls, outs
     if not smoke:
         torch.cuda.empty_cache()
@@ -410,7 +413,8 @@ def markdown(result: dict) -> str:
             else:
                 cells.append("— " + (r.get("error", "")[:40]))
         ours = per.get("fa4_fp8_split_kv", {})
-        cells += ["—" if ours.get(k) is None else f"{ours[k]:.2f}x" for _, k in ratios]
+        cells += ["—" if ours.get(k) is None else
+                  f"{ours[k]:.2f}x ({ours[k + '_range'][0]:.2f}-{ours[k + '_range'][1]:.2f})" for _, k in ratios]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 
-from sglang_fa4.kernels.fp8_paged_kv.decode_plan import pow2_at_least
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import MAX_SPLITS, pow2_at_least
 from sglang_fa4.kernels.fp8_paged_kv.gather import _need
 from sglang_fa4.kernels.triton_handles import KernelHandles
 
@@ -99,7 +99,7 @@ def _make_split_kernel():
         o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
+        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)
@@ -141,28 +141,71 @@ def _make_split_kernel():
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, D_POW2], tl.float32)
-            for start in range(k_start, k_end, BLOCK_N):
-                kk = start + tl.arange(0, BLOCK_N)
-                # page sizes are powers of two: shifts, not integer divisions, per key
+            if PREFETCH:
+                # Software pipelining by hand: a key block's K/V loads are issued one iteration before
+                # its math, and its page ids two (each K/V address waits on a page-table read, which
+                # Triton's own pipeliner does not hoist: with num_stages alone a program paid the
+                # page-table, K and V latencies in turn on every block).
+                kk = k_start + tl.arange(0, BLOCK_N)
                 col = kk >> page_shift
                 k_ok = (kk < k_end) & (col < width)
                 page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
                 src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
                 kv_mask = k_ok[:, None] & d_ok[None, :]
-                # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
-                kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
-                s = tl.dot(q, tl.trans(kt)) * scale
-                vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
-                       & (kk[None, :] < hi_row[:, None]))
-                s = tl.where(vis, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
-                alpha = tl.exp2(m_i - m_safe)
-                p = tl.exp2(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
-                m_i = m_new
+                kt8 = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0)
+                vt8 = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0)
+                kk_n = kk + BLOCK_N
+                col_n = kk_n >> page_shift
+                ok_n = (kk_n < k_end) & (col_n < width)
+                page_n = tl.load(pt_row + col_n, mask=ok_n, other=0).to(tl.int64)
+                for start in range(k_start, k_end, BLOCK_N):
+                    # the next block's K/V (addresses from page ids already here), the one after's ids
+                    src_n = ((page_n << page_shift) + (kk_n & ((1 << page_shift) - 1))) * tok_stride
+                    mask_n = ok_n[:, None] & d_ok[None, :]
+                    kt8_n = tl.load(K_CACHE + src_n[:, None] + head_off[None, :], mask=mask_n, other=0.0)
+                    vt8_n = tl.load(V_CACHE + src_n[:, None] + head_off[None, :], mask=mask_n, other=0.0)
+                    kk_nn = kk_n + BLOCK_N
+                    col_nn = kk_nn >> page_shift
+                    ok_nn = (kk_nn < k_end) & (col_nn < width)
+                    page_nn = tl.load(pt_row + col_nn, mask=ok_nn, other=0).to(tl.int64)
+
+                    s = tl.dot(q, tl.trans(kt8.to(tl.float16))) * scale
+                    vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
+                           & (kk[None, :] < hi_row[:, None]))
+                    s = tl.where(vis, s, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp2(m_i - m_safe)
+                    p = tl.exp2(s - m_safe[:, None])
+                    l_i = l_i * alpha + tl.sum(p, axis=1)
+                    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt8.to(tl.float16))
+                    m_i = m_new
+
+                    kk, k_ok, kt8, vt8 = kk_n, ok_n, kt8_n, vt8_n
+                    kk_n, ok_n, page_n = kk_nn, ok_nn, page_nn
+            else:
+                for start in range(k_start, k_end, BLOCK_N):
+                    kk = start + tl.arange(0, BLOCK_N)
+                    # page sizes are powers of two: shifts, not integer divisions, per key
+                    col = kk >> page_shift
+                    k_ok = (kk < k_end) & (col < width)
+                    page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
+                    src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
+                    kv_mask = k_ok[:, None] & d_ok[None, :]
+                    # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
+                    kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                    s = tl.dot(q, tl.trans(kt)) * scale
+                    vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
+                           & (kk[None, :] < hi_row[:, None]))
+                    s = tl.where(vis, s, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+                    alpha = tl.exp2(m_i - m_safe)
+                    p = tl.exp2(s - m_safe[:, None])
+                    l_i = l_i * alpha + tl.sum(p, axis=1)
+                    vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
+                    m_i = m_new
             seen = l_i > 0.0
             o = acc * (vd / tl.where(seen, l_i, 1.0))[:, None]
             lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))  # log2 units
@@ -191,39 +234,46 @@ def _make_combine_kernel():
         O_PART, LSE_PART, OUT, LSE,
         part_stride_s, part_stride_t, lpart_stride_s, o_stride_t, o_stride_h, lse_stride_h,
         num_splits, hq,
-        G: tl.constexpr, G_POW2: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, WRITE_LSE: tl.constexpr,
+        D: tl.constexpr, D_POW2: tl.constexpr, S_MAX: tl.constexpr, S_CHUNK: tl.constexpr,
+        WRITE_LSE: tl.constexpr,
     ):
-        # one program per (query token, kv head): the group's g heads, every split's partial
+        # one program per (query token, q head). Every load is independent of the one before it:
+        # the split LSEs as one vector, the partials S_CHUNK splits at a time (a loop of dependent
+        # loads, one split per step, paid the memory latency once per split: at batch 1 with 64
+        # splits that latency was most of a decode call)
         t = tl.program_id(0).to(tl.int64)
-        jj = tl.arange(0, G_POW2)
-        head = tl.program_id(1) * G + jj
-        h_ok = jj < G
+        head = tl.program_id(1)
         lse_row = LSE_PART + t * hq + head
-        m = tl.full([G_POW2], float("-inf"), tl.float32)
-        for s in range(num_splits):
-            m = tl.maximum(m, tl.load(lse_row + s * lpart_stride_s, mask=h_ok, other=float("-inf")))
+        ss = tl.arange(0, S_MAX)
+        lse_all = tl.load(lse_row + ss * lpart_stride_s, mask=ss < num_splits, other=float("-inf"))
+        m = tl.max(lse_all, axis=0)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.sum(tl.exp2(lse_all - m_safe), axis=0)
         dd = tl.arange(0, D_POW2)
-        total = tl.zeros([G_POW2], tl.float32)
-        acc = tl.zeros([G_POW2, D_POW2], tl.float32)
-        for s in range(num_splits):
+        acc = tl.zeros([D_POW2], tl.float32)
+        part_row = O_PART + t * part_stride_t + head * D_POW2
+        for s0 in range(0, num_splits, S_CHUNK):
+            sc = s0 + tl.arange(0, S_CHUNK)
             # a split that saw no key (empty, or all masked) has lse -inf, weight 0, and its
             # partial is not read (an empty split never wrote it)
-            lse_s = tl.load(lse_row + s * lpart_stride_s, mask=h_ok, other=float("-inf"))
-            w = tl.exp2(lse_s - m_safe)
-            total += w
-            part = tl.load(O_PART + s * part_stride_s + t * part_stride_t + head[:, None] * D_POW2 + dd[None, :],
-                           mask=(h_ok & (lse_s > float("-inf")))[:, None], other=0.0)
-            acc += w[:, None] * part
+            lse_c = tl.load(lse_row + sc * lpart_stride_s, mask=sc < num_splits, other=float("-inf"))
+            w = tl.exp2(lse_c - m_safe)
+            part = tl.load(part_row + sc.to(tl.int64)[:, None] * part_stride_s + dd[None, :],
+                           mask=(lse_c > float("-inf"))[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * part, axis=0)
         seen = total > 0.0
-        o = acc / tl.where(seen, total, 1.0)[:, None]
-        tl.store(OUT + t * o_stride_t + head[:, None] * o_stride_h + dd[None, :], o.to(OUT.dtype.element_ty),
-                 mask=h_ok[:, None] & (dd < D)[None, :])
+        o = acc / tl.where(seen, total, 1.0)
+        tl.store(OUT + t * o_stride_t + head * o_stride_h + dd, o.to(OUT.dtype.element_ty), mask=dd < D)
         if WRITE_LSE:
             lse_out = tl.where(seen, m_safe + tl.log2(tl.where(seen, total, 1.0)), float("-inf"))
-            tl.store(LSE + head * lse_stride_h + t, lse_out * 0.6931471805599453, mask=h_ok)
+            tl.store(LSE + head * lse_stride_h + t, lse_out * 0.6931471805599453)
 
     return fp8_paged_decode_combine
+
+
+#: splits the combine reads a step (its partial tile: S_CHUNK x head dim fp32; masked past the split
+#: count, one value so that one combine variant serves every split count)
+COMBINE_CHUNK = 16
 
 
 SPLIT = KernelHandles("fp8_paged_decode_split", _make_split_kernel)
@@ -282,14 +332,15 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
                 p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
                 plan.right,
-                group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, p.prefetch)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
                      num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))
         if not single:
-            COMBINE.launch((total_q, hkv), (o_part, lse_part, o, lse, part_s, part_t, lpart_s, o.stride(0),
-                                            o.stride(1), lse_h, p.num_splits, hq, group, pow2_at_least(group), d,
-                                            d_pow2, return_lse), index, num_warps=4)
+            COMBINE.launch((total_q, hq), (o_part, lse_part, o, lse, part_s, part_t, lpart_s, o.stride(0),
+                                           o.stride(1), lse_h, p.num_splits, hq, d, d_pow2, MAX_SPLITS,
+                                           COMBINE_CHUNK, return_lse),
+                           index, num_warps=4)
     elif return_lse:
         lse.fill_(float("-inf"))
     if out is not None and not plan.out_direct:

@@ -52,8 +52,9 @@ def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, 
 
 
 def block_n(head_dim: int) -> int:
-    """Keys per loop step: 64, or 32 for head dims over 128 (the K/V tiles' registers)."""
-    return 64 if head_dim <= 128 else 32
+    """Keys per loop step: 32 (the hand-prefetched loop holds the next block's K/V tiles in
+    registers: 163 registers a thread at d128 with 4 warps, 241 at block_n 64)."""
+    return 32
 
 
 def pow2_at_least(n: int) -> int:
@@ -66,33 +67,34 @@ def block_m(rows: int) -> int:
 
 
 def num_warps(block_m_: int, head_dim: int) -> int:
-    """Warps per program: 4 up to head dim 128, 8 above it or once the fp32 accumulator passes 16
-    rows x 256 (extend row blocks at large head dims). ptxas (sm_90a): the d256 decode program
-    needs 219 registers a thread with 4 warps (2 CTAs of 4 warps an SM), 128 with 8 (2 of 8)."""
-    return 4 if head_dim <= 128 and block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+    """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
+    at large head dims). The d256 decode program measured 1.6x slower with 8 warps than with 4 (H100)."""
+    return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
 
 
 def maxnreg(head_dim: int, warps: int) -> Optional[int]:
-    """The register cap a thread gets: 128 for the 4-warp d <= 128 program, which ptxas otherwise
-    gives 190 registers (2 CTAs an SM; capped, 4 CTAs, no spill); None (the compiler's choice)
-    elsewhere."""
-    return 128 if head_dim <= 128 and warps == 4 else None
+    """The register cap a thread gets: None (the compiler's choice) -- capping the prefetching
+    loop spills."""
+    return None
 
 
 #: software-pipelining depth of the key loop (Triton's num_stages): the K/V tiles in flight
 NUM_STAGES = 3
+#: the key loop prefetches by hand (a block's K/V one iteration ahead, its page ids two): the
+#: page-table read in front of every K/V address defeats Triton's own pipelining
+PREFETCH = True
 
 
 class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg): the
-    launch's host facts (tests read them)."""
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg, prefetch):
+    the launch's host facts (tests read them)."""
 
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None):
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch=PREFETCH):
         return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
-                                     maxnreg))
+                                     maxnreg, bool(prefetch)))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
@@ -106,13 +108,15 @@ class DecodePlan(tuple):
     #: a register cap per thread (Triton's maxnreg; None: the compiler's choice): the CTAs an SM
     #: holds at once are bounded by registers, and decode needs many in flight
     maxnreg = property(lambda s: s[7])
+    #: the hand-pipelined key loop (:data:`PREFETCH`)
+    prefetch = property(lambda s: s[8])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
-    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm / maxnreg,
-    for the tuning sweep)."""
+    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm / maxnreg /
+    prefetch, for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
     bm = block_m(rows)
@@ -129,4 +133,4 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     bn = launch.get("block_n", block_n(head_dim))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
-                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None)
+                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None, launch.get("prefetch", PREFETCH))
