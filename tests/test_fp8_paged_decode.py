@@ -161,9 +161,9 @@ def test_choose_splits_fills_the_gpu_from_host_facts():
 
 def test_plan_blocks_and_bounds():
     p = S.plan(8, 4, 7, 128, 1, 8192, 132)
-    assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 32)  # 7 rows padded to 16; 32 keys a step (the prefetched tiles in registers)
+    assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 64)  # 7 rows padded to 16
     p = S.plan(8, 4, 8, 256, 16, 8192, 132)
-    assert (p.block_m, p.row_blocks, p.block_n) == (64, 2, 32)  # 128 rows in 2 blocks; d 256: 32 keys
+    assert (p.block_m, p.row_blocks, p.block_n) == (64, 2, 64)  # 128 rows in 2 blocks
     assert S.plan(1, 1, 1, 64, 1, 100, 132, num_splits=5).num_splits == 5
     with pytest.raises(PagedKVError, match="num_splits"):
         S.plan(1, 1, 1, 64, 1, 100, 132, num_splits=MAX_SPLITS + 1)

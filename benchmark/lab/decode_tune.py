@@ -145,23 +145,18 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         # registers a thread, ptxas sm_90a (d128 G4): the Triton-pipelined loop (prefetch off) 190,
         # capped 128 with no spill; the hand-prefetched loop 241 at block_n 64 (capped 128: 1168 B
         # spilled), 163 at block_n 32 (capped 128: 16 B), 160 with 8 warps; d256 G2: 241 at block_n 32
-        cands = [("product", {"prefetch": False}),  # the previous default: 4 CTAs an SM
-                 ("product", {"prefetch": False, "block_n": 128, "num_warps": 8, "maxnreg": 128}),
-                 ("product", {"prefetch": True, "block_n": 64, "maxnreg": 0}),  # 2 CTAs
-                 ("product", {"prefetch": True, "block_n": 32, "maxnreg": 0}),  # 3 CTAs
-                 ("product", {"prefetch": True, "block_n": 32, "maxnreg": 128}),  # 4 CTAs, 16 B spilled
-                 ("product", {"prefetch": True, "block_n": 16, "maxnreg": 128}),
-                 ("product", {"prefetch": True, "block_n": 64, "num_warps": 8, "maxnreg": 0}),
-                 ("product", {"prefetch": True, "block_n": 32, "num_warps": 2, "maxnreg": 0}),
+        cands = [("product", {"prefetch": True}),  # the hand-prefetched loop at the default blocks
+                 ("product", {"prefetch": True, "block_n": 32, "maxnreg": 0}),  # 163 registers: 3 CTAs
+                 ("product", {"block_n": 32}),
+                 ("product", {"maxnreg": 0}),  # 190 registers: 2 CTAs
+                 ("product", {"block_n": 128, "num_warps": 8}),
                  ("transposed", {"block_n": 32, "num_stages": 3, "num_warps": 4})]
         if d > 128:
-            cands = [("product", {"prefetch": False, "num_warps": 4}),
-                     ("product", {"prefetch": False, "num_warps": 4, "num_stages": 4}),
-                     ("product", {"prefetch": False, "block_n": 32, "num_warps": 1, "num_stages": 4}),
-                     ("product", {"prefetch": True, "block_n": 32, "num_warps": 4}),
-                     ("product", {"prefetch": True, "block_n": 16, "num_warps": 4}),
-                     ("product", {"prefetch": True, "block_n": 64, "num_warps": 8}),
-                     ("product", {"prefetch": True, "block_n": 32, "num_warps": 2}),
+            cands = [("product", {"block_n": 32}),
+                     ("product", {"num_stages": 4}),
+                     ("product", {"block_n": 32, "num_warps": 1, "num_stages": 4}),
+                     ("product", {"num_warps": 8}),
+                     ("product", {"prefetch": True, "block_n": 32}),
                      ("transposed", {"block_n": 32, "num_warps": 4, "maxnreg": 168})]
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"

@@ -249,10 +249,13 @@ def _make_combine_kernel():
         m = tl.max(lse_all, axis=0)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         total = tl.sum(tl.exp2(lse_all - m_safe), axis=0)
+        # splits past the last one that saw a key are skipped: a page table wider than the contexts
+        # (SGLang's decode graphs) plans more splits than the real lengths fill
+        used = tl.max(tl.where(lse_all > float("-inf"), ss, -1), axis=0) + 1
         dd = tl.arange(0, D_POW2)
         acc = tl.zeros([D_POW2], tl.float32)
         part_row = O_PART + t * part_stride_t + head * D_POW2
-        for s0 in range(0, num_splits, S_CHUNK):
+        for s0 in range(0, used, S_CHUNK):
             sc = s0 + tl.arange(0, S_CHUNK)
             # a split that saw no key (empty, or all masked) has lse -inf, weight 0, and its
             # partial is not read (an empty split never wrote it)
