@@ -195,10 +195,17 @@ def test_gpu_fa3_bf16_varlen_matches_fp32():
     torch = _gpu_lib()
     from sglang_fa4.bench import backends
 
+    from sglang_fa4.bench import fa3
+
     for d in (64, 72, 80, 128):
         p = backends.make_problem([300, 17, 1024], heads=4, head_dim=d)
         p.out.fill_(float("nan"))
-        out = backends.make_runner("fa3", p)()
+        try:
+            out = backends.make_runner("fa3", p)()
+        except fa3.Fa3Unavailable as exc:  # FA3_ONLY=decode builds no varlen kernel
+            if "this build has no" not in str(exc):
+                raise
+            pytest.skip(str(exc))
         torch.cuda.synchronize()
         assert backends.rel_err(out, backends.reference_fp32(p)) < 1e-2, d
 

@@ -137,8 +137,8 @@ def make_inputs(case: Case, device, seed: int, layers: int = 1, bf16: bool = Fal
     gd = torch.Generator(device=device).manual_seed(seed)
     pools, pools16 = [], []
     for _ in range(layers):
-        k = (torch.randn(shape, generator=gd, device=device) / K_SCALE * 0.1).to(fp8)
-        v = (torch.randn(shape, generator=gd, device=device) / V_SCALE * 0.1).to(fp8)
+        k = _random_e4m3(shape, 0.1 / K_SCALE, gd)
+        v = _random_e4m3(shape, 0.1 / V_SCALE, gd)
         pools.append((k, v))
         if bf16:
             pools16.append((_dequantized_bf16(k, K_SCALE), _dequantized_bf16(v, V_SCALE)))
@@ -149,6 +149,20 @@ def make_inputs(case: Case, device, seed: int, layers: int = 1, bf16: bool = Fal
                 cu_q=torch.arange(case.batch + 1, dtype=torch.int32, device=device),
                 kd=torch.full((case.batch, case.hkv), K_SCALE, device=device),
                 vd=torch.full((case.batch, case.hkv), V_SCALE, device=device))
+
+
+def _random_e4m3(shape, scale: float, gen):
+    """N(0, scale^2) values in an E4M3 tensor of ``shape``, drawn a page block at a time (a whole
+    pool drawn in fp32 first would take four times its bytes: 32 GiB for batch 256 x 32k)."""
+    import torch
+
+    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=gen.device)
+    per_page = max(1, int(torch.tensor(shape[1:]).prod()))
+    step = max(1, (256 << 20) // per_page)
+    for i in range(0, shape[0], step):
+        n = min(step, shape[0] - i)
+        out[i:i + n] = (torch.randn((n, *shape[1:]), generator=gen, device=gen.device) * scale).to(out.dtype)
+    return out
 
 
 def _dequantized_bf16(x, scale: float):
