@@ -184,11 +184,31 @@ def test_headline_figures_agree_with_the_runs_own_reports():
 
     kvb = (ROOT / "benchmark/results/h200/fp8_kv_backend-all-0.5.23.md").read_text()
     rows = {r[0]: float(r[1].split("x")[0]) for r in result_figures.fp8_kv_rows()}
-    for shape, label in (("prefill 8k", "prefill 8k"), ("decode b64 ctx4k", "decode b64 ctx4k")):
-        line = next(x for x in kvb.splitlines() if x.startswith(f"| {shape} | qwen2.5-7b d128 |"))
-        vs_bf16, vs_fa3 = (float(c.strip().rstrip("x")) for c in line.rstrip(" |").split("|")[-2:])
-        assert abs(rows[f"LLM layer on an FP8 KV cache, {label} d=128: ours vs fa4 on a bf16 pool"] - vs_bf16) < 0.01
-        assert abs(rows[f"LLM layer on an FP8 KV cache, {label} d=128: ours vs FA3-FP8"] - vs_fa3) < 0.01
+    line = next(x for x in kvb.splitlines() if x.startswith("| prefill 8k | qwen2.5-7b d128 |"))
+    vs_bf16, vs_fa3 = (float(c.strip().rstrip("x")) for c in line.rstrip(" |").split("|")[-2:])
+    assert abs(rows["LLM layer on an FP8 KV cache, prefill 8k d=128: ours vs fa4 on a bf16 pool (H200)"] - vs_bf16) < 0.01
+    assert abs(rows["LLM layer on an FP8 KV cache, prefill 8k d=128: ours vs FA3-FP8 (H200)"] - vs_fa3) < 0.01
+    assert not any("decode" in r for r in rows)  # decode rows come from the split-KV kernel's matrix
+
+    # decode: the per-case ratios the matrix's own markdown printed, their range per model at page 16
+    printed = {}
+    for path in result_figures.DECODE:
+        md = (ROOT / path.replace(".json.gz", ".md")).read_text().splitlines()
+        head = next(x for x in md if x.startswith("| case |")).split("|")
+        col = head.index(" ours vs fa3_fp8 ")
+        for x in md:
+            cells = x.split("|")
+            if x.startswith("| ") and " P16 " in cells[1] and cells[col].strip()[:1].isdigit():
+                printed.setdefault(cells[1].split()[0], []).append(cells[col].split("x")[0].strip())
+    fa3_rows = [r for r in result_figures.decode_rows() if r[0].endswith("ours vs FA3-FP8 (H100)")]
+    assert len(fa3_rows) == len(result_figures.DECODE_MODELS) == len(printed)
+    for model, label in result_figures.DECODE_MODELS.items():
+        (row,) = [r for r in fa3_rows if label in r[0]]
+        got = sorted(printed[model], key=float)
+        assert row[1].startswith(f"{got[0]}x to {got[-1]}x; >= 1.0x on ") and row[1].endswith(f" of {len(got)}")
+        # a printed 1.00x may be just under 1: the count lies between the strict and the rounded one
+        count = int(row[1].split(" on ")[1].split()[0])
+        assert sum(float(g) > 1 for g in got) <= count <= sum(float(g) >= 1 for g in got), (model, got, count)
 
 
 def test_readme_is_a_first_screen():

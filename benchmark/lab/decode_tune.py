@@ -228,7 +228,41 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
     return rows
 
 
+def summarize(paths, out: Path) -> str:
+    """A markdown of committed sweeps: per variant, its time over the same call's default ("{}" /
+    "product {}" / the tight table) on each shape, and the range over the shapes."""
+    from sglang_fa4.bench.report import read_json
+
+    lines = ["# Split-KV decode sweeps (H100)", "",
+             "Command: `python benchmark/lab/decode_tune.py --summarize " + " ".join(str(p) for p in paths) + "`", "",
+             "Time of each variant over the default of the same sweep in the same process (> 1: slower), "
+             "per shape, and the range over the shapes.", ""]
+    for path in paths:
+        res = read_json(path)
+        rows = [r for r in res["rows"] if r.get("us")]
+        base = {}
+        for r in rows:
+            if r["variant"] in ("{}", "product {}", "tight table"):
+                base[r["shape"]] = r["us"]
+        by_variant: dict = {}
+        for r in rows:
+            if r["shape"] in base and r["variant"] not in ("{}", "product {}", "tight table"):
+                by_variant.setdefault(r["variant"], []).append((r["shape"], r["us"] / base[r["shape"]]))
+        lines += [f"## `{Path(path).name}`", "", "| variant | range over shapes | per shape |", "|---|---|---|"]
+        for variant, got in by_variant.items():
+            vals = [x for _, x in got]
+            per = ", ".join(f"{shape} {x:.2f}" for shape, x in got)
+            lines.append(f"| {variant} | {min(vals):.2f}-{max(vals):.2f} | {per} |")
+        lines.append("")
+    text = "\n".join(lines)
+    out.write_text(text)
+    return text
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--summarize":
+        print(summarize([Path(p) for p in sys.argv[2:-1]], Path(sys.argv[-1])))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--tag", default="")
