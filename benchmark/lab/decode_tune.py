@@ -162,7 +162,8 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"
             variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
     elif sweep == "splits":
-        variants = {f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS}
+        variants = {"{}": ({}, None, "tight")}  # the heuristic's count
+        variants.update({f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS})
     else:  # SGLang's decode graphs pass the table as wide as the context limit: the same batch both ways
         wide_tokens = 1024 if smoke else WIDE_TOKENS
         wide = torch.zeros(batch, -(-wide_tokens // page), dtype=torch.int32, device=device)
