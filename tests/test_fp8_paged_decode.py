@@ -300,13 +300,12 @@ def test_route_threshold_variable_is_bounded_and_read_once(monkeypatch, reload_s
             var.get()
 
 
-@pytest.mark.parametrize("d,single,prefetch", [(128, False, True), (192, True, True), (128, False, False)])
-def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single, prefetch):
+@pytest.mark.parametrize("d,single", [(128, False), (192, True)])
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single):
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
     aligned pointers and strides): the E4M3 K/V tiles are read as 16-byte vectors (no byte-wise
     global access), both products run on the tensor cores (mma), and the page arithmetic of the
-    key loop is shifts (no integer division: page sizes are powers of two). The hand-prefetched
-    loop loads into registers (no cp.async); the other one is pipelined by Triton through cp.async."""
+    key loop is shifts (no integer division: page sizes are powers of two)."""
     import re
 
     from triton_ptx import sm90_ptx
@@ -317,7 +316,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
-              "WRITE_LSE": False, "PREFETCH": prefetch}
+              "WRITE_LSE": False}
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -329,7 +328,6 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     vec += len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], (?:0x10|16)", ptx))
     assert vec >= 2, sorted(set(re.findall(r"\b(?:ld|cp\.async)[\w.]*", ptx)))
     assert re.search(r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)
-    assert ("cp.async" in ptx) != prefetch
     # the key loop: the basic blocks after the prologue (the split's key range takes divisions, once)
     blocks = re.split(r"\n\$L__BB0_\d+:", ptx)
     loop = [b for b in blocks[1:] if "mma.sync" in b]

@@ -31,7 +31,7 @@ def make_split_kernel_t():
         o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, PREFETCH: tl.constexpr,  # PREFETCH: the product's; ignored
+        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)

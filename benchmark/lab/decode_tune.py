@@ -142,12 +142,9 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
     elif sweep == "kernel":  # occupancy (registers per thread bound the CTAs an SM holds) and the
         # transposed lab kernel (decode_transposed.py); register counts from ptxas for sm_90a, d128
         variants = {"product {}": ({}, None, "tight")}  # the plan's default
-        # registers a thread, ptxas sm_90a (d128 G4): the Triton-pipelined loop (prefetch off) 190,
-        # capped 128 with no spill; the hand-prefetched loop 241 at block_n 64 (capped 128: 1168 B
-        # spilled), 163 at block_n 32 (capped 128: 16 B), 160 with 8 warps; d256 G2: 241 at block_n 32
-        cands = [("product", {"prefetch": True}),  # the hand-prefetched loop at the default blocks
-                 ("product", {"prefetch": True, "block_n": 32, "maxnreg": 0}),  # 163 registers: 3 CTAs
-                 ("product", {"block_n": 32}),
+        # registers a thread, ptxas sm_90a (d128 G4): 190, capped at 128 with no spill. (A loop that
+        # prefetched the next block into registers by hand lost: decode_tune-kernel-call{2,3}.json.gz.)
+        cands = [("product", {"block_n": 32}),
                  ("product", {"maxnreg": 0}),  # 190 registers: 2 CTAs
                  ("product", {"block_n": 128, "num_warps": 8}),
                  ("transposed", {"block_n": 32, "num_stages": 3, "num_warps": 4})]
@@ -156,7 +153,6 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
                      ("product", {"num_stages": 4}),
                      ("product", {"block_n": 32, "num_warps": 1, "num_stages": 4}),
                      ("product", {"num_warps": 8}),
-                     ("product", {"prefetch": True, "block_n": 32}),
                      ("transposed", {"block_n": 32, "num_warps": 4, "maxnreg": 168})]
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"

@@ -99,7 +99,7 @@ def _make_split_kernel():
         o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, PREFETCH: tl.constexpr,
+        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)
@@ -141,71 +141,28 @@ def _make_split_kernel():
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, D_POW2], tl.float32)
-            if PREFETCH:
-                # Software pipelining by hand: a key block's K/V loads are issued one iteration before
-                # its math, and its page ids two (each K/V address waits on a page-table read, which
-                # Triton's own pipeliner does not hoist: with num_stages alone a program paid the
-                # page-table, K and V latencies in turn on every block).
-                kk = k_start + tl.arange(0, BLOCK_N)
+            for start in range(k_start, k_end, BLOCK_N):
+                kk = start + tl.arange(0, BLOCK_N)
+                # page sizes are powers of two: shifts, not integer divisions, per key
                 col = kk >> page_shift
                 k_ok = (kk < k_end) & (col < width)
                 page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
                 src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
                 kv_mask = k_ok[:, None] & d_ok[None, :]
-                kt8 = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0)
-                vt8 = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0)
-                kk_n = kk + BLOCK_N
-                col_n = kk_n >> page_shift
-                ok_n = (kk_n < k_end) & (col_n < width)
-                page_n = tl.load(pt_row + col_n, mask=ok_n, other=0).to(tl.int64)
-                for start in range(k_start, k_end, BLOCK_N):
-                    # the next block's K/V (addresses from page ids already here), the one after's ids
-                    src_n = ((page_n << page_shift) + (kk_n & ((1 << page_shift) - 1))) * tok_stride
-                    mask_n = ok_n[:, None] & d_ok[None, :]
-                    kt8_n = tl.load(K_CACHE + src_n[:, None] + head_off[None, :], mask=mask_n, other=0.0)
-                    vt8_n = tl.load(V_CACHE + src_n[:, None] + head_off[None, :], mask=mask_n, other=0.0)
-                    kk_nn = kk_n + BLOCK_N
-                    col_nn = kk_nn >> page_shift
-                    ok_nn = (kk_nn < k_end) & (col_nn < width)
-                    page_nn = tl.load(pt_row + col_nn, mask=ok_nn, other=0).to(tl.int64)
-
-                    s = tl.dot(q, tl.trans(kt8.to(tl.float16))) * scale
-                    vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
-                           & (kk[None, :] < hi_row[:, None]))
-                    s = tl.where(vis, s, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = tl.exp2(m_i - m_safe)
-                    p = tl.exp2(s - m_safe[:, None])
-                    l_i = l_i * alpha + tl.sum(p, axis=1)
-                    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt8.to(tl.float16))
-                    m_i = m_new
-
-                    kk, k_ok, kt8, vt8 = kk_n, ok_n, kt8_n, vt8_n
-                    kk_n, ok_n, page_n = kk_nn, ok_nn, page_nn
-            else:
-                for start in range(k_start, k_end, BLOCK_N):
-                    kk = start + tl.arange(0, BLOCK_N)
-                    # page sizes are powers of two: shifts, not integer divisions, per key
-                    col = kk >> page_shift
-                    k_ok = (kk < k_end) & (col < width)
-                    page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
-                    src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
-                    kv_mask = k_ok[:, None] & d_ok[None, :]
-                    # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
-                    kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
-                    s = tl.dot(q, tl.trans(kt)) * scale
-                    vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
-                           & (kk[None, :] < hi_row[:, None]))
-                    s = tl.where(vis, s, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
-                    alpha = tl.exp2(m_i - m_safe)
-                    p = tl.exp2(s - m_safe[:, None])
-                    l_i = l_i * alpha + tl.sum(p, axis=1)
-                    vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
-                    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
-                    m_i = m_new
+                # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
+                kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                s = tl.dot(q, tl.trans(kt)) * scale
+                vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
+                       & (kk[None, :] < hi_row[:, None]))
+                s = tl.where(vis, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
+                m_i = m_new
             seen = l_i > 0.0
             o = acc * (vd / tl.where(seen, l_i, 1.0))[:, None]
             lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))  # log2 units
@@ -335,7 +292,7 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
                 p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
                 plan.right,
-                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, p.prefetch)
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
                      num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))

@@ -52,7 +52,8 @@ def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, 
 
 
 def block_n(head_dim: int) -> int:
-    """Keys per loop step: 64 (H100, L2-cold, ragged: 32 was 1.1-1.4x slower at d128 and d256)."""
+    """Keys per loop step: 64 (32 took 0.98-1.22x its time on an H100, d128 and d256:
+    benchmark/results/h100/decode_tune_summary.md, as the other measured choices here)."""
     return 64
 
 
@@ -67,34 +68,31 @@ def block_m(rows: int) -> int:
 
 def num_warps(block_m_: int, head_dim: int) -> int:
     """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
-    at large head dims). The d256 decode program measured 1.6x slower with 8 warps than with 4 (H100)."""
+    at large head dims). 8 warps took 1.15-1.25x the time of 4 on the d256 decode program."""
     return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
 
 
 def maxnreg(head_dim: int, warps: int) -> Optional[int]:
     """The register cap a thread gets: 128 for the 4-warp d <= 128 program, which ptxas otherwise
-    gives 190 registers (2 CTAs an SM; capped, 4 CTAs, no spill; 1.08x at batch 32 x 8k on an
-    H100); None (the compiler's choice) elsewhere."""
+    gives 190 registers (2 CTAs an SM; capped, 4 CTAs, no spill; uncapped took 0.94-1.24x the
+    time); None (the compiler's choice) elsewhere."""
     return 128 if head_dim <= 128 and warps == 4 else None
 
 
 #: software-pipelining depth of the key loop (Triton's num_stages): the K/V tiles in flight
 NUM_STAGES = 3
-#: the key loop prefetched by hand (a block's K/V one iteration ahead, its page ids two) instead of
-#: Triton's cp.async pipeline: measured 1.0-1.3x slower on an H100 (more registers, fewer CTAs)
-PREFETCH = False
 
 
 class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg, prefetch):
-    the launch's host facts (tests read them)."""
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg): the
+    launch's host facts (tests read them)."""
 
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch=PREFETCH):
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None):
         return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
-                                     maxnreg, bool(prefetch)))
+                                     maxnreg))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
@@ -108,15 +106,13 @@ class DecodePlan(tuple):
     #: a register cap per thread (Triton's maxnreg; None: the compiler's choice): the CTAs an SM
     #: holds at once are bounded by registers, and decode needs many in flight
     maxnreg = property(lambda s: s[7])
-    #: the hand-pipelined key loop (:data:`PREFETCH`)
-    prefetch = property(lambda s: s[8])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
-    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm / maxnreg /
-    prefetch, for the tuning sweep)."""
+    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm / maxnreg,
+    for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
     bm = block_m(rows)
@@ -133,4 +129,4 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     bn = launch.get("block_n", block_n(head_dim))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
-                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None, launch.get("prefetch", PREFETCH))
+                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None)
