@@ -13,10 +13,12 @@ Every argument is checked here, where it enters the route, and nowhere after it:
 the lengths and query offsets, the pool, q, the descales, ``out``, the window and the scale. A
 malformed one raises :class:`~sglang_fa4.kernels.fp8_paged_kv.gather.PagedKVError` naming it.
 
-The route (:class:`PagedPlan` ``.backend``): the split-KV kernel (:mod:`.decode`, the pool read in
-place) when every sequence brings at most ``split_kv_max_q`` new tokens
-(:mod:`sglang_fa4.kernels.settings`, read once) or the LSE is asked for; otherwise the page gather
-and the SM90 FP8 forward (:mod:`.extend`). Imports nothing from SGLang.
+The route (:class:`PagedPlan` ``.backend``, one rule: :func:`route`): the split-KV kernel
+(:mod:`.decode`, the pool read in place) when every sequence brings at most ``split_kv_max_q`` new
+tokens (:mod:`sglang_fa4.kernels.settings`, read once) or the LSE is asked for; otherwise the page
+gather and the SM90 FP8 forward (:mod:`.extend`) -- but only for a call that forward can run (E4M3
+q, a head dim of its table): bf16 q and head dims it lacks (512) take the split-KV kernel at every
+call size. Imports nothing from SGLang.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Optional
 import torch
 
 from sglang_fa4.kernels.fp8_paged_kv import decode_plan
+from sglang_fa4.kernels.fp8_sm90 import SUPPORTED_HEAD_DIMS as GATHER_HEAD_DIMS
 from sglang_fa4.kernels.fp8_paged_kv.decode import HEAD_DIMS, UNBOUNDED, sm_count, window_bounds
 from sglang_fa4.kernels.fp8_paged_kv.decode_plan import DecodePlan, pow2_at_least
 from sglang_fa4.kernels.fp8_paged_kv.gather import _need, check_paged
@@ -100,11 +103,7 @@ def plan(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqle
     ``sms`` the SM count the split choice aims at, ``launch`` the launch config
     (:func:`.decode_plan.plan`)."""
     if backend is None:
-        limit = settings().split_kv_max_q
-        if return_lse or (isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= limit):
-            backend = SPLIT_KV  # decode / few new rows: the pool read in place, no gather
-        else:
-            backend = GATHER
+        backend = route(getattr(q, "shape", (0,))[-1], getattr(q, "dtype", None), max_seqlen_q, return_lse)
     key = (backend, _tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(page_table),
            _tensor_key(cache_seqlens), _tensor_key(cu_seqlens_q), max_seqlen_q, _tensor_key(k_descale),
            _tensor_key(v_descale), type(softmax_scale), causal,
@@ -118,6 +117,23 @@ def plan(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqle
             _plans.clear()
         _plans[key] = found
     return found
+
+
+def gather_runs(head_dim, q_dtype) -> bool:
+    """The gather route's FP8 forward can take a call: E4M3 q and a head dim of its table."""
+    return q_dtype == FP8 and head_dim in GATHER_HEAD_DIMS
+
+
+def route(head_dim, q_dtype, max_seqlen_q, return_lse: bool) -> str:
+    """The backend of a call (host facts only): the split-KV kernel for decode and short extends
+    (``max_seqlen_q`` a host int in 1..``split_kv_max_q``), for an LSE request, and for every call
+    the FP8 forward cannot run (bf16 q; head dim 512: prefills with a cached prefix included);
+    the page gather + FP8 forward otherwise."""
+    if not gather_runs(head_dim, q_dtype) or return_lse:
+        return SPLIT_KV
+    if isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= settings().split_kv_max_q:
+        return SPLIT_KV  # decode / few new rows: the pool read in place, no gather
+    return GATHER
 
 
 def clear() -> None:
@@ -182,6 +198,8 @@ def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seql
                    if launch_plan.num_splits > 1 else None)
         return PagedPlan(**facts, decode=launch_plan, partial_shape=partial)
     _need(not return_lse, "return_lse: only the split-KV kernel computes the LSE")
+    _need(d in GATHER_HEAD_DIMS, f"head_dim {d}: the gather route's SM90 FP8 forward runs "
+                                 f"{', '.join(map(str, GATHER_HEAD_DIMS))} (the split-KV kernel takes it)")
     return PagedPlan(**facts, gqa_pack=decode_gqa_packable(q, batch, hkv, max_seqlen_q, left, right))
 
 

@@ -29,8 +29,11 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
 
 Descales: per (batch, kv head) or scalar, as SGLang passes them (``layer.k_scale.expand(...)``:
 strides honoured, no copy); k's folds into the score scale, v's into the output.  q is taken as
-E4M3 (SGLang's cast, no scale) or bf16 (converted to fp16: |q| beyond 65504 would overflow).  Head dims 64, 96, 128, 192, 256 (96 and 192 padded to the
-next power of two in registers, masked).  Imports nothing from SGLang.
+E4M3 (SGLang's cast, no scale) or bf16 (converted to fp16: |q| beyond 65504 would overflow).
+Head dims 64, 96, 128, 192, 256 and 512 (96 and 192 padded to the next power of two in registers,
+masked). 512 (Gemma-4's full-attention layers, bf16 q) has no FP8 forward behind the gather route,
+so this kernel runs it at every call size, prefills with a cached prefix included: smaller key and
+row blocks there (:mod:`.decode_plan`).  Imports nothing from SGLang.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from sglang_fa4.kernels.fp8_paged_kv.gather import _need
 from sglang_fa4.kernels.triton_handles import KernelHandles
 
 FP8 = torch.float8_e4m3fn
-HEAD_DIMS = (64, 96, 128, 192, 256)
+HEAD_DIMS = (64, 96, 128, 192, 256, 512)
 #: the SM count assumed off a GPU (interpreter tests): an H200's
 DEFAULT_SM_COUNT = 132
 #: a window side of "unbounded", as the kernel sees it

@@ -26,6 +26,8 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 #: query rows (token x group head) per program: at least 16 (tl.dot), at most this
 MAX_BLOCK_M = 64
+#: ... and at most this above head dim 256: the fp32 accumulator is rows x 512
+MAX_BLOCK_M_WIDE = 32
 
 
 def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, sm_count: int, *,
@@ -53,17 +55,30 @@ def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, 
 
 def block_n(head_dim: int) -> int:
     """Keys per loop step: 64 (32 took 0.98-1.22x its time on an H100, d128 and d256:
-    benchmark/results/h100/decode_tune_summary.md, as the other measured choices here)."""
-    return 64
+    benchmark/results/h100/decode_tune_summary.md, as the other measured choices here); 16 over
+    head dim 256, for the K/V tiles' registers.
+
+    d512, 8 warps, measured with ptxas for sm_90a (Triton 3.8's, through ``triton.compile`` with
+    ``GPUTarget("cuda", 90, 64)`` and ``cuobjdump -res-usage``: ``benchmark/lab/decode_regs.py``),
+    registers a thread / spill: 16 rows x 16 keys 128 / none (bf16 or E4M3 q, one split or
+    several: 2 CTAs an SM); 32 x 16 174 (E4M3 q) or 180 (bf16 q) / none; 16 x 32 179-189 / none;
+    16 x 64 255 with 24 bytes of stack; 32 x 32 246-248 / none; 64 x 16 255 with 824 bytes of stack;
+    16 warps 128 and a spill."""
+    return 64 if head_dim <= 256 else 16
 
 
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def block_m(rows: int) -> int:
+def max_block_m(head_dim: int) -> int:
+    """The most query rows a program takes at ``head_dim``."""
+    return MAX_BLOCK_M if head_dim <= 256 else MAX_BLOCK_M_WIDE
+
+
+def block_m(rows: int, head_dim: int = 0) -> int:
     """Query rows per program for ``rows`` = max new tokens x group size."""
-    return min(MAX_BLOCK_M, max(16, pow2_at_least(rows)))
+    return min(max_block_m(head_dim), max(16, pow2_at_least(rows)))
 
 
 def num_warps(block_m_: int, head_dim: int) -> int:
@@ -111,11 +126,15 @@ class DecodePlan(tuple):
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
-    ``launch`` overrides block_n / num_warps / num_stages / min_chunk / programs_per_sm / maxnreg,
-    for the tuning sweep)."""
+    ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
+    maxnreg, for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
-    bm = block_m(rows)
+    bm = launch.get("block_m", block_m(rows, head_dim))
+    if not (isinstance(bm, int) and bm >= 16 and bm & (bm - 1) == 0):
+        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
+
+        raise PagedKVError(f"launch block_m must be a power of two >= 16, got {bm!r}")
     row_blocks = max(1, -(-rows // bm))
     min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
     if num_splits is None:

@@ -1,0 +1,91 @@
+"""Lab: registers, spills and shared memory of the paged split-KV FP8 kernel per launch config, on a
+CPU (no GPU): Triton compiles the kernel for sm_90a (``GPUTarget("cuda", 90, 64)``, its bundled
+ptxas) and ``cuobjdump -res-usage`` reads the cubin.
+
+Not a product path: the block sizes it informs live in
+``sglang_fa4/kernels/fp8_paged_kv/decode_plan.py`` (their docstrings quote its numbers). One config
+a line, ``key=value`` pairs (defaults: d=512 bm=16 bn=16 w=8 s=3 q=bf16 single=1 g=8)::
+
+    python benchmark/lab/decode_regs.py d=512,bm=16,bn=16 d=512,bm=32,bn=16 d=256,bm=16,bn=32,q=fp8
+    python benchmark/lab/decode_regs.py --plan 512                 # the plan's own decode/prefill configs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from sglang_fa4.kernels.fp8_paged_kv import decode as D  # noqa: E402
+from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S  # noqa: E402
+
+Q_TYPES = {"bf16": "*bf16", "fp8": "*fp8e4nv"}
+#: pointers and strides a real launch specializes as 16-byte aligned
+ALIGNED = ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t", "o_stride_h", "pt_stride", "part_stride_s",
+           "part_stride_t")
+
+
+def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
+              single: bool = True, g: int = 8, maxnreg=None) -> dict:
+    """{"reg", "stack", "shared", "local", "mma"} of the split kernel compiled for sm_90a."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = D._make_split_kernel()
+    names = [p.name for p in fn.params]
+    consts = {"G": g, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": bm, "BLOCK_N": bn, "SINGLE": single,
+              "WRITE_LSE": False}
+    ptrs = {"Q": Q_TYPES[q], "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
+            "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "*i32" if n.isupper() else
+                                                         "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+             if n not in consts and (n.isupper() or n in ALIGNED)}
+    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 64), options=options)
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    reg, stack, shared, local = (int(x) for x in m.groups())
+    return {"reg": reg, "stack": stack, "shared": shared, "local": local,
+            "mma": len(re.findall(r"\bmma\.sync|\bwgmma", kernel.asm["ptx"]))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("configs", nargs="*", help="key=value,... (d bm bn w s q single g maxnreg)")
+    ap.add_argument("--plan", type=int, default=None, help="the plan's configs for this head dim (decode, prefill)")
+    args = ap.parse_args()
+    configs = []
+    for spec in args.configs:
+        a = dict(kv.split("=") for kv in spec.split(","))
+        configs.append(dict(d=int(a.get("d", 512)), bm=int(a.get("bm", 16)), bn=int(a.get("bn", 16)),
+                            warps=int(a.get("w", 8)), stages=int(a.get("s", S.NUM_STAGES)), q=a.get("q", "bf16"),
+                            single=a.get("single", "1") == "1", g=int(a.get("g", 8)),
+                            maxnreg=int(a["maxnreg"]) if "maxnreg" in a else None))
+    if args.plan:
+        for rows in (8, 10 ** 6):  # a decode step of GQA 8, a long prefill
+            p = S.plan(1, 1, 8, args.plan, max(1, rows // 8), 4096, 132)
+            for q in ("bf16", "fp8"):
+                configs.append(dict(d=args.plan, bm=p.block_m, bn=p.block_n, warps=p.num_warps, stages=p.num_stages,
+                                    q=q, single=True, g=8, maxnreg=p.maxnreg))
+    for c in configs:
+        print(c, resources(**c), flush=True)
+
+
+if __name__ == "__main__":
+    main()
