@@ -6,14 +6,16 @@
 * ``prepare_paged_mha_query``: AROUND ``FlashAttentionBackend.prepare_paged_mha_query``: SGLang casts
   q to the KV dtype and hands out the pool's ``k_scale``/``v_scale`` as descales for fa3 and for fa4
   decode, but not for fa4 extend (FA4's own FP8 path is SM100-only there); on our route extend
-  gets the same treatment as decode.
+  gets the same treatment as decode. Over head dim 256 (Gemma-4's 512) SGLang keeps q bf16 and
+  passes no descales at all: the route takes that bf16 q (:data:`BF16_QUERY_HEAD_DIMS`) and the
+  hook adds the pool's descales.
 * ``flash_attn_with_kvcache``: AROUND SGLang's ``flash_attn_with_kvcache`` dispatcher (the one
   call site of FA for paged MHA in ``flashattention_backend``, extend and decode): ``ver=4`` with an
   E4M3 cache on an SM90 GPU goes to :func:`sglang_fa4.kernels.fp8_paged_kv.paged_kv_attention`;
   everything else (other versions, bf16 caches, other GPUs) calls SGLang's code unchanged.
   Decode and short extends run the paged split-KV kernel that reads the pool in place, which also
   returns the LSE SGLang's cascade attention asks for (``return_softmax_lse``: such a call always
-  takes that kernel).
+  takes that kernel), and so do all calls at head dim 512 (prefills included).
   A feature the FP8 kernels lack (softcap, sinks, score/mask mods, ...) raises
   :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
 """
@@ -35,10 +37,13 @@ PREPARE_QUERY = f"{FA_BACKEND}.prepare_paged_mha_query"
 
 _logged: set = set()
 
-#: head dims whose layers SGLang hands the route a bf16 q (it casts q to the pool's E4M3 only up to
-#: the head dims its FA3 path runs); the route takes bf16 q for these and E4M3 q elsewhere. Empty
-#: until a kernel runs a head dim over 256 on every call size (issue #44: Gemma-4's 512).
-BF16_QUERY_HEAD_DIMS: tuple = ()
+#: head dims whose layers SGLang hands the route a bf16 q; the route takes bf16 q for these and
+#: E4M3 q elsewhere. SGLang 0.5.20-0.5.23's ``prepare_paged_mha_query`` casts q to the pool's E4M3
+#: and passes ``layer.k_scale``/``v_scale`` as (batch, kv heads) descales only when
+#: ``layer.head_dim <= 256``: Gemma-4's full-attention layers (512) reach fa4 with q in the model's
+#: dtype (bf16) and no descales, decode and extend alike, though the pool holds K / k_scale (our
+#: hook below adds the descales back). The split-KV kernel runs 512 at every call size.
+BF16_QUERY_HEAD_DIMS: tuple = (512,)
 
 
 class FP8KVRouteError(NotImplementedError):
@@ -138,11 +143,21 @@ def backend_routes_fp8(backend) -> bool:
 def prepare_paged_mha_query(original, self, q, q_rope, k_rope, layer, *, logical_batch_size, kv_head_num,
                             is_prefill):
     """AROUND FlashAttentionBackend.prepare_paged_mha_query: on the FP8 route, extend casts q and
-    passes the pool's descales exactly as decode (and SGLang's fa3 path) does."""
-    if is_prefill and backend_routes_fp8(self):
+    passes the pool's descales exactly as decode (and SGLang's fa3 path) does; at the head dims
+    SGLang leaves q bf16 (:data:`BF16_QUERY_HEAD_DIMS`) q stays bf16 and the pool's descales are
+    passed too (SGLang drops them there, but its pool write divides K and V by them at every head
+    dim, and its triton backend applies them)."""
+    wide = getattr(layer, "head_dim", None) in BF16_QUERY_HEAD_DIMS
+    routed = (is_prefill or wide) and backend_routes_fp8(self)
+    if is_prefill and routed:
         is_prefill = False
-    return original(self, q, q_rope, k_rope, layer, logical_batch_size=logical_batch_size,
-                    kv_head_num=kv_head_num, is_prefill=is_prefill)
+    q, q_rope, k_rope, k_descale, v_descale = original(self, q, q_rope, k_rope, layer,
+                                                       logical_batch_size=logical_batch_size,
+                                                       kv_head_num=kv_head_num, is_prefill=is_prefill)
+    if routed and wide and k_descale is None and getattr(layer, "k_scale", None) is not None:
+        k_descale = layer.k_scale.expand((logical_batch_size, kv_head_num))
+        v_descale = layer.v_scale.expand((logical_batch_size, kv_head_num))
+    return q, q_rope, k_rope, k_descale, v_descale
 
 
 # Arguments the route honours; any other argument must keep its default (checked by value).
@@ -194,11 +209,21 @@ def route_fp8(call: dict):
         )
     if call.get("page_table") is None or call.get("cu_seqlens_q") is None:
         raise FP8KVRouteError("the FP8 KV route needs page_table and cu_seqlens_q (SGLang's paged varlen call)")
+    import torch
+
     q = call["q"]
-    if q.dtype is not call["k_cache"].dtype:
+    head_dim = q.shape[-1]
+    if head_dim in BF16_QUERY_HEAD_DIMS:
+        if q.dtype is not torch.bfloat16:
+            raise FP8KVRouteError(
+                f"q is {q.dtype} at head_dim {head_dim} on an fp8_e4m3 KV cache: SGLang hands these layers a "
+                f"bf16 q (it casts q only up to head dim 256), and the route takes bf16 q at head dims "
+                f"{', '.join(map(str, BF16_QUERY_HEAD_DIMS))}"
+            )
+    elif q.dtype is not call["k_cache"].dtype:
         raise FP8KVRouteError(
-            f"q is {q.dtype} on an fp8_e4m3 KV cache: it must be cast like SGLang's fa3 path (the plugin's "
-            "prepare_paged_mha_query hook does it; is the feature llm_fa4_fp8_kv_sm90 hooked?)"
+            f"q is {q.dtype} at head_dim {head_dim} on an fp8_e4m3 KV cache: it must be cast like SGLang's fa3 "
+            "path (the plugin's prepare_paged_mha_query hook does it; is the feature llm_fa4_fp8_kv_sm90 hooked?)"
         )
     if call.get("q_descale") is not None:
         raise FP8KVRouteError("q_descale is not passed by SGLang's fp8_e4m3 path; the route does not take it")
@@ -233,7 +258,8 @@ def layer_shape(backend):
     window = getattr(backend, "sliding_window_size", None) if getattr(backend, "has_swa", False) else None
     return LlmAttentionShape(head_dim=head_dim, q_heads=int(getattr(backend, "num_attention_heads", 0) or 0),
                              kv_heads=int(getattr(backend, "num_kv_heads", 0) or 0),
-                             page_size=int(getattr(backend, "page_size", 1) or 1), sliding_window=window)
+                             page_size=int(getattr(backend, "page_size", 1) or 1), sliding_window=window,
+                             q_dtype="bfloat16" if head_dim in BF16_QUERY_HEAD_DIMS else "float8_e4m3fn")
 
 
 def warm_fp8_after_backend_init(result, self, *args, **kwargs):

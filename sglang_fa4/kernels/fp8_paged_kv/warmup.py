@@ -2,8 +2,9 @@
 
 Two Triton families: the split-KV decode kernel (``fp8_paged_decode``, a :class:`SplitKvShape`:
 decode with one split and with several, with and without the LSE, and the extend row blocks up to
-the route's ``split_kv_max_q`` new tokens) and the page gather (``fp8_paged_gather``, a
-:class:`~.gather.GatherShape`). The SM90 FP8 forward variants the gather route launches are the
+the route's ``split_kv_max_q`` new tokens -- every row block size for a layer that takes this
+kernel at every call size, head dim 512 with its bf16 q) and the page gather (``fp8_paged_gather``,
+a :class:`~.gather.GatherShape`). The SM90 FP8 forward variants the gather route launches are the
 ``fp8_forward`` family's (:mod:`sglang_fa4.kernels.fp8_sm90`).
 """
 
@@ -17,7 +18,8 @@ from sglang_fa4.kernels import compile_events
 from sglang_fa4.kernels.compile_events import KernelFamily
 from sglang_fa4.kernels.fp8_paged_kv import gather
 from sglang_fa4.kernels.fp8_paged_kv.attention import paged_decode_attention
-from sglang_fa4.kernels.fp8_paged_kv.decode_plan import block_m
+from sglang_fa4.kernels.fp8_paged_kv.batch_plan import gather_runs
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import block_m, max_block_m
 
 FP8 = torch.float8_e4m3fn
 
@@ -30,10 +32,18 @@ class SplitKvShape(NamedTuple):
     kv_heads: int
     page_size: int
     max_q: int  # SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q when the warmup list was made
+    q_dtype: str = "float8_e4m3fn"  # the q the route hands the kernel (torch dtype name)
+
+    def every_call(self) -> bool:
+        """The layer takes the split-KV kernel at every call size (the gather's FP8 forward cannot
+        run it: bf16 q, head dim 512), prefills included."""
+        return not gather_runs(self.head_dim, getattr(torch, self.q_dtype))
 
     def describe(self) -> str:
-        return (f"fp8 split-KV decode d={self.head_dim} heads={self.q_heads}/{self.kv_heads} page={self.page_size} "
-                f"new tokens <= {self.max_q}")
+        q = "" if self.q_dtype == "float8_e4m3fn" else f" q={self.q_dtype}"
+        rows = "every call" if self.every_call() else f"new tokens <= {self.max_q}"
+        return (f"fp8 split-KV decode d={self.head_dim} heads={self.q_heads}/{self.kv_heads} page={self.page_size}"
+                f"{q} {rows}")
 
     def as_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -43,18 +53,21 @@ def warm_split_kv(shape: SplitKvShape, device) -> int:
     """Resolve (compile, or load from Triton's disk cache) the variants the route launches for
     ``shape``, one small call each on ``device``; returns how many were newly resolved."""
     before = compile_events.count("triton")
-    d, hq, hkv, page, limit = shape
+    d, hq, hkv, page, limit = shape[:5]
     group = hq // hkv
-    # one max_seqlen_q per row block size the route can meet (rows = new tokens x group)
+    # one max_seqlen_q per row block size the route can meet (rows = new tokens x group): up to the
+    # route's limit, or every size (they stop growing at max_block_m rows) for a layer on this
+    # kernel at every call size
+    top = max(limit, -(-max_block_m(d) // group)) if shape.every_call() else limit
     rows_for = {}
-    for max_q in range(1, limit + 1):
-        rows_for.setdefault(block_m(max_q * group), max_q)
+    for max_q in range(1, top + 1):
+        rows_for.setdefault(block_m(max_q * group, d), max_q)
     cache = torch.zeros((4, page, hkv, d), dtype=FP8, device=device)
     table = torch.zeros((1, 2), dtype=torch.int32, device=device)
     for max_q in sorted(rows_for.values()):
         seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
         cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
-        q = torch.zeros((max_q, hq, d), dtype=FP8, device=device)
+        q = torch.zeros((max_q, hq, d), dtype=getattr(torch, shape.q_dtype), device=device)
         for splits in (1, 2):
             for lse in ((False, True) if max_q == 1 else (False,)):
                 paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True, num_splits=splits,
