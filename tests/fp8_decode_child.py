@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from sglang_fa4.kernels.fp8_paged_kv import paged_decode_attention
+from sglang_fa4.kernels.fp8_paged_kv import paged_decode_attention, paged_kv_attention, plan
 from sglang_fa4.testing import attention_fp32, cu_seqlens, page_table, rel_err
 
 FP8 = torch.float8_e4m3fn
@@ -77,7 +77,9 @@ def descale(kind: str, batch: int, hkv: int, value: float):
 def run_case(c: dict, device: str) -> dict:
     """One case: lens, page, hq, hkv, d, new (tokens per sequence), window (left, right or None),
     causal, splits (None: the heuristic), descale / descale_v (see :func:`descale`), q (fp8 |
-    bf16), width (page-table columns), slice_table (the table a column slice of a wider one)."""
+    bf16), width (page-table columns), slice_table (the table a column slice of a wider one),
+    auto (the route's own plan, ``paged_kv_attention``: no forced backend, split count or LSE;
+    the result names the backend it took)."""
     torch.manual_seed(c.get("seed", 0))
     lens, P, hq, hkv, d = c["lens"], c["page"], c["hq"], c["hkv"], c["d"]
     new = c.get("new", [1] * len(lens))
@@ -97,24 +99,31 @@ def run_case(c: dict, device: str) -> dict:
     scale = c.get("scale", d ** -0.5)
     dev = lambda x: x.to(device)  # noqa: E731
     out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device=device)
-    got, lse = paged_decode_attention(
-        dev(q), dev(k), dev(v), dev(table), dev(seqlens), dev(cu_q), max(new),
-        k_descale=None if kd_arg is None else dev(kd_arg), v_descale=None if vd_arg is None else dev(vd_arg),
-        softmax_scale=scale, causal=causal, window_size=tuple(window), out=out, return_lse=True,
-        num_splits=c.get("splits"), sms=c.get("sms", 132 if device == "cpu" else None))
+    args = (dev(q), dev(k), dev(v), dev(table), dev(seqlens), dev(cu_q), max(new))
+    kw = dict(k_descale=None if kd_arg is None else dev(kd_arg), v_descale=None if vd_arg is None else dev(vd_arg),
+              softmax_scale=scale, causal=causal, window_size=tuple(window), out=out)
+    result = {}
+    if c.get("auto"):  # the route's own choice (the LSE would force the split-KV kernel: not asked)
+        result["backend"] = plan(*args, **kw).backend
+        got, lse = paged_kv_attention(*args, **kw), None
+    else:
+        got, lse = paged_decode_attention(*args, **kw, return_lse=True, num_splits=c.get("splits"),
+                                          sms=c.get("sms", 132 if device == "cpu" else None))
     ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, causal, window)
     into_out = got is out
     got = got.float().cpu().double()
     diff = (got - ref).abs()
-    return {
+    result.update({
         "into_out": into_out,
         "finite": bool(torch.isfinite(got).all()),
         "rel_err": rel_err(got, ref),
         # per element, against bf16 rounding of the value plus fp16 P's share: one ulp (2^-7 relative)
         # in the interpreter, which truncates fp32 -> bf16; half of one (rounding) on a GPU
         "max_excess": float((diff - (ref.abs() * ULP[device] + 2e-3)).max()),
-        "lse_err": float((lse.cpu().double() - ref_lse).abs().max()),
-    }
+    })
+    if lse is not None:
+        result["lse_err"] = float((lse.cpu().double() - ref_lse).abs().max())
+    return result
 
 
 def run_decode_vs_extend(c: dict, device: str) -> dict:
@@ -123,7 +132,7 @@ def run_decode_vs_extend(c: dict, device: str) -> dict:
     t's decode step).  Row i of both must agree within bf16 rounding."""
     L, n, P, hq, hkv, d = c["L"], c["n"], c["page"], c["hq"], c["hkv"], c["d"]
     k, v, table, _ = make_pool([L], P, hkv, d, c.get("seed", 0), "cpu")
-    q = torch.randn(n, hq, d).to(FP8)
+    q = torch.randn(n, hq, d).to(FP8 if c.get("q", "fp8") == "fp8" else torch.bfloat16)
     kd, vd = 0.5 + torch.rand(1, hkv), 0.5 + torch.rand(1, hkv)
     window = tuple(c.get("window") or (-1, -1))
     dev = lambda x: x.to(device)  # noqa: E731
@@ -172,22 +181,42 @@ GPU_CASES = {
 }
 
 
+#: head dim 512 on the GPU (``--matrix d512``: with tests/test_fp8_paged_d512.py's cases): Gemma-4's
+#: full-attention layers (31B: 32 q / 4 kv heads, 26B-A4B: 16 / 2; bf16 q, no descales as SGLang
+#: passes them, or the pool's), decode at 8k-32k, prefills with a cached prefix on the route's own
+#: plan (the split-KV kernel: no gather at d512), decode == extend at 16k
+GPU_D512_CASES = {
+    "gpu-d512-31b-decode-b8-8k": dict(lens=[8192] * 8, page=16, hq=32, hkv=4, d=512, q="bf16", descale="none"),
+    "gpu-d512-26b-decode-32k": dict(lens=[32768, 1, 4097], page=64, hq=16, hkv=2, d=512, q="bf16", descale="one"),
+    "gpu-d512-31b-prefill-1k-prefix-3k": dict(lens=[4096], new=[1024], page=16, hq=32, hkv=4, d=512, q="bf16",
+                                              descale="none", auto=True),
+    "gpu-d512-26b-prefill-2k-P1": dict(lens=[2048, 700], new=[2048, 300], page=1, hq=16, hkv=2, d=512, q="bf16",
+                                       descale="scalar", auto=True),
+    "gpu-d512-decode-vs-extend-16k": dict(L=16384, n=16, page=16, hq=32, hkv=4, d=512, q="bf16"),
+}
+
+
 def passed(r: dict) -> bool:
     """The thresholds tests/test_fp8_paged_decode.py asserts."""
     return ("error" not in r and r["finite"] and r["rel_err"] < 5e-3 and r["max_excess"] <= 0
-            and r["lse_err"] < 1e-4 and r.get("decode_rel_err", 0.0) < 5e-3)
+            and r.get("lse_err", 0.0) < 1e-4 and r.get("decode_rel_err", 0.0) < 5e-3)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--matrix", choices=["stdin", "ci", "gpu"], default="stdin",
-                    help="stdin: cases as JSON on stdin; ci: the CPU test's matrix; gpu: ci + GPU_CASES (32k / 128k)")
+    ap.add_argument("--matrix", choices=["stdin", "ci", "gpu", "d512"], default="stdin",
+                    help="stdin: cases as JSON on stdin; ci: the CPU test's matrix; gpu: ci + GPU_CASES (32k / 128k); "
+                         "d512: tests/test_fp8_paged_d512.py's cases + GPU_D512_CASES")
     ap.add_argument("--out", default=None, help="also write the results (JSON) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
     args = ap.parse_args()
     if args.matrix == "stdin":
         cases = json.load(sys.stdin)
+    elif args.matrix == "d512":
+        from test_fp8_paged_d512 import CASES
+
+        cases = {**CASES, **GPU_D512_CASES}
     else:
         from test_fp8_paged_decode import CASES
 

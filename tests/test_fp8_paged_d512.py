@@ -1,0 +1,236 @@
+"""Head dim 512 on the paged FP8 KV route (issue #44 item 1): Gemma-4's full-attention layers (31B:
+32 q / 4 kv heads, 26B-A4B: 16 / 2; GQA 8, causal, bf16 q as SGLang hands it, or E4M3 q) run the
+split-KV kernel at every call size -- decode, short extends, prefills of a few hundred tokens with a
+cached prefix -- reading SGLang's pool in place; its sliding layers (d256, GQA 2, window (1023, 0),
+E4M3 q) as a regression.
+
+The kernel runs in Triton's CPU interpreter (one child process: tests/fp8_decode_child.py) against
+the fp64 reference on the dequantized pool (NaN-poisoned free memory, shuffled pages); the prefill
+cases go through the route's own plan (``paged_kv_attention``) and must take the split-KV kernel.
+Host side: the plan's one routing rule (never the gather at d512, whatever the call size, the
+routing setting or q's dtype), refusals of head dims no kernel runs, the d512 block sizes and their
+registers for sm_90a, the warmup list."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_fa4.kernels import fp8_paged_kv
+from sglang_fa4.kernels.fp8_paged_kv import GATHER, SPLIT_KV, PagedKVError
+from sglang_fa4.kernels.fp8_paged_kv import batch_plan as B
+from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S
+
+ROOT = Path(__file__).resolve().parents[1]
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+
+G31 = dict(hq=32, hkv=4, d=512)  # gemma-4-31B's full-attention layers
+G26 = dict(hq=16, hkv=2, d=512)  # gemma-4-26B-A4B's
+
+#: small enough for the interpreter (its cost is programs x key steps): the prefills are the 26B
+#: shape or few tokens; page sizes 1 / 16 / 64, descales None / scalar / per (batch, kv head),
+#: split counts 1 and several rotate over the cases
+CASES = {
+    # decode: one token per sequence, lengths at page edges
+    "decode-31b-P16-bf16-none": dict(lens=[1, 16, 17, 300], page=16, **G31, q="bf16", descale="none"),
+    "decode-26b-P1-bf16-scalar-splits3": dict(lens=[1, 2, 200], page=1, **G26, q="bf16", descale="one", splits=3),
+    "decode-31b-P64-fp8-per-splits4": dict(lens=[64, 65, 250], page=64, **G31, q="fp8", descale="per", splits=4),
+    # short extends (rows = 16 tokens x 8 heads: four 32-row blocks), several splits
+    "extend-31b-P16-bf16-per-splits2": dict(lens=[70, 300], new=[5, 16], page=16, **G31, q="bf16", descale="per",
+                                             splits=2),
+    # prefills with a cached prefix through the route's own plan: the split-KV kernel (no gather)
+    "prefill-26b-P64-bf16-prefix60": dict(lens=[260], new=[200], page=64, **G26, q="bf16", descale="none",
+                                          auto=True),
+    "prefill-26b-P16-fp8-per": dict(lens=[90, 3], new=[40, 3], page=16, **G26, q="fp8", descale="per", auto=True),
+    # row-block edges: 32 new tokens x 8 heads = exactly eight 32-row blocks, 33 one token over
+    "prefill-31b-P1-rows-block-multiple-and-one-over": dict(lens=[82, 40], new=[32, 33], page=1, **G31, q="bf16",
+                                                           descale="scalar", auto=True),
+    # ... and one row over (MHA-like: a row per token): 32 rows, 33 rows
+    "prefill-mha-d512-P16-rows-32-33": dict(lens=[40, 33], new=[32, 33], page=16, hq=2, hkv=2, d=512, q="bf16",
+                                           descale="none", auto=True),
+    # decode == extend at d512 (SGLang #25790: the two paths must not diverge)
+    "decode-vs-extend-26b": dict(L=100, n=6, page=16, **G26, q="bf16"),
+    # Gemma-4's sliding layers: d256, GQA 2, window (1023, 0), E4M3 q, contexts past the window
+    "sliding-d256-decode-window1023": dict(lens=[1100, 5], page=16, hq=4, hkv=2, d=256, window=(1023, 0),
+                                           descale="one"),
+    "sliding-d256-extend-window1023": dict(lens=[1100], new=[16], page=64, hq=4, hkv=2, d=256, window=(1023, 0),
+                                           descale="per", auto=True),
+}
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_decode_child.py")], input=json.dumps(CASES),
+                       env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_kernel_matches_fp64_on_the_dequantized_pool(interpreted, name):
+    r, c = interpreted[name], CASES[name]
+    assert "error" not in r, r
+    assert r["finite"], r  # nothing of the NaN-poisoned free memory was read
+    assert r["rel_err"] < 5e-3 and r["max_excess"] <= 0, r
+    if "L" in c:
+        assert r["decode_rel_err"] < 5e-3, r
+        return
+    assert r["into_out"], r
+    if c.get("auto"):
+        assert r["backend"] == SPLIT_KV, r  # the route's own plan: no gather (d512 has no FP8 forward)
+    else:
+        assert r["lse_err"] < 1e-4, r
+
+
+def test_the_cases_cover_what_they_claim():
+    flat = [c for c in CASES.values() if "L" not in c]
+    d512 = [c for c in flat if c["d"] == 512]
+    assert {(c["hq"], c["hkv"]) for c in d512} >= {(32, 4), (16, 2)}
+    assert {c["page"] for c in d512} == {1, 16, 64}
+    assert {c["q"] for c in d512} == {"bf16", "fp8"}
+    assert {c["descale"] for c in d512} >= {"none", "one", "per"}
+    assert {c.get("splits") for c in d512 if not c.get("auto")} >= {None, 2, 3, 4}
+    # prefills past the route's split-KV limit (16 new tokens), a few hundred rows with a prefix
+    assert any(c.get("auto") and max(c["new"]) > 16 and c["lens"][0] > c["new"][0] for c in d512)
+    assert max(max(c.get("new", [1])) for c in d512) >= 200
+    # the row-block edges of the prefill block (32 rows): a multiple and one token / one row over
+    bm = S.max_block_m(512)
+    rows = {n * c["hq"] // c["hkv"] for c in d512 if c.get("auto") for n in c["new"]}
+    assert {bm * 8, bm * 8 + 8, bm, bm + 1} <= rows
+    assert any(c["d"] == 256 and c.get("window") == (1023, 0) and c["hq"] // c["hkv"] == 2 for c in flat)
+
+
+# ---- host side (no interpreter) ------------------------------------------------------------------
+
+
+def _args(batch=2, width=40, P=16, hq=32, hkv=4, d=512, q_dtype=BF16, new=1):
+    k = torch.zeros(batch * width + 1, P, hkv, d).to(FP8)
+    q = torch.zeros(1, hq, d).to(q_dtype).expand(batch * new, hq, d)  # a plan reads shapes, not data
+    return dict(q=q, k_cache=k, v_cache=k.clone(),
+                page_table=torch.zeros(batch, width, dtype=torch.int32),
+                cache_seqlens=torch.full((batch,), 300, dtype=torch.int32),
+                cu_seqlens_q=torch.arange(0, batch * new + 1, new, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("limit", ["0", "16", "256"])
+def test_the_plan_never_picks_the_gather_at_d512(limit, monkeypatch, reload_settings):
+    """Every call size (decode, short and long extends, prefills, no host max_seqlen_q), both q
+    dtypes, with and without the LSE, whatever SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q says: the split-KV
+    kernel. The same calls at d128 with E4M3 q take the gather past the limit (the rule's control)."""
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q", limit)
+    reload_settings()
+    for q_dtype in (BF16, FP8):
+        for new, max_q in ((1, 1), (16, 16), (17, 17), (300, 300), (300, None), (8192, 8192)):
+            for lse in (False, True):
+                kw = _args(q_dtype=q_dtype, new=new)
+                p = fp8_paged_kv.plan(**kw, max_seqlen_q=max_q, causal=True, return_lse=lse)
+                assert p.backend == SPLIT_KV, (q_dtype, new, max_q, lse)
+                assert p.decode.block_m <= S.max_block_m(512) and p.decode.block_n == 16
+    assert fp8_paged_kv.plan(**_args(d=128, q_dtype=FP8, new=300), max_seqlen_q=300, causal=True).backend == GATHER
+    # bf16 q has no FP8 forward behind the gather at any head dim
+    assert fp8_paged_kv.plan(**_args(d=128, q_dtype=BF16, new=300), max_seqlen_q=300, causal=True).backend == SPLIT_KV
+
+
+def test_the_routing_rule():
+    limit = 16  # the default setting (conftest leaves the environment's defaults)
+    assert B.route(512, BF16, 8192, False) == B.route(512, FP8, None, False) == SPLIT_KV
+    assert B.route(128, BF16, 8192, False) == SPLIT_KV
+    assert [B.route(256, FP8, m, False) for m in (1, limit, limit + 1, None, 0)] == [SPLIT_KV, SPLIT_KV, GATHER,
+                                                                                    GATHER, GATHER]
+    assert B.route(256, FP8, 4096, True) == SPLIT_KV  # the LSE
+    assert B.gather_runs(256, FP8) and not B.gather_runs(512, FP8) and not B.gather_runs(128, BF16)
+
+
+def test_forcing_the_gather_at_d512_is_refused_naming_the_head_dim():
+    with pytest.raises(PagedKVError, match="head_dim 512: the gather route's SM90 FP8 forward runs"):
+        fp8_paged_kv.plan(**_args(q_dtype=FP8, new=300), max_seqlen_q=300, causal=True, backend=GATHER)
+
+
+@pytest.mark.parametrize("d", [320, 1024, 80])
+@pytest.mark.parametrize("q_dtype", [BF16, FP8])
+@pytest.mark.parametrize("new", [1, 300])
+def test_a_head_dim_no_kernel_runs_is_refused_naming_it(d, q_dtype, new):
+    with pytest.raises(PagedKVError, match=rf"head_dim {d} is not one the FP8 KV kernels run \(64, 96, 128, 192, "
+                                           r"256, 512\)"):
+        fp8_paged_kv.paged_kv_attention(**_args(d=d, hq=8, hkv=4, q_dtype=q_dtype, new=new, width=4),
+                                        max_seqlen_q=new, causal=True)
+
+
+def test_d512_block_sizes():
+    """Decode of GQA 8 (8 rows): 16 x 16 keys; prefills: 32-row blocks, 16 keys; 8 warps, no
+    register cap (decode_plan.block_n's docstring: 128 and 174-180 registers, no spill)."""
+    dec = S.plan(8, 4, 8, 512, 1, 8192, 132)
+    assert (dec.block_m, dec.row_blocks, dec.block_n, dec.num_warps, dec.maxnreg) == (16, 1, 16, 8, None)
+    pre = S.plan(1, 4, 8, 512, 300, 8192, 132)
+    assert (pre.block_m, pre.row_blocks, pre.block_n, pre.num_warps, pre.maxnreg) == (32, 75, 16, 8, None)
+    assert S.plan(1, 4, 8, 512, 4, 8192, 132).row_blocks == 1 and S.plan(1, 4, 8, 512, 5, 8192, 132).row_blocks == 2
+    assert S.plan(1, 4, 8, 256, 300, 8192, 132).block_m == 64  # d <= 256 keeps its 64-row blocks
+    assert S.plan(1, 4, 8, 512, 300, 8192, 132, launch={"block_m": 16}).row_blocks == 150
+    with pytest.raises(PagedKVError, match="launch block_m must be a power of two >= 16"):
+        S.plan(1, 4, 8, 512, 300, 8192, 132, launch={"block_m": 24})
+
+
+@pytest.mark.parametrize("q", ["bf16", "fp8"])
+def test_d512_programs_fit_sm90_registers_without_spills(q):
+    """The plan's decode and prefill programs at d512, compiled for sm_90a (Triton's ptxas, no
+    GPU): no spill, and the decode program within 128 registers (2 CTAs of 8 warps an SM)."""
+    pytest.importorskip("triton")
+    from benchmark.lab.decode_regs import resources
+
+    for rows, most in ((1, 128), (300, 255)):
+        p = S.plan(1, 4, 8, 512, rows, 8192, 132)
+        try:
+            r = resources(512, p.block_m, p.block_n, p.num_warps, p.num_stages, q=q, single=True, g=8)
+        except (ImportError, OSError, subprocess.CalledProcessError) as exc:
+            pytest.skip(f"no sm_90a compile here: {exc}")
+        assert r["stack"] == 0 and r["local"] == 0 and r["reg"] <= most and r["mma"] > 0, (rows, r)
+
+
+def test_the_warmup_lists_the_d512_split_kv_variants_only(monkeypatch):
+    """A d512 layer (bf16 q): the split-KV kernel's decode and prefill row blocks, with bf16 q; no
+    FP8 forward (it has no d512) and no page gather -- also with the route's limit 0."""
+    from sglang_fa4.kernels.fp8_paged_kv import warmup as W
+    from sglang_fa4.kernels.settings import RoutingSettings
+    from sglang_fa4.startup.variants import LlmAttentionShape, WarmItem, llm_fp8_kv_warmup_list
+
+    for limit in (16, 0):
+        items = llm_fp8_kv_warmup_list(LlmAttentionShape(512, 32, 4, 16, q_dtype="bfloat16"),
+                                       RoutingSettings(split_kv_max_q=limit))
+        assert items == [WarmItem("fp8_paged_decode", W.SplitKvShape(512, 32, 4, 16, limit, "bfloat16"))]
+        assert items[0].describe() == ("fp8_paged_decode fp8 split-KV decode d=512 heads=32/4 page=16 q=bfloat16 "
+                                       "every call")
+    assert llm_fp8_kv_warmup_list(LlmAttentionShape(320, 32, 4, 16, q_dtype="bfloat16"), RoutingSettings()) == []
+    # the sliding layers keep their list (split-KV decode, FP8 forward causal + local, the gather)
+    swa = [i.family for i in llm_fp8_kv_warmup_list(LlmAttentionShape(256, 32, 16, 16, 1023), RoutingSettings())]
+    assert swa == ["fp8_paged_decode", "fp8_forward", "fp8_forward", "fp8_paged_gather"]
+    seen = []
+    monkeypatch.setattr(W, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
+        (max_q, kw["num_splits"], kw["return_lse"], q.dtype, tuple(q.shape))))
+    for limit in (16, 0):
+        seen.clear()
+        W.warm_split_kv(W.SplitKvShape(512, 32, 4, 16, limit, "bfloat16"), "cpu")
+        # GQA 8: one new token -> 16-row blocks, 3 -> 32 (the largest at d512); bf16 q
+        assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
+                                         (3, 1, False), (3, 2, False)], limit
+        assert {c[3] for c in seen} == {BF16} and seen[-1][4] == (3, 32, 512)
+
+
+def test_the_backend_layer_shape_says_bf16_q_at_d512():
+    import types
+
+    from sglang_fa4.integration import llm_fp8_kv
+
+    backend = types.SimpleNamespace(head_dim=512, has_swa=False, num_attention_heads=32, num_kv_heads=4, page_size=16)
+    assert llm_fp8_kv.layer_shape(backend).q_dtype == "bfloat16"
+    assert llm_fp8_kv.layer_shape(types.SimpleNamespace(**{**vars(backend), "head_dim": 256})).q_dtype == \
+        "float8_e4m3fn"
