@@ -257,6 +257,95 @@ def test_lse_request_takes_the_split_kv_kernel(fake_kernel, split_kv_calls, monk
     assert split_kv_calls[-1]["lse"] is True and split_kv_calls[-1]["max_q"] == 40
 
 
+@pytest.mark.parametrize("new", [[1, 1, 1], [3, 16, 1], [40, 200, 7]])
+def test_d512_bf16_q_takes_the_split_kv_kernel_at_every_call_size(fake_kernel, split_kv_calls, monkeypatch, new):
+    """Gemma-4's full-attention layers (head dim 512) as SGLang 0.5.23 calls fa4 on an fp8_e4m3 pool:
+    q left bf16 and no descales (prepare_paged_mha_query casts and scales only up to head dim 256),
+    decode, a short extend and a prefill with a cached prefix: the route takes them as they come,
+    every one to the split-KV kernel (no gather: the FP8 forward has no d512)."""
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    hq, hkv, d = 16, 2, 512
+    lens = [n + 30 for n in new]
+    k_cache, v_cache, table, seqlens = make_pool(lens, 16, hkv, d)
+    cu = cu_seqlens(new)
+    q = torch.randn(sum(new), hq, d).to(torch.bfloat16)
+    out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16)
+    got = llm_fp8_kv.flash_attn_with_kvcache(sglang_fa_call, q=q, k_cache=k_cache, v_cache=v_cache, page_table=table,
+                                             cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=max(new),
+                                             softmax_scale=1.0, causal=True, window_size=(-1, -1), num_splits=0,
+                                             ver=4, out=out)
+    assert got is out and fake_kernel == [] and len(split_kv_calls) == 1
+    assert split_kv_calls[0]["max_q"] == max(new) and split_kv_calls[0]["kd"] is None
+    ref = paged_attention_fp32(q, k_cache, v_cache, table, seqlens, cu, softmax_scale=1.0, causal=True)
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_the_route_takes_bf16_q_exactly_at_d512(fake_kernel, split_kv_calls, monkeypatch):
+    """bf16 q at head dim 512 (what SGLang hands there), E4M3 q elsewhere; each other pairing is
+    refused naming q's dtype and the head dim."""
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    assert llm_fp8_kv.BF16_QUERY_HEAD_DIMS == (512,)
+
+    def call(d, q_dtype):
+        k_cache, v_cache, table, seqlens = make_pool([20], 16, 2, d)
+        q = torch.randn(1, 8, d).to(q_dtype)
+        return llm_fp8_kv.flash_attn_with_kvcache(sglang_fa_call, q=q, k_cache=k_cache, v_cache=v_cache,
+                                                  page_table=table, cache_seqlens=seqlens,
+                                                  cu_seqlens_q=cu_seqlens([1]), max_seqlen_q=1, causal=True, ver=4)
+
+    assert call(512, torch.bfloat16).shape == (1, 8, 512) and call(128, FP8).shape == (1, 8, 128)
+    with pytest.raises(llm_fp8_kv.FP8KVRouteError, match="q is torch.bfloat16 at head_dim 128 .*cast like SGLang"):
+        call(128, torch.bfloat16)
+    with pytest.raises(llm_fp8_kv.FP8KVRouteError, match="q is torch.float8_e4m3fn at head_dim 512 .*bf16 q"):
+        call(512, FP8)
+    with pytest.raises(llm_fp8_kv.FP8KVRouteError, match="q is torch.float16 at head_dim 512"):
+        call(512, torch.float16)
+    assert len(split_kv_calls) == 2 and fake_kernel == []
+
+
+def test_prepare_query_hook_keeps_bf16_q_and_adds_the_pools_descales_at_d512(sglang_version):
+    """SGLang's own prepare_paged_mha_query (0.5.20 / 0.5.23) around our hook, on a backend of the
+    FP8 route: at head dim 512 SGLang leaves q bf16 and passes no descales (what it hands fa4,
+    recorded here); the hook keeps q bf16 and adds layer.k_scale / v_scale expanded to (batch, kv
+    heads), extend and decode alike. At 256 (the sliding layers) q is cast, the descales come from
+    SGLang, extend included (the hook's earlier job)."""
+    from sglang_harness import run_with_sglang
+
+    out = run_with_sglang(sglang_version, """
+import types, warnings; warnings.simplefilter("ignore")
+from benchmark.sglang_on_gpu import cuda_only_stubs; cuda_only_stubs.install_missing()
+import torch
+from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+from sglang_fa4.integration import llm_fp8_kv
+llm_fp8_kv.is_sm90 = lambda device: True
+original = FlashAttentionBackend.prepare_paged_mha_query
+backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=torch.float8_e4m3fn,
+                                kv_cache_is_mxfp8=False, use_mla=False, device="cuda")
+res = {}
+for d in (512, 256):
+    for scaled in (True, False):
+        layer = types.SimpleNamespace(head_dim=d, k_scale=torch.tensor([0.5]) if scaled else None,
+                                      v_scale=torch.tensor([0.25]) if scaled else None)
+        for prefill in (True, False):
+            q = torch.randn(3, 8, d, dtype=torch.bfloat16)
+            kw = dict(logical_batch_size=3, kv_head_num=2, is_prefill=prefill)
+            up = original(backend, q, None, None, layer, **kw)
+            ours = llm_fp8_kv.prepare_paged_mha_query(original, backend, q, None, None, layer, **kw)
+            res[f"{d}-{scaled}-{prefill}"] = dict(
+                sglang_q=str(up[0].dtype), sglang_kd=up[3] is not None, q=str(ours[0].dtype),
+                kd=None if ours[3] is None else [list(ours[3].shape), float(ours[3][0, 0]), float(ours[4][2, 1])])
+emit(res)
+""")
+    for scaled in (True, False):
+        for prefill in (True, False):
+            up = out[f"512-{scaled}-{prefill}"]
+            assert up["sglang_q"] == "torch.bfloat16" and not up["sglang_kd"], up  # what SGLang hands fa4 at d512
+            assert up["q"] == "torch.bfloat16", up
+            assert up["kd"] == ([[3, 2], 0.5, 0.25] if scaled else None), up
+            swa = out[f"256-{scaled}-{prefill}"]
+            assert swa["q"] == "torch.float8_e4m3fn" and swa["kd"] == ([[3, 2], 0.5, 0.25] if scaled else None), swa
+
+
 def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch, request):
     """SGLang's decode CUDA graphs (FlashAttentionBackend.init_cuda_graph_state): fixed buffers --
     cache_seqlens (max_bs,), cu_seqlens_q arange, page_table (max_bs, ceil(max_context_len / P)) --
