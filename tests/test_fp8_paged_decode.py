@@ -300,7 +300,7 @@ def test_route_threshold_variable_is_bounded_and_read_once(monkeypatch, reload_s
             var.get()
 
 
-@pytest.mark.parametrize("d,single", [(128, False), (192, True)])
+@pytest.mark.parametrize("d,single", [(128, False), (192, True), (512, False)])
 def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single):
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
     aligned pointers and strides): the E4M3 K/V tiles are read as 16-byte vectors (no byte-wise
