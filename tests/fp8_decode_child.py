@@ -39,7 +39,7 @@ def make_pool(lens, page_size, hkv, d, seed, device, width=None):
     return k.to(device), v.to(device), table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
 
 
-def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, causal, window):
+def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, causal, window, key_ranges=None):
     """fp64 on the dequantized pool: out (total_q, Hq, d) and natural-log LSE (Hq, total_q), from
     sglang_fa4.testing's reference (bottom-right causal and window, SGLang's -1 as unbounded)."""
     page_size, hkv, d = k.shape[1:]
@@ -50,7 +50,23 @@ def reference(q, k, v, table, seqlens, cu_q, kd, vd, scale, causal, window):
         ks.append(k.view(-1, hkv, d)[slots].double() * kd[b].double()[None, :, None])
         vs.append(v.view(-1, hkv, d)[slots].double() * vd[b].double()[None, :, None])
     return attention_fp32(q, torch.cat(ks), torch.cat(vs), cu_q, cu_seqlens(seqlens.tolist()), scale=scale,
-                          causal=causal, window=tuple(window), dtype=torch.float64, return_lse=True)
+                          causal=causal, window=tuple(window), dtype=torch.float64, return_lse=True,
+                          key_ranges=key_ranges)
+
+
+def image_ranges(images, lens, new):
+    """SGLang's ``image_token_ranges`` (gemma4_mm.prepare_attn_masks): (total_q, 2) int32, a query
+    row inside an image [begin, end] (absolute key positions of its sequence, inclusive) holds
+    (begin, end), every other row (-1, -1). ``images``: [sequence, begin, end] each."""
+    cu = [0]
+    for n in new:
+        cu.append(cu[-1] + n)
+    ranges = torch.full((cu[-1], 2), -1, dtype=torch.int32)
+    for b, begin, end in images:
+        prefix = lens[b] - new[b]
+        assert prefix <= begin <= end < lens[b], (b, begin, end)  # SGLang leaves split images causal
+        ranges[cu[b] + begin - prefix: cu[b] + end + 1 - prefix] = torch.tensor([begin, end], dtype=torch.int32)
+    return ranges
 
 
 def descale(kind: str, batch: int, hkv: int, value: float):
@@ -79,7 +95,8 @@ def run_case(c: dict, device: str) -> dict:
     causal, splits (None: the heuristic), descale / descale_v (see :func:`descale`), q (fp8 |
     bf16), width (page-table columns), slice_table (the table a column slice of a wider one),
     auto (the route's own plan, ``paged_kv_attention``: no forced backend, split count or LSE;
-    the result names the backend it took)."""
+    the result names the backend it took), images ([sequence, begin, end] each: SGLang's image rows,
+    :func:`image_ranges`)."""
     torch.manual_seed(c.get("seed", 0))
     lens, P, hq, hkv, d = c["lens"], c["page"], c["hq"], c["hkv"], c["d"]
     new = c.get("new", [1] * len(lens))
@@ -100,8 +117,10 @@ def run_case(c: dict, device: str) -> dict:
     dev = lambda x: x.to(device)  # noqa: E731
     out = torch.full((sum(new), hq, d), float("nan"), dtype=torch.bfloat16, device=device)
     args = (dev(q), dev(k), dev(v), dev(table), dev(seqlens), dev(cu_q), max(new))
+    ranges = image_ranges(c["images"], lens, new) if c.get("images") else None
     kw = dict(k_descale=None if kd_arg is None else dev(kd_arg), v_descale=None if vd_arg is None else dev(vd_arg),
-              softmax_scale=scale, causal=causal, window_size=tuple(window), out=out)
+              softmax_scale=scale, causal=causal, window_size=tuple(window), out=out,
+              image_ranges=None if ranges is None else dev(ranges))
     result = {}
     if c.get("auto"):  # the route's own choice (the LSE would force the split-KV kernel: not asked)
         result["backend"] = plan(*args, **kw).backend
@@ -109,7 +128,8 @@ def run_case(c: dict, device: str) -> dict:
     else:
         got, lse = paged_decode_attention(*args, **kw, return_lse=True, num_splits=c.get("splits"),
                                           sms=c.get("sms", 132 if device == "cpu" else None))
-    ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, causal, window)
+    # the reference takes the ranges within each sequence's keys (absolute positions: the same)
+    ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, causal, window, ranges)
     into_out = got is out
     got = got.float().cpu().double()
     diff = (got - ref).abs()

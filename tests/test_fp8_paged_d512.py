@@ -62,6 +62,18 @@ CASES = {
                                            descale="one"),
     "sliding-d256-extend-window1023": dict(lens=[1100], new=[16], page=64, hq=4, hkv=2, d=256, window=(1023, 0),
                                            descale="per", auto=True),
+    # Gemma-4 image prefill (SGLang 0.5.22+: image rows see their whole image, [sequence, begin, end]
+    # in absolute key positions): behind a cached prefix, two images, one at a sequence's end
+    "image-prefill-31b-P16-bf16": dict(lens=[104], new=[64], page=16, **G31, q="bf16", descale="none", auto=True,
+                                       images=[[0, 50, 70], [0, 80, 95]]),
+    "image-prefill-26b-two-seqs-P1": dict(lens=[120, 60], new=[100, 60], page=1, **G26, q="bf16", descale="one",
+                                          auto=True, images=[[0, 30, 61], [1, 0, 9], [1, 40, 59]]),
+    # forced split count (several splits, the LSE): an image whose far end lies in a later split
+    "image-extend-26b-P64-splits3": dict(lens=[300], new=[48], page=64, **G26, q="bf16", descale="per", splits=3,
+                                         images=[[0, 258, 290]]),
+    # a sliding layer's window (narrowed to 20 here) still bounds an image row's keys on the left
+    "image-sliding-d256-window20": dict(lens=[100], new=[100], page=16, hq=4, hkv=2, d=256, window=(20, 0),
+                                        descale="one", auto=True, images=[[0, 10, 59]]),
 }
 
 
@@ -108,6 +120,10 @@ def test_the_cases_cover_what_they_claim():
     rows = {n * c["hq"] // c["hkv"] for c in d512 if c.get("auto") for n in c["new"]}
     assert {bm * 8, bm * 8 + 8, bm, bm + 1} <= rows
     assert any(c["d"] == 256 and c.get("window") == (1023, 0) and c["hq"] // c["hkv"] == 2 for c in flat)
+    # image rows: the window's left bound cuts into an image, an image's far end in a later split
+    assert any(c.get("images") and c.get("window") and any(e - b > c["window"][0] for _, b, e in c["images"])
+               for c in flat)
+    assert any(c.get("images") and (c.get("splits") or 1) > 1 for c in flat)
 
 
 # ---- host side (no interpreter) ------------------------------------------------------------------

@@ -9,6 +9,8 @@ and at replay) with a capture faked in progress."""
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from sglang_harness import run_file
 from test_fp8_paged_decode import _NoSync
 
 FP8 = torch.float8_e4m3fn
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_pool(lens, page_size, hkv=4, d=128, seed=0, spare_pages=3):
@@ -344,6 +347,122 @@ emit(res)
             assert up["kd"] == ([[3, 2], 0.5, 0.25] if scaled else None), up
             swa = out[f"256-{scaled}-{prefill}"]
             assert swa["q"] == "torch.float8_e4m3fn" and swa["kd"] == ([[3, 2], 0.5, 0.25] if scaled else None), swa
+
+
+def sglang_fa_call_0523(q, k_cache, v_cache, k=None, v=None, page_table=None, cache_seqlens=None, cu_seqlens_q=None,
+                        max_seqlen_q=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                        return_softmax_lse=False, num_splits=0, k_descale=None, v_descale=None, q_descale=None,
+                        sinks=None, score_mod=None, aux_tensors=None, ver=3, out=None, mask_mod=None):
+    """SGLang 0.5.22+'s flash_attn_with_kvcache arguments the image prefill uses; its body must not run."""
+    raise AssertionError("SGLang's own code must not run")
+
+
+def make_image_mask_mod(window_left: int = -1):
+    """A stand-in of SGLang 0.5.22+'s flash_attention_v4.make_image_mask_mod: a cute.jit-style wrapper
+    (functools.wraps) around ``image_mask``, whose closure holds ``window_left``."""
+    import functools
+
+    def image_mask(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return window_left >= 0
+
+    image_mask.__module__ = llm_fp8_kv.IMAGE_MASK_MODULE
+
+    @functools.wraps(image_mask)
+    def jitted(*args):
+        return image_mask(*args)
+
+    return jitted
+
+
+@pytest.mark.parametrize("window_left", [-1, 20])
+def test_gemma4_image_prefill_takes_the_split_kv_kernel_with_the_image_ranges(fake_kernel, monkeypatch, window_left):
+    """SGLang 0.5.22+'s Gemma-4 image prefill on fa4: mask_mod = its image mask (window_left in the
+    closure: -1 on the full layers, the window on the sliding ones), aux_tensors = [ranges,
+    cu_seqlens_q], causal False, window (-1, -1). The route runs it causal with the window and the
+    ranges on the split-KV kernel (here its torch contract: CPU tensors), never the gather, and
+    matches the fp32 reference with each image row seeing its whole image."""
+    from sglang_fa4.testing import attention_fp32
+    from sglang_fa4.testing.paged_kv_torch import dequantized_paged_kv
+
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    hq, hkv, d = 16, 2, 512
+    lens, new = [120, 60], [100, 60]
+    k_cache, v_cache, table, seqlens = make_pool(lens, 16, hkv, d)
+    cu = cu_seqlens(new)
+    ranges = torch.full((160, 2), -1, dtype=torch.int32)
+    ranges[10:42] = torch.tensor([30, 61], dtype=torch.int32)  # sequence 0 (prefix 20): an image at 30..61
+    ranges[100:110] = torch.tensor([0, 9], dtype=torch.int32)  # sequence 1: an image at its start
+    q = torch.randn(160, hq, d).to(torch.bfloat16)
+    got = llm_fp8_kv.flash_attn_with_kvcache(
+        sglang_fa_call_0523, q=q, k_cache=k_cache, v_cache=v_cache, page_table=table, cache_seqlens=seqlens,
+        cu_seqlens_q=cu, max_seqlen_q=100, softmax_scale=1.0, causal=False, window_size=(-1, -1), ver=4,
+        mask_mod=make_image_mask_mod(window_left), aux_tensors=[ranges, cu])
+    assert fake_kernel == []
+    k, v = dequantized_paged_kv(k_cache, v_cache, table, seqlens)
+    window = (window_left, 0) if window_left >= 0 else (None, None)
+    ref = attention_fp32(q, k, v, cu, offsets(lens), scale=1.0, causal=True, window=window, key_ranges=ranges)
+    plain = attention_fp32(q, k, v, cu, offsets(lens), scale=1.0, causal=True, window=window)
+    assert rel_err(got, ref) < 1e-2 and rel_err(got[10:41], plain[10:41]) > 0.1  # image rows saw their image
+
+
+def test_the_route_refuses_other_masks_and_malformed_image_calls(monkeypatch):
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    k_cache, v_cache, table, seqlens = make_pool([20], 16, 2, 512)
+    cu = cu_seqlens([20])
+    ranges = torch.full((20, 2), -1, dtype=torch.int32)
+    kw = dict(q=torch.randn(20, 8, 512).to(torch.bfloat16), k_cache=k_cache, v_cache=v_cache, page_table=table,
+              cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=20, ver=4)
+
+    def other_mask(*args):
+        return True
+
+    for bad, match in ((dict(mask_mod=other_mask, aux_tensors=[ranges, cu]), "only SGLang's Gemma-4 image mask"),
+                       (dict(mask_mod=make_image_mask_mod(), aux_tensors=[ranges, cu.clone()]), "the call's own"),
+                       (dict(mask_mod=make_image_mask_mod(), aux_tensors=[ranges]), "aux_tensors="),
+                       (dict(mask_mod=make_image_mask_mod(), aux_tensors=[ranges, cu], causal=True), "causal=True"),
+                       (dict(aux_tensors=[ranges, cu]), "aux_tensors=.* without SGLang's image mask_mod")):
+        with pytest.raises(llm_fp8_kv.FP8KVRouteError, match=match):
+            llm_fp8_kv.flash_attn_with_kvcache(sglang_fa_call_0523, **kw, **bad)
+    with pytest.raises(PagedKVError, match=r"image_ranges must be a contiguous int32 \(total_q, 2\)"):
+        fp8_paged_kv.plan(kw["q"], k_cache, v_cache, table, seqlens, cu, 20, causal=True, image_ranges=ranges[:5])
+    with pytest.raises(PagedKVError, match="causal must be True"):
+        fp8_paged_kv.plan(kw["q"], k_cache, v_cache, table, seqlens, cu, 20, image_ranges=ranges)
+
+
+def test_sglangs_own_image_mask_is_recognised_with_its_window(sglang_version):
+    """SGLang's real make_image_mask_mod (0.5.22+; built with the CUTLASS DSL it pins, on the CPU):
+    its window_left read back; and the semantics the route models, pinned in SGLang's source (the
+    callback's keep, what forward_extend hands fa4 with it)."""
+    from sglang_harness import run_with_sglang
+
+    dsl = ROOT / ".cache" / "cutlass-dsl-4.8.0"
+    if not dsl.is_dir():
+        pytest.skip(f"{dsl} is absent (tests/setup_env.sh)")
+    out = run_with_sglang(sglang_version, """
+import inspect, warnings; warnings.simplefilter("ignore")
+from benchmark.sglang_on_gpu import cuda_only_stubs; cuda_only_stubs.install_missing()
+import sglang.kernels.ops.attention.flash_attention_v4 as v4
+if not hasattr(v4, "make_image_mask_mod"):
+    emit({"has": False})
+else:
+    import sglang.srt.layers.attention.flashattention_backend as fab
+    from sglang_fa4.integration import llm_fp8_kv
+    emit({"has": True, "windows": [llm_fp8_kv.image_mask_window(v4.make_image_mask_mod(w)) for w in (-1, 1023)],
+          "default": llm_fp8_kv.image_mask_window(v4.make_image_mask_mod()),
+          "mask_src": inspect.getsource(v4.make_image_mask_mod), "backend_src": inspect.getsource(fab)})
+""", env={"PYTHONPATH": os.pathsep.join([str(dsl), str(dsl / "nvidia_cutlass_dsl" / "dsl_packages"), str(ROOT)])})
+    if not out["has"]:
+        assert sglang_version < "0.5.22"  # no image masks on fa4 before 0.5.22: nothing to take
+        return
+    assert out["windows"] == [-1, 1023] and out["default"] == -1
+    src = " ".join(out["mask_src"].split())
+    assert "keep = (kv_idx <= absolute_q) | ((kv_idx >= begin) & (kv_idx <= end))" in src
+    assert "keep = keep & (kv_idx >= absolute_q - window_left)" in src
+    assert "absolute_q = q_idx + scalar_to_ssa( seqlen_info.seqlen_k - seqlen_info.seqlen_q, Int32 )" in src
+    backend = " ".join(out["backend_src"].split())
+    assert ('kwargs["mask_mod"] = make_image_mask_mod(window_size[0]) kwargs["aux_tensors"] = '
+            '[metadata.image_token_ranges, metadata.cu_seqlens_q]') in backend
+    assert "causal = False window_size = (-1, -1)" in backend
 
 
 def test_decode_graph_capture_no_sync_grid_fixed_per_batch_size(monkeypatch, request):

@@ -16,7 +16,9 @@
   Decode and short extends run the paged split-KV kernel that reads the pool in place, which also
   returns the LSE SGLang's cascade attention asks for (``return_softmax_lse``: such a call always
   takes that kernel), and so do all calls at head dim 512 (prefills included).
-  A feature the FP8 kernels lack (softcap, sinks, score/mask mods, ...) raises
+  Gemma-4's image prefill (SGLang 0.5.22+: its image ``mask_mod`` with the per-row image ranges)
+  runs the split-KV kernel with the ranges (:func:`image_mask_window`).
+  A feature the FP8 kernels lack (softcap, sinks, score mods, other mask mods, ...) raises
   :class:`FP8KVRouteError` naming it: FA4 itself would only fail with an SM100 assert.
 """
 
@@ -163,13 +165,59 @@ def prepare_paged_mha_query(original, self, q, q_rope, k_rope, layer, *, logical
 # Arguments the route honours; any other argument must keep its default (checked by value).
 _USED = {"q", "k_cache", "v_cache", "page_table", "cache_seqlens", "cu_seqlens_q", "max_seqlen_q",
          "k_descale", "v_descale", "q_descale", "softmax_scale", "causal", "window_size", "out", "ver",
-         "return_softmax_lse"}
+         "return_softmax_lse", "mask_mod", "aux_tensors"}
 # Accepted and ignored: split/scheduling hints of FA3/FA4 that do not change the result.
 _IGNORED = {"cu_seqlens_k_new", "num_splits", "pack_gqa", "scheduler_metadata", "sm_margin", "max_seqlen_k",
             "rotary_interleaved", "only_qv"}
 _NEUTRAL = {"softcap": (0.0, None), "attention_chunk": (None, 0)}
 
 _signatures: dict = {}
+
+#: SGLang 0.5.22+'s Gemma-4 image prefill with fa4 (``models/gemma4_mm.prepare_attn_masks``,
+#: ``FlashAttentionBackend.forward_extend``): ``mask_mod=make_image_mask_mod(window_left)`` (a cached
+#: ``cute.jit`` callback), ``aux_tensors=[image_token_ranges, cu_seqlens_q]`` -- per query row its
+#: image's inclusive absolute key positions (begin, end), -1 for text -- and ``causal=False``,
+#: ``window_size=(-1, -1)``, the callback doing both: keep ``kv <= pos or begin <= kv <= end``, and
+#: ``kv >= pos - window_left`` when window_left >= 0. The split-KV kernel takes the ranges as they are.
+IMAGE_MASK_MODULE = "sglang.kernels.ops.attention.flash_attention_v4"
+IMAGE_MASK_QUALNAME = "make_image_mask_mod.<locals>.image_mask"
+
+
+def image_mask_window(mask_mod) -> Optional[int]:
+    """The ``window_left`` SGLang built its image mask callback with (-1: none); None when
+    ``mask_mod`` is any other callback."""
+    fn = getattr(mask_mod, "__wrapped__", mask_mod)  # cute.jit's wrapper keeps the function there
+    if getattr(fn, "__module__", None) != IMAGE_MASK_MODULE or getattr(fn, "__qualname__", None) != IMAGE_MASK_QUALNAME:
+        return None
+    try:
+        window = inspect.getclosurevars(fn).nonlocals.get("window_left")
+    except TypeError:
+        return None
+    return window if isinstance(window, int) and not isinstance(window, bool) else None
+
+
+def _image_call(call: dict):
+    """(image_ranges, causal, window_size) of a call with SGLang's image mask (the route's causal mask
+    widened by the ranges); (None, causal, window) without a mask_mod. Anything else is refused."""
+    mask_mod, aux = call.get("mask_mod"), call.get("aux_tensors")
+    causal, window = bool(call.get("causal", False)), call.get("window_size", (-1, -1))
+    if mask_mod is None:
+        if aux is not None:
+            raise FP8KVRouteError(f"aux_tensors={_short(aux)} without SGLang's image mask_mod: the FP8 KV route "
+                                  "does not take it")
+        return None, causal, window
+    window_left = image_mask_window(mask_mod)
+    if window_left is None:
+        raise FP8KVRouteError(
+            f"fa4 with an fp8_e4m3 KV cache on SM90 runs sglang-fa4's FP8 kernel, which takes only SGLang's "
+            f"Gemma-4 image mask as mask_mod, not {_short(mask_mod)} (use --attention-backend triton for this model)")
+    if not (isinstance(aux, (list, tuple)) and len(aux) == 2 and aux[1] is call.get("cu_seqlens_q")):
+        raise FP8KVRouteError("SGLang's image mask_mod comes with aux_tensors=[image_token_ranges, cu_seqlens_q] "
+                              f"(the call's own cu_seqlens_q), got {_short(aux)}")
+    if causal or tuple(window) != (-1, -1):
+        raise FP8KVRouteError(f"SGLang's image mask_mod comes with causal=False, window_size=(-1, -1) (the mask "
+                              f"is both), got causal={causal}, window_size={window}")
+    return aux[0], True, ((window_left, 0) if window_left >= 0 else (-1, -1))
 
 
 def _bind(original, args, kwargs) -> dict:
@@ -227,6 +275,7 @@ def route_fp8(call: dict):
         )
     if call.get("q_descale") is not None:
         raise FP8KVRouteError("q_descale is not passed by SGLang's fp8_e4m3 path; the route does not take it")
+    image_ranges, causal, window = _image_call(call)
     from sglang_fa4.kernels.fp8_paged_kv import paged_kv_attention
 
     max_q = call.get("max_seqlen_q")
@@ -234,13 +283,14 @@ def route_fp8(call: dict):
     return paged_kv_attention(
         q, call["k_cache"], call["v_cache"], call["page_table"], call["cache_seqlens"], call["cu_seqlens_q"],
         None if max_q is None else int(max_q), k_descale=call.get("k_descale"), v_descale=call.get("v_descale"),
-        softmax_scale=call.get("softmax_scale"), causal=bool(call.get("causal", False)),
-        window_size=call.get("window_size", (-1, -1)), out=call.get("out"),
-        return_lse=bool(call.get("return_softmax_lse")),
+        softmax_scale=call.get("softmax_scale"), causal=causal, window_size=window, out=call.get("out"),
+        return_lse=bool(call.get("return_softmax_lse")), image_ranges=image_ranges,
     )
 
 
 def _short(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
     shape = getattr(value, "shape", None)
     return f"<tensor {tuple(shape)}>" if shape is not None else repr(value)[:60]
 

@@ -34,10 +34,11 @@ def _descale(x, batch: int, hkv: int, device):
 
 
 def paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale, scale: float,
-                       left: int, right: int, out, lse) -> None:
+                       left: int, right: int, out, lse, image_ranges=None) -> None:
     """Fill ``out`` (total_q, Hq, d) and ``lse`` (Hq, total_q, natural log; None: not asked) as the
     kernel does: bottom-right positions, keys ``pos - left .. pos + right``, descales per (batch, kv
-    head) or scalar."""
+    head) or scalar; with ``image_ranges`` ((total_q, 2), inclusive) a row also sees its image's
+    keys at or above ``pos - left``."""
     page_size, hkv, d = k_cache.shape[1:]
     hq = q.shape[1]
     kd = [_descale(x, page_table.shape[0], hkv, q.device) for x in (k_descale, v_descale)]
@@ -54,7 +55,11 @@ def paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlen
         s = torch.einsum("qhd,khd->hqk", q[cu[b]:cu[b + 1]].float(), kf) * scale
         pos = torch.arange(nq, device=q.device)[:, None] + n - nq
         j = torch.arange(n, device=q.device)[None, :]
-        s = s.masked_fill((j < pos - left) | (j > pos + right), float("-inf"))
+        hidden = j > pos + right
+        if image_ranges is not None:
+            img = image_ranges[cu[b]:cu[b + 1]].long()
+            hidden &= ~((j >= img[:, :1]) & (j <= img[:, 1:]))
+        s = s.masked_fill((j < pos - left) | hidden, float("-inf"))
         row_lse = torch.logsumexp(s, -1)
         p = torch.exp(s - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
         out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", p, vf).to(out.dtype)
@@ -63,7 +68,7 @@ def paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlen
 
 
 def split_kv(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale,
-             softmax_scale, out):
+             softmax_scale, out, image_ranges=None):
     """The split-KV kernel's launch (``fp8_paged_kv.Kernels.split_kv``) in torch, for a plan."""
     total_q, hq, d = q.shape
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -71,7 +76,7 @@ def split_kv(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q,
     lse = torch.full((hq, total_q), float("-inf"), device=q.device) if plan.return_lse else None
     if total_q and plan.batch and plan.max_seqlen_q != 0:
         paged_decode_torch(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale, scale,
-                           plan.left, plan.right, o, lse)
+                           plan.left, plan.right, o, lse, image_ranges)
     if out is not None and not plan.out_direct:
         out.copy_(o.view(out.shape))
         o = out
@@ -95,8 +100,8 @@ def install() -> fp8_paged_kv.Kernels:
     (``fp8_paged_kv.install_kernels(previous)`` restores them)."""
     kernels = fp8_paged_kv.installed_kernels()
 
-    def split(plan, q, *args):
-        return (split_kv if _off_gpu(q) else kernels.split_kv)(plan, q, *args)
+    def split(plan, q, *args, **kwargs):
+        return (split_kv if _off_gpu(q) else kernels.split_kv)(plan, q, *args, **kwargs)
 
     def gathered(k_cache, *args):
         return (gather if _off_gpu(k_cache) else kernels.gather)(k_cache, *args)

@@ -7,8 +7,10 @@ query heads (query head ``h`` reads kv head ``h // (heads / kv_heads)``); causal
 masks aligned bottom-right when a segment has more keys than queries (FlashAttention's
 convention: query ``i`` of ``nq`` sits at key position ``i + nk - nq``); a window
 ``(left, right)`` keeps keys ``j`` with ``-left <= j - pos(i) <= right`` (None or a negative
-bound: unbounded, SGLang's -1); attention sinks as one extra per-head logit in each row's softmax
-denominator (no value); a row whose keys are all masked is zero (as the kernels write it).
+bound: unbounded, SGLang's -1); per-row key ranges a row also sees past the causal / right bound
+(SGLang's Gemma-4 image rows: bidirectional within their image), the left bound still applying;
+attention sinks as one extra per-head logit in each row's softmax denominator (no value); a row
+whose keys are all masked is zero (as the kernels write it).
 
 Imports torch only.
 """
@@ -59,13 +61,16 @@ def attention_fp32(
     fill: float = 0.0,
     dtype: torch.dtype = torch.float32,
     return_lse: bool = False,
+    key_ranges: Optional[torch.Tensor] = None,
 ):
     """fp32 varlen attention of ``q (tq, hq, d)`` over ``k (tk, hkv, d)`` / ``v (tk, hkv, dv)``,
     segment by segment (``cu_seqlens_k`` defaults to ``cu_seqlens_q``: self-attention).
     ``scale`` defaults to ``d ** -0.5``. Rows outside every segment are ``fill``. Returns a
     ``(tq, hq, dv)`` tensor on q's device, float32 unless ``dtype`` asks for more (float64: a
     reference finer than what it checks). ``return_lse``: also the natural-log sum of each row's
-    softmax denominator, ``(hq, tq)`` (sinks included; -inf for a row with nothing to attend to)."""
+    softmax denominator, ``(hq, tq)`` (sinks included; -inf for a row with nothing to attend to).
+    ``key_ranges``: ``(tq, 2)`` inclusive key indices within each row's segment that the row also
+    sees beyond the causal / right bound (-1, -1: none), e.g. an image row's own image."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be (tokens, heads, dim), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     hq, hkv = q.shape[1], k.shape[1]
@@ -98,10 +103,14 @@ def attention_fp32(
         masked = torch.zeros(nq, nk, dtype=torch.bool, device=q.device)
         if causal:
             masked |= rel > 0
-        if not _unbounded(left):
-            masked |= rel < -left
         if not _unbounded(right):
             masked |= rel > right
+        if key_ranges is not None:
+            j = torch.arange(nk, device=q.device)[None, :]
+            r = key_ranges[q0:q1].to(device=q.device, dtype=torch.long)
+            masked &= ~((j >= r[:, :1]) & (j <= r[:, 1:]))
+        if not _unbounded(left):
+            masked |= rel < -left
         s = s.masked_fill(masked, float("-inf"))
         if sinks is not None:
             s = torch.cat([s, sinks.to(dtype=dtype, device=q.device)[:, None, None].expand(hq, nq, 1)], dim=-1)

@@ -63,6 +63,8 @@ class PagedPlan:
     #: SGLang's (left, right) window, -1 unbounded on a side
     window: tuple
     return_lse: bool
+    #: per-row image key ranges given (SGLang's Gemma-4 image prefill): the split-KV kernel's IMAGE
+    image: bool = False
     #: the split-KV kernel's key bounds (decode.UNBOUNDED for none), its launch plan and scratch
     left: int = 0
     right: int = 0
@@ -95,24 +97,30 @@ def _tensor_key(t) -> tuple:
 
 def plan(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q: Optional[int], *,
          k_descale=None, v_descale=None, softmax_scale: Optional[float] = None, causal: bool = False,
-         window_size=(-1, -1), out=None, return_lse: bool = False, backend: Optional[str] = None,
-         num_splits: Optional[int] = None, sms: Optional[int] = None, launch: Optional[dict] = None) -> PagedPlan:
+         window_size=(-1, -1), out=None, return_lse: bool = False, image_ranges=None,
+         backend: Optional[str] = None, num_splits: Optional[int] = None, sms: Optional[int] = None,
+         launch: Optional[dict] = None) -> PagedPlan:
     """The plan of a paged call with these arguments, checked and made on the first call with their
-    shapes and host values, then found again. Beyond the call's own arguments, for the split-KV
+    shapes and host values, then found again. ``image_ranges``: (total_q, 2) int32, each query row's
+    image as inclusive key positions [begin, end] (-1, -1 for text), keys that row also sees
+    (SGLang's Gemma-4 image prefill; the split-KV kernel only). Beyond the call's own arguments, for the split-KV
     kernel's tests, benchmarks and tuning: ``backend`` forces a route, ``num_splits`` a split count,
     ``sms`` the SM count the split choice aims at, ``launch`` the launch config
     (:func:`.decode_plan.plan`)."""
     if backend is None:
-        backend = route(getattr(q, "shape", (0,))[-1], getattr(q, "dtype", None), max_seqlen_q, return_lse)
+        backend = route(getattr(q, "shape", (0,))[-1], getattr(q, "dtype", None), max_seqlen_q, return_lse,
+                        image_ranges is not None)
     key = (backend, _tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(page_table),
            _tensor_key(cache_seqlens), _tensor_key(cu_seqlens_q), max_seqlen_q, _tensor_key(k_descale),
            _tensor_key(v_descale), type(softmax_scale), causal,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
-           _tensor_key(out), return_lse, num_splits, sms, tuple(sorted(launch.items())) if launch else None)
+           _tensor_key(out), return_lse, _tensor_key(image_ranges), num_splits, sms,
+           tuple(sorted(launch.items())) if launch else None)
     found = _plans.get(key)
     if found is None:
         found = _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale, v_descale,
-                      softmax_scale, causal, window_size, out, return_lse, backend, num_splits, sms, launch)
+                      softmax_scale, causal, window_size, out, return_lse, image_ranges, backend, num_splits, sms,
+                      launch)
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
         _plans[key] = found
@@ -124,12 +132,12 @@ def gather_runs(head_dim, q_dtype) -> bool:
     return q_dtype == FP8 and head_dim in GATHER_HEAD_DIMS
 
 
-def route(head_dim, q_dtype, max_seqlen_q, return_lse: bool) -> str:
+def route(head_dim, q_dtype, max_seqlen_q, return_lse: bool, images: bool = False) -> str:
     """The backend of a call (host facts only): the split-KV kernel for decode and short extends
-    (``max_seqlen_q`` a host int in 1..``split_kv_max_q``), for an LSE request, and for every call
-    the FP8 forward cannot run (bf16 q; head dim 512: prefills with a cached prefix included);
-    the page gather + FP8 forward otherwise."""
-    if not gather_runs(head_dim, q_dtype) or return_lse:
+    (``max_seqlen_q`` a host int in 1..``split_kv_max_q``), for an LSE request or image rows, and
+    for every call the FP8 forward cannot run (bf16 q; head dim 512: prefills with a cached prefix
+    included); the page gather + FP8 forward otherwise."""
+    if not gather_runs(head_dim, q_dtype) or return_lse or images:
         return SPLIT_KV
     if isinstance(max_seqlen_q, int) and 0 < max_seqlen_q <= settings().split_kv_max_q:
         return SPLIT_KV  # decode / few new rows: the pool read in place, no gather
@@ -147,7 +155,8 @@ def planned() -> int:
 
 
 def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q, k_descale, v_descale,
-          softmax_scale, causal, window_size, out, return_lse, backend, num_splits, sms, launch) -> PagedPlan:
+          softmax_scale, causal, window_size, out, return_lse, image_ranges, backend, num_splits, sms,
+          launch) -> PagedPlan:
     _need(backend in BACKENDS, f"backend must be one of {BACKENDS}, got {backend!r}")
     _, page_size, hkv, d = check_paged(k_cache, v_cache, page_table, cache_seqlens)
     q_dtypes = (FP8, torch.bfloat16) if backend == SPLIT_KV else (FP8,)  # the split-KV kernel takes bf16 q too
@@ -184,11 +193,19 @@ def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seql
         _need(isinstance(out, torch.Tensor) and out.numel() == total_q * hq * d,
               f"out must hold {(total_q, hq, d)}, got {tuple(getattr(out, 'shape', ()))}")
         out_direct = out.dtype == torch.bfloat16 and tuple(out.shape) == (total_q, hq, d) and out.stride(-1) == 1
+    if image_ranges is not None:
+        _need(isinstance(image_ranges, torch.Tensor) and image_ranges.dtype == torch.int32
+              and tuple(image_ranges.shape) == (total_q, 2) and image_ranges.is_contiguous(),
+              f"image_ranges must be a contiguous int32 (total_q, 2) = {(total_q, 2)} tensor, got "
+              f"{(getattr(image_ranges, 'dtype', type(image_ranges).__name__), tuple(getattr(image_ranges, 'shape', ())))}")
+        _need(image_ranges.device == q.device, f"image_ranges is on {image_ranges.device}, q on {q.device}")
+        _need(causal, "image_ranges widen a causal mask: causal must be True")
     window = tuple(-1 if w is None else w for w in (window_size or (None, None)))
     left, right = window_bounds(causal, window)  # checks the window and causal together
     facts = dict(backend=backend, batch=batch, width=width, page_size=page_size, kv_heads=hkv, q_heads=hq,
                  head_dim=d, total_q=total_q, max_seqlen_q=max_seqlen_q, causal=bool(causal), window=window,
-                 return_lse=bool(return_lse), left=left, right=right, out_direct=out_direct)
+                 return_lse=bool(return_lse), image=image_ranges is not None, left=left, right=right,
+                 out_direct=out_direct)
     if backend == SPLIT_KV:
         _need(page_size & (page_size - 1) == 0, f"page size {page_size} must be a power of two")
         rows = max(max_seqlen_q if max_seqlen_q is not None else total_q, 1)
@@ -198,6 +215,7 @@ def _make(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seql
                    if launch_plan.num_splits > 1 else None)
         return PagedPlan(**facts, decode=launch_plan, partial_shape=partial)
     _need(not return_lse, "return_lse: only the split-KV kernel computes the LSE")
+    _need(image_ranges is None, "image_ranges: only the split-KV kernel takes image rows")
     _need(d in GATHER_HEAD_DIMS, f"head_dim {d}: the gather route's SM90 FP8 forward runs "
                                  f"{', '.join(map(str, GATHER_HEAD_DIMS))} (the split-KV kernel takes it)")
     return PagedPlan(**facts, gqa_pack=decode_gqa_packable(q, batch, hkv, max_seqlen_q, left, right))

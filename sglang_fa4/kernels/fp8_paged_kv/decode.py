@@ -15,6 +15,9 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
   sits at key position ``cache_seqlens[b] - n + i``) and SGLang's ``window_size`` (left, right)
   around that position.  Decode is the case ``n = 1``; extend with a few new tokens runs through
   the same code, so a decode step and the extend row at the same position compute the same thing.
+  An image row of SGLang's Gemma-4 prefill also sees the keys of its own image (``[begin, end]``
+  per row, inclusive: bidirectional within the image, FA4's ``mask_mod`` in SGLang), still bounded
+  by the window's left side.
 * **Split-KV.** The keys a row block can see are cut into ``num_splits`` ranges
   (:func:`.decode_plan.choose_splits`), one program each; each writes its
   normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
@@ -96,13 +99,13 @@ def _make_split_kernel():
     @triton.jit(do_not_specialize=["num_splits", "min_chunk", "width", "left", "right", "pt_stride", "lse_stride_h",
                                    "lpart_stride_s", "kd_stride_b", "kd_stride_h", "vd_stride_b", "vd_stride_h"])
     def fp8_paged_decode_split(
-        Q, K_CACHE, V_CACHE, PAGE_TABLE, SEQLENS, CU_Q, K_DESC, V_DESC,
+        Q, K_CACHE, V_CACHE, PAGE_TABLE, SEQLENS, CU_Q, K_DESC, V_DESC, IMAGES,
         OUT, LSE, O_PART, LSE_PART,
         q_stride_t, q_stride_h, pt_stride, kd_stride_b, kd_stride_h, vd_stride_b, vd_stride_h,
         o_stride_t, o_stride_h, lse_stride_h, part_stride_s, part_stride_t, lpart_stride_s,
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr,
+        BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, IMAGE: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)
@@ -123,8 +126,18 @@ def _make_split_kernel():
             pos = seqlen - n_q + tok
             lo_row = tl.maximum(pos - left, 0)
             hi_row = tl.minimum(pos + right + 1, seqlen)
+            img_lo = tl.full([BLOCK_M], -1, tl.int32)
+            img_hi = img_lo
+            hi_any = hi_row
+            if IMAGE:
+                # SGLang's image rows (Gemma-4 prefill): also the keys [begin, end] of the row's own
+                # image, inclusive (-1, -1 for text), still above the window's left bound
+                img = IMAGES + (q_start + tok).to(tl.int64) * 2
+                img_lo = tl.load(img, mask=row_ok, other=-1)
+                img_hi = tl.minimum(tl.load(img + 1, mask=row_ok, other=-1), seqlen - 1)
+                hi_any = tl.maximum(hi_row, img_hi + 1)
             lo = tl.min(tl.where(row_ok, lo_row, 1 << 30), axis=0)
-            hi = tl.max(tl.where(row_ok, hi_row, 0), axis=0)
+            hi = tl.max(tl.where(row_ok, hi_any, 0), axis=0)
             lo = lo // BLOCK_N * BLOCK_N
             span = tl.maximum(hi - lo, 0)
             # at least min_chunk keys a split (rounded to whole key blocks), from the real span: a
@@ -155,8 +168,12 @@ def _make_split_kernel():
                 # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
                 kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
                 s = tl.dot(q, tl.trans(kt)) * scale
-                vis = (row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None])
-                       & (kk[None, :] < hi_row[:, None]))
+                if IMAGE:
+                    seen_key = (kk[None, :] < hi_row[:, None]) | ((kk[None, :] >= img_lo[:, None])
+                                                                 & (kk[None, :] <= img_hi[:, None]))
+                else:
+                    seen_key = kk[None, :] < hi_row[:, None]
+                vis = row_ok[:, None] & k_ok[None, :] & (kk[None, :] >= lo_row[:, None]) & seen_key
                 s = tl.where(vis, s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet
@@ -262,12 +279,14 @@ def _descale(x, batch: int, hkv: int, device):
 
 
 def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k_descale, v_descale,
-           softmax_scale: Optional[float], out):
+           softmax_scale: Optional[float], out, image_ranges=None):
     """One layer of a split-KV plan (:class:`.batch_plan.PagedPlan`, whose arguments were checked): q
     (total_q, Hq, d), E4M3 or bf16, against SGLang's paged E4M3 cache (pages, P, Hkv, d) -> bf16
     (total_q, Hq, d) (into ``out`` when given), and with the plan's ``return_lse`` also the
     log-sum-exp of the scaled scores, natural log, (Hq, total_q) fp32 (FlashAttention's varlen
-    layout; -inf for a row that sees no key). Bottom-right causal, as the route."""
+    layout; -inf for a row that sees no key). Bottom-right causal, as the route. ``image_ranges``
+    (a plan with ``image``): (total_q, 2) int32, each row's image [begin, end] in key positions
+    (inclusive; -1, -1 for a text row), keys the row also sees (SGLang's Gemma-4 image prefill)."""
     p = plan.decode
     total_q, hq, d = q.shape
     batch, width, page_size, hkv, group = plan.batch, plan.width, plan.page_size, plan.kv_heads, plan.group
@@ -289,13 +308,14 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
             lse_part = torch.empty(plan.partial_shape[:3], dtype=torch.float32, device=device)
             part_s, part_t, lpart_s = o_part.stride(0), o_part.stride(1), lse_part.stride(0)
         lse_h = lse.stride(0) if return_lse else 0
-        args = (q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, kd, vd,
+        images = image_ranges if plan.image else cache_seqlens  # an unread int32 pointer without images
+        args = (q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, kd, vd, images,
                 o, lse, o_part, lse_part,
                 q.stride(0), q.stride(1), page_table.stride(0), kd_sb, kd_sh, vd_sb, vd_sh,
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
                 p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
                 plan.right,
-                group, d, d_pow2, p.block_m, p.block_n, single, return_lse)
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
                      num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))
