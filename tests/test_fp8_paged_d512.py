@@ -239,12 +239,41 @@ def test_the_warmup_lists_the_d512_split_kv_variants_only(monkeypatch):
         assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
                                          (3, 1, False), (3, 2, False)], limit
         assert {c[3] for c in seen} == {BF16} and seen[-1][4] == (3, 32, 512)
+    # a multimodal model: the image prefill variants too (every row block, one split and several, no
+    # LSE), also where decode would take the gather (d256, the route's limit 0: image calls only)
+    monkeypatch.setattr(W, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
+        (max_q, kw["num_splits"], kw.get("return_lse", False), kw.get("image_ranges") is not None)))
+    seen.clear()
+    W.warm_split_kv(W.SplitKvShape(512, 32, 4, 16, 16, "bfloat16", True), "cpu")
+    assert [c for c in seen if c[3]] == [(1, 1, False, True), (1, 2, False, True), (3, 1, False, True),
+                                         (3, 2, False, True)]
+    assert len([c for c in seen if not c[3]]) == 6
+    seen.clear()
+    W.warm_split_kv(W.SplitKvShape(256, 32, 16, 16, 0, "float8_e4m3fn", True), "cpu")
+    # GQA 2: 1-8 new tokens -> 16-row blocks, 9-16 -> 32, 17-32 -> 64; image variants only
+    assert seen == [(m, s, False, True) for m in (1, 9, 17) for s in (1, 2)]
+    items = llm_fp8_kv_warmup_list(LlmAttentionShape(256, 32, 16, 16, 1023, images=True),
+                                   RoutingSettings(split_kv_max_q=0))
+    assert items[0] == WarmItem("fp8_paged_decode", W.SplitKvShape(256, 32, 16, 16, 0, "float8_e4m3fn", True))
+    assert items[0].describe().endswith("new tokens <= 0, image rows")
 
 
-def test_the_backend_layer_shape_says_bf16_q_at_d512():
+def test_the_backend_layer_shape_says_bf16_q_at_d512(monkeypatch):
     import types
 
     from sglang_fa4.integration import llm_fp8_kv
+    from sglang_fa4.startup import warmup
+
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_llm_fp8_kv", lambda shape, device: warmed.append(shape))
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+    backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
+                                    device="cuda", head_dim=512, has_swa=False, num_attention_heads=32,
+                                    num_kv_heads=4, page_size=16)
+    for multimodal in (True, False):  # FlashAttentionBackend.__init__(model_runner, ...)
+        runner = types.SimpleNamespace(model_config=types.SimpleNamespace(is_multimodal=multimodal))
+        llm_fp8_kv.warm_fp8_after_backend_init(None, backend, runner)
+    assert [(s.head_dim, s.q_dtype, s.images) for s in warmed] == [(512, "bfloat16", True), (512, "bfloat16", False)]
 
     backend = types.SimpleNamespace(head_dim=512, has_swa=False, num_attention_heads=32, num_kv_heads=4, page_size=16)
     assert llm_fp8_kv.layer_shape(backend).q_dtype == "bfloat16"

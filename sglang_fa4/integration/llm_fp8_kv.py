@@ -298,8 +298,9 @@ def _short(value) -> str:
 BACKEND_INIT = f"{FA_BACKEND}.__init__"
 
 
-def layer_shape(backend):
-    """What the route compiles per, read off a FlashAttentionBackend (None without a head dim)."""
+def layer_shape(backend, images: bool = False):
+    """What the route compiles per, read off a FlashAttentionBackend (None without a head dim);
+    ``images``: the model is multimodal (image prefills with SGLang's image mask)."""
     from sglang_fa4.startup.variants import LlmAttentionShape
 
     head_dim = int(getattr(backend, "head_dim", 0) or 0)
@@ -309,7 +310,8 @@ def layer_shape(backend):
     return LlmAttentionShape(head_dim=head_dim, q_heads=int(getattr(backend, "num_attention_heads", 0) or 0),
                              kv_heads=int(getattr(backend, "num_kv_heads", 0) or 0),
                              page_size=int(getattr(backend, "page_size", 1) or 1), sliding_window=window,
-                             q_dtype="bfloat16" if head_dim in BF16_QUERY_HEAD_DIMS else "float8_e4m3fn")
+                             q_dtype="bfloat16" if head_dim in BF16_QUERY_HEAD_DIMS else "float8_e4m3fn",
+                             images=images)
 
 
 def warm_fp8_after_backend_init(result, self, *args, **kwargs):
@@ -321,7 +323,9 @@ def warm_fp8_after_backend_init(result, self, *args, **kwargs):
 
     if not envs.SGLANG_FA4_WARMUP.get() or not backend_routes_fp8(self):
         return None
-    shape = layer_shape(self)
+    model_runner = args[0] if args else kwargs.get("model_runner")
+    multimodal = getattr(getattr(model_runner, "model_config", None), "is_multimodal", False) is True
+    shape = layer_shape(self, images=multimodal)
     if shape is not None:
         import torch
 

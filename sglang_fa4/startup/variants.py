@@ -296,6 +296,7 @@ class LlmAttentionShape:
     page_size: int
     sliding_window: Optional[int] = None  # the SWA layers' window (tokens), None without
     q_dtype: str = "float8_e4m3fn"  # the q SGLang hands the route (bfloat16 at head dim 512)
+    images: bool = False  # a multimodal model: image prefills (Gemma-4's image mask) on the split-KV kernel
 
 
 def fp8_variants_for(head_dim: int, sliding_window: Optional[int], gqa: bool = False) -> list:
@@ -317,10 +318,10 @@ def llm_fp8_kv_warmup_list(shape: LlmAttentionShape, settings: RoutingSettings) 
     """Everything a FlashAttentionBackend on the FP8 KV route compiles: the split-KV decode kernel
     (unless SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q=0), the FP8 forward's variants and the page gather of
     the extend route; for a layer the split-KV kernel runs at every call size (head dim 512, bf16
-    q) that kernel alone, decode and prefill row blocks. Nothing for a head dim the FP8 kernels do
-    not run."""
+    q) that kernel alone, decode and prefill row blocks; for a multimodal model also its image
+    prefill variants. Nothing for a head dim the FP8 kernels do not run."""
     hq, hkv, limit = shape.q_heads, shape.kv_heads, settings.split_kv_max_q
-    split = fp8_paged_kv.SplitKvShape(shape.head_dim, hq, hkv, shape.page_size, limit, shape.q_dtype)
+    split = fp8_paged_kv.SplitKvShape(shape.head_dim, hq, hkv, shape.page_size, limit, shape.q_dtype, shape.images)
     if split.every_call():
         runs = shape.head_dim in fp8_paged_kv.HEAD_DIMS and hkv > 0 and hq >= hkv and hq % hkv == 0
         return [WarmItem("fp8_paged_decode", split)] if runs else []
@@ -328,7 +329,7 @@ def llm_fp8_kv_warmup_list(shape: LlmAttentionShape, settings: RoutingSettings) 
     if not variants:
         return []
     items = []
-    if hkv > 0 and hq >= hkv and limit > 0:
+    if hkv > 0 and hq >= hkv and (limit > 0 or shape.images):
         items.append(WarmItem("fp8_paged_decode", split))
     items += [WarmItem("fp8_forward", v) for v in variants]
     if hkv > 0:

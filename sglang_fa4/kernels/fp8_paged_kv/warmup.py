@@ -33,6 +33,7 @@ class SplitKvShape(NamedTuple):
     page_size: int
     max_q: int  # SGLANG_FA4_FP8_KV_SPLIT_KV_MAX_Q when the warmup list was made
     q_dtype: str = "float8_e4m3fn"  # the q the route hands the kernel (torch dtype name)
+    images: bool = False  # a multimodal model: image prefill rows (SGLang's Gemma-4 image mask) at any size
 
     def every_call(self) -> bool:
         """The layer takes the split-KV kernel at every call size (the gather's FP8 forward cannot
@@ -42,8 +43,9 @@ class SplitKvShape(NamedTuple):
     def describe(self) -> str:
         q = "" if self.q_dtype == "float8_e4m3fn" else f" q={self.q_dtype}"
         rows = "every call" if self.every_call() else f"new tokens <= {self.max_q}"
+        images = ", image rows" if self.images else ""
         return (f"fp8 split-KV decode d={self.head_dim} heads={self.q_heads}/{self.kv_heads} page={self.page_size}"
-                f"{q} {rows}")
+                f"{q} {rows}{images}")
 
     def as_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -57,8 +59,9 @@ def warm_split_kv(shape: SplitKvShape, device) -> int:
     group = hq // hkv
     # one max_seqlen_q per row block size the route can meet (rows = new tokens x group): up to the
     # route's limit, or every size (they stop growing at max_block_m rows) for a layer on this
-    # kernel at every call size
-    top = max(limit, -(-max_block_m(d) // group)) if shape.every_call() else limit
+    # kernel at every call size or with image prefills
+    every_size = max(limit, -(-max_block_m(d) // group))
+    top = every_size if shape.every_call() or shape.images else limit
     rows_for = {}
     for max_q in range(1, top + 1):
         rows_for.setdefault(block_m(max_q * group, d), max_q)
@@ -68,10 +71,16 @@ def warm_split_kv(shape: SplitKvShape, device) -> int:
         seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
         cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
         q = torch.zeros((max_q, hq, d), dtype=getattr(torch, shape.q_dtype), device=device)
+        plain = max_q <= limit or shape.every_call()  # else only image prefills take this kernel there
+        images = torch.full((max_q, 2), -1, dtype=torch.int32, device=device)
         for splits in (1, 2):
-            for lse in ((False, True) if max_q == 1 else (False,)):
-                paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True, num_splits=splits,
-                                       return_lse=lse)
+            for lse in ((False, True) if max_q == 1 and plain else (False,)):
+                if plain:
+                    paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True,
+                                           num_splits=splits, return_lse=lse)
+                if shape.images and not lse:
+                    paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True,
+                                           num_splits=splits, image_ranges=images)
     return compile_events.count("triton") - before
 
 
