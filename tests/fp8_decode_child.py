@@ -213,6 +213,13 @@ GPU_D512_CASES = {
     "gpu-d512-26b-prefill-2k-P1": dict(lens=[2048, 700], new=[2048, 300], page=1, hq=16, hkv=2, d=512, q="bf16",
                                        descale="scalar", auto=True),
     "gpu-d512-decode-vs-extend-16k": dict(L=16384, n=16, page=16, hq=32, hkv=4, d=512, q="bf16"),
+    # Gemma-4 image prefill (SGLang 0.5.22+'s image rows): two 256-token images behind a 512-token
+    # prefix at d512, and on a sliding d256 layer with its window (1023, 0)
+    "gpu-d512-31b-image-prefill-2k": dict(lens=[2560], new=[2048], page=16, hq=32, hkv=4, d=512, q="bf16",
+                                          descale="none", auto=True, images=[[0, 600, 855], [0, 1200, 1455]]),
+    "gpu-d256-swa-image-prefill-2k": dict(lens=[2048], new=[2048], page=16, hq=32, hkv=16, d=256,
+                                          window=(1023, 0), descale="one", auto=True,
+                                          images=[[0, 100, 355], [0, 1500, 1755]]),
 }
 
 
@@ -228,6 +235,8 @@ def main() -> None:
     ap.add_argument("--matrix", choices=["stdin", "ci", "gpu", "d512"], default="stdin",
                     help="stdin: cases as JSON on stdin; ci: the CPU test's matrix; gpu: ci + GPU_CASES (32k / 128k); "
                          "d512: tests/test_fp8_paged_d512.py's cases + GPU_D512_CASES")
+    ap.add_argument("--only", nargs="+", default=None, metavar="SUBSTRING",
+                    help="run only the cases whose name contains one of these")
     ap.add_argument("--out", default=None, help="also write the results (JSON) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
     args = ap.parse_args()
@@ -241,6 +250,8 @@ def main() -> None:
         from test_fp8_paged_decode import CASES
 
         cases = {**CASES, **(GPU_CASES if args.matrix == "gpu" else {})}
+    if args.only:
+        cases = {n: c for n, c in cases.items() if any(part in n for part in args.only)}
     results = {}
     for name, c in cases.items():
         try:

@@ -279,3 +279,23 @@ def test_the_backend_layer_shape_says_bf16_q_at_d512(monkeypatch):
     assert llm_fp8_kv.layer_shape(backend).q_dtype == "bfloat16"
     assert llm_fp8_kv.layer_shape(types.SimpleNamespace(**{**vars(backend), "head_dim": 256})).q_dtype == \
         "float8_e4m3fn"
+
+
+def test_the_decode_bench_measures_gemma4s_full_layers_with_bf16_q(monkeypatch):
+    """``sglang-fa4 bench decode --models gemma4-31b-full`` (not in the default matrix): our kernel
+    gets the bf16 q SGLang hands at d512 (q8's values), and matches the fp32 contract."""
+    from sglang_fa4.bench import decode
+    from sglang_fa4.kernels.fp8_paged_kv import attention
+
+    assert "gemma4-31b-full" not in decode.MODELS and decode.OPTIONAL_MODELS["gemma4-31b-full"] == (32, 4, 512)
+    seen = []
+    real = attention.run
+    monkeypatch.setattr(attention, "run", lambda plan, q, *a, **k: seen.append(q.dtype) or real(plan, q, *a, **k))
+    case = decode.Case("gemma4-31b-full", 2, 40, 16, 512, 32, 4)
+    x = decode.make_inputs(case, "cpu", 0)
+    calls, outs, errors, _ = decode.runners(case, x, ["fa4_fp8_split_kv"])
+    assert not errors
+    calls["fa4_fp8_split_kv"]()
+    rows, ref = decode.reference_rows(case, x)
+    got = outs["fa4_fp8_split_kv"][rows].float()
+    assert seen == [BF16] and float((got - ref).norm() / ref.norm()) < 1e-2

@@ -40,6 +40,9 @@ from .stats import median
 
 #: (q heads, kv heads, head dim) of the model shapes the issue names
 MODELS = {"llama3-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128), "d256": (16, 8, 256)}
+#: shapes measured only when named (``--models``): Gemma-4 31B's full-attention layers (bf16 q, as
+#: SGLang hands it there) and its sliding layers; SGLang's default on Hopper for Gemma-4 is triton
+OPTIONAL_MODELS = {"gemma4-31b-full": (32, 4, 512), "gemma4-31b-swa": (32, 16, 256)}
 BATCHES = (1, 8, 32, 64, 128, 256)
 CONTEXTS = (1024, 8192, 32768, 131072)
 PAGES = (16,)
@@ -187,10 +190,14 @@ def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tup
         try:
             out = torch.empty(case.batch, case.hq, case.head_dim, dtype=torch.bfloat16, device=x["q8"].device)
             if name == "fa4_fp8_split_kv":
+                from sglang_fa4.integration.llm_fp8_kv import BF16_QUERY_HEAD_DIMS
                 from sglang_fa4.kernels.fp8_paged_kv import decode_launch_plan, paged_decode_attention, sm_count
 
-                def one(k, v, o=out):
-                    paged_decode_attention(x["q8"], k, v, x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],
+                # the q the route gets: bf16 where SGLang leaves it so (the same values: q8 in bf16)
+                q = x["q8"].to(torch.bfloat16) if case.head_dim in BF16_QUERY_HEAD_DIMS else x["q8"]
+
+                def one(k, v, o=out, q=q):
+                    paged_decode_attention(q, k, v, x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],
                                            v_descale=x["vd"], softmax_scale=scale, causal=True, out=o,
                                            num_splits=num_splits)
                 p = decode_launch_plan(case.batch, case.hkv, case.hq // case.hkv, case.head_dim, 1,
@@ -456,7 +463,7 @@ def run(args) -> dict:
         from .meta import ceilings
 
         device = "cuda"
-        models = {m: MODELS[m] for m in args.models}
+        models = {m: {**MODELS, **OPTIONAL_MODELS}[m] for m in args.models}
         todo = cases(models, args.batches, args.contexts, args.pages,
                      EXTRA_PAGES if args.extra_pages else {})
         meta = base_meta("decode")
@@ -495,7 +502,7 @@ def run(args) -> dict:
 
 def add_arguments(p) -> None:
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS + OPTIONAL_BACKENDS)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS) + list(OPTIONAL_MODELS))
     p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     p.add_argument("--contexts", nargs="+", type=int, default=list(CONTEXTS))
     p.add_argument("--pages", nargs="+", type=int, default=list(PAGES))

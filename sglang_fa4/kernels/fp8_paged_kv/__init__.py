@@ -10,9 +10,10 @@
   SM90 FP8 forward, the GQA group packed on decode-shaped calls;
 * :mod:`.warmup` -- what it compiles per layer shape (:data:`FAMILIES`).
 
-A new head dim (a model's 512, say) is a row of ``decode.HEAD_DIMS`` with its block sizes in
-:mod:`.decode_plan`, and of the FP8 forward's table for the gather route. Outside this package
-only the names below are used. Imports nothing from SGLang.
+A new head dim is a row of ``decode.HEAD_DIMS`` with its block sizes in :mod:`.decode_plan`, and
+of the FP8 forward's table for the gather route; one the FP8 forward lacks (512: Gemma-4's full
+layers) runs the split-KV kernel at every call size (:func:`.batch_plan.route`). Outside this
+package only the names below are used. Imports nothing from SGLang.
 """
 
 from sglang_fa4.kernels.fp8_paged_kv.attention import (
