@@ -101,6 +101,32 @@ def test_sliding_window_bounds(window):
     assert rel_err(got, attention_fp32(q, k, v, [0, 9])) > 1e-3
 
 
+@pytest.mark.parametrize("left", [None, 2])
+def test_key_ranges_widen_causal_rows_within_the_left_bound(left):
+    """SGLang's Gemma-4 image rows: a row also sees its range [begin, end] (inclusive, within its
+    segment's keys) past the causal bound; the left window still applies; (-1, -1) adds nothing."""
+    lq, lk = [6, 4], [9, 4]
+    q, k, v = _qkv(sum(lq), sum(lk), 4, 2, 8)
+    ranges = torch.full((10, 2), -1, dtype=torch.int32)
+    ranges[1:4] = torch.tensor([4, 7])  # sequence 0 (prefix 3): positions 4-6 lie in an image 4..7
+    ranges[6:8] = torch.tensor([0, 1])  # sequence 1: an image at its start
+    got = attention_fp32(q, k, v, offsets(lq), offsets(lk), causal=True, window=(left, 0), key_ranges=ranges)
+    cq, ck = offsets(lq), offsets(lk)
+    parts = []
+    for i in range(2):
+        keep = _keep(lq[i], lk[i], causal=True)
+        j = torch.arange(lk[i])[None, :]
+        r = ranges[cq[i]:cq[i + 1]].long()
+        keep |= (j >= r[:, :1]) & (j <= r[:, 1:])
+        if left is not None:
+            pos = torch.arange(lq[i])[:, None] + lk[i] - lq[i]
+            keep &= j >= pos - left
+        parts.append(_sdpa_segment(q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]], keep, 8 ** -0.5))
+    torch.testing.assert_close(got, torch.cat(parts), rtol=1e-5, atol=1e-5)
+    plain = attention_fp32(q, k, v, offsets(lq), offsets(lk), causal=True, window=(left, 0))
+    assert rel_err(got[1:3], plain[1:3]) > 1e-3 and torch.equal(got[4:6], plain[4:6])
+
+
 def test_sinks_join_each_rows_denominator():
     q, k, v = _qkv(7, 7, 3, 3, 8)
     sinks = torch.tensor([0.5, -1.0, 2.0])
