@@ -151,7 +151,7 @@ def test_the_plan_never_picks_the_gather_at_d512(limit, monkeypatch, reload_sett
                 kw = _args(q_dtype=q_dtype, new=new)
                 p = fp8_paged_kv.plan(**kw, max_seqlen_q=max_q, causal=True, return_lse=lse)
                 assert p.backend == SPLIT_KV, (q_dtype, new, max_q, lse)
-                assert p.decode.block_m <= S.max_block_m(512) and p.decode.block_n == 16
+                assert p.decode.block_m <= S.max_block_m(512) and p.decode.block_n == (32 if new == 1 else 16)
     assert fp8_paged_kv.plan(**_args(d=128, q_dtype=FP8, new=300), max_seqlen_q=300, causal=True).backend == GATHER
     # bf16 q has no FP8 forward behind the gather at any head dim
     assert fp8_paged_kv.plan(**_args(d=128, q_dtype=BF16, new=300), max_seqlen_q=300, causal=True).backend == SPLIT_KV
@@ -183,10 +183,10 @@ def test_a_head_dim_no_kernel_runs_is_refused_naming_it(d, q_dtype, new):
 
 
 def test_d512_block_sizes():
-    """Decode of GQA 8 (8 rows): 16 x 16 keys; prefills: 32-row blocks, 16 keys; 8 warps, no
-    register cap (decode_plan.block_n's docstring: 128 and 174-180 registers, no spill)."""
+    """Decode of GQA 8 (8 rows): 16 rows x 32 keys, 4 warps (measured fastest on an H100); prefills:
+    32-row blocks, 16 keys, 8 warps; no register cap (decode_plan.block_n's docstring)."""
     dec = S.plan(8, 4, 8, 512, 1, 8192, 132)
-    assert (dec.block_m, dec.row_blocks, dec.block_n, dec.num_warps, dec.maxnreg) == (16, 1, 16, 8, None)
+    assert (dec.block_m, dec.row_blocks, dec.block_n, dec.num_warps, dec.maxnreg) == (16, 1, 32, 4, None)
     pre = S.plan(1, 4, 8, 512, 300, 8192, 132)
     assert (pre.block_m, pre.row_blocks, pre.block_n, pre.num_warps, pre.maxnreg) == (32, 75, 16, 8, None)
     assert S.plan(1, 4, 8, 512, 4, 8192, 132).row_blocks == 1 and S.plan(1, 4, 8, 512, 5, 8192, 132).row_blocks == 2
@@ -199,17 +199,18 @@ def test_d512_block_sizes():
 @pytest.mark.parametrize("q", ["bf16", "fp8"])
 def test_d512_programs_fit_sm90_registers_without_spills(q):
     """The plan's decode and prefill programs at d512, compiled for sm_90a (Triton's ptxas, no
-    GPU): no spill, and the decode program within 128 registers (2 CTAs of 8 warps an SM)."""
+    GPU): the prefill program without a spill; the decode program (16 x 32 keys, 4 warps, one
+    split) with at most 104 bytes of stack, none with several splits."""
     pytest.importorskip("triton")
     from benchmark.lab.decode_regs import resources
 
-    for rows, most in ((1, 128), (300, 255)):
+    for rows, single, stack in ((1, True, 104), (1, False, 0), (300, True, 0)):
         p = S.plan(1, 4, 8, 512, rows, 8192, 132)
         try:
-            r = resources(512, p.block_m, p.block_n, p.num_warps, p.num_stages, q=q, single=True, g=8)
+            r = resources(512, p.block_m, p.block_n, p.num_warps, p.num_stages, q=q, single=single, g=8)
         except (ImportError, OSError, subprocess.CalledProcessError) as exc:
             pytest.skip(f"no sm_90a compile here: {exc}")
-        assert r["stack"] == 0 and r["local"] == 0 and r["reg"] <= most and r["mma"] > 0, (rows, r)
+        assert r["stack"] <= stack and r["reg"] <= 255 and r["mma"] > 0, (rows, single, r)
 
 
 def test_the_warmup_lists_the_d512_split_kv_variants_only(monkeypatch):

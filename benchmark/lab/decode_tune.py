@@ -43,6 +43,10 @@ SHAPES = [
     ("qwen b16 8k P16", 16, 8192, 16, 28, 4, 128),
     ("d256 b1 32k P16", 1, 32768, 16, 16, 8, 256),
     ("d256 b16 8k P16", 16, 8192, 16, 16, 8, 256),
+    # Gemma-4 31B's full-attention layers (32 q / 4 kv heads, d512) and its sliding layers' shape
+    ("gemma d512 b1 32k P16", 1, 32768, 16, 32, 4, 512),
+    ("gemma d512 b8 8k P16", 8, 8192, 16, 32, 4, 512),
+    ("gemma d512 b64 8k P16", 64, 8192, 16, 32, 4, 512),
 ]
 SMOKE_SHAPES = [("smoke b2 200 P16", 2, 200, 16, 8, 2, 128)]
 #: the wide sweep: 4k contexts in a table as wide as a 128k context limit, against a tight table
@@ -54,6 +58,8 @@ WIDE_TOKENS = 131072
 LAUNCH_SHAPES = ("llama b1 32k P16", "llama b32 8k P16", "qwen b1 32k P16", "d256 b16 8k P16")
 #: the kernel sweep's: those, a mid and a large batch, and batch 1 at d256
 KERNEL_SHAPES = LAUNCH_SHAPES + ("llama b8 8k P16", "llama b128 4k P16", "d256 b1 32k P16")
+#: the d512 sweep's (--sweep kernel --shapes gemma)
+GEMMA_SHAPES = ("gemma d512 b1 32k P16", "gemma d512 b8 8k P16", "gemma d512 b64 8k P16")
 #: bytes the layers of one shape span at least (several times the 50-60 MB L2)
 COLD_BYTES = 384 << 20
 MAX_LAYERS = 48
@@ -148,7 +154,11 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
                  ("product", {"maxnreg": 0}),  # 190 registers: 2 CTAs
                  ("product", {"block_n": 128, "num_warps": 8}),
                  ("transposed", {"block_n": 32, "num_stages": 3, "num_warps": 4})]
-        if d > 128:
+        if d > 256:  # d512: 16 keys, at most 32 rows, 8 warps by default (registers: decode_plan.block_n)
+            cands = [("product", {"block_n": 32}), ("product", {"num_warps": 4}),
+                     ("product", {"block_n": 32, "num_warps": 4}), ("product", {"num_warps": 16}),
+                     ("product", {"num_stages": 2}), ("product", {"num_stages": 4})]
+        elif d > 128:
             cands = [("product", {"block_n": 32}),
                      ("product", {"num_stages": 4}),
                      ("product", {"block_n": 32, "num_warps": 1, "num_stages": 4}),
@@ -295,7 +305,8 @@ def main() -> None:
     stem = "decode_tune" + (f"-{args.tag}" if args.tag else "")
     for sweep in sweeps:
         for i, shape in enumerate(shapes):
-            if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES, "kernel": KERNEL_SHAPES}.get(sweep, (shape[0],)):
+            if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES,
+                                              "kernel": KERNEL_SHAPES + GEMMA_SHAPES}.get(sweep, (shape[0],)):
                 continue
             if time.monotonic() - t0 > args.budget_s:
                 meta["truncated"] = f"budget reached before {sweep} {shape[0]}"

@@ -53,18 +53,19 @@ def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, 
     return max(1, min(wanted, by_context, max_splits))
 
 
-def block_n(head_dim: int) -> int:
+def block_n(head_dim: int, block_m_: int = 16) -> int:
     """Keys per loop step: 64 (32 took 0.98-1.22x its time on an H100, d128 and d256:
-    benchmark/results/h100/decode_tune_summary.md, as the other measured choices here); 16 over
-    head dim 256, for the K/V tiles' registers.
+    benchmark/results/h100/decode_tune_summary.md, as the other measured choices here). Over head
+    dim 256: 32 for a 16-row (decode) program, 16 for wider (prefill) row blocks.
 
-    d512, 8 warps, measured with ptxas for sm_90a (Triton 3.8's, through ``triton.compile`` with
-    ``GPUTarget("cuda", 90, 64)`` and ``cuobjdump -res-usage``: ``benchmark/lab/decode_regs.py``),
-    registers a thread / spill: 16 rows x 16 keys 128 / none (bf16 or E4M3 q, one split or
-    several: 2 CTAs an SM); 32 x 16 174 (E4M3 q) or 180 (bf16 q) / none; 16 x 32 179-189 / none;
-    16 x 64 255 with 24 bytes of stack; 32 x 32 246-248 / none; 64 x 16 255 with 824 bytes of stack;
-    16 warps 128 and a spill."""
-    return 64 if head_dim <= 256 else 16
+    d512 on the H100 (decode_tune-kernel-gemma.json.gz, Gemma-4 31B's 32/4 heads): 32 keys with 4
+    warps took 0.48-0.55x the time of 16 keys with 8 warps at batch 1, 8 and 64. Registers a thread
+    (ptxas for sm_90a through ``benchmark/lab/decode_regs.py``): 16 rows x 32 keys, 4 warps: 255,
+    no stack with several splits, 64-104 bytes with one; 32 rows x 16 keys, 8 warps: 174 (E4M3 q)
+    or 180 (bf16 q), no spill; 32 x 32: 246-248; 64 x 16: 255 with 824 bytes of stack."""
+    if head_dim <= 256:
+        return 64
+    return 32 if block_m_ <= 16 else 16
 
 
 def pow2_at_least(n: int) -> int:
@@ -82,9 +83,10 @@ def block_m(rows: int, head_dim: int = 0) -> int:
 
 
 def num_warps(block_m_: int, head_dim: int) -> int:
-    """Warps per program: 4, or 8 once the fp32 accumulator passes 16 rows x 256 (extend row blocks
-    at large head dims). 8 warps took 1.15-1.25x the time of 4 on the d256 decode program."""
-    return 4 if block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
+    """Warps per program: 4 for 16 rows (decode) at every head dim and up to 16 rows x 256 in all,
+    8 above (extend row blocks at large head dims). 8 warps took 1.15-1.25x the time of 4 on the
+    d256 decode program, 1.8-2.1x at d512 (with 32 keys a step)."""
+    return 4 if block_m_ <= 16 or block_m_ * pow2_at_least(head_dim) <= 16 * 256 else 8
 
 
 def maxnreg(head_dim: int, warps: int) -> Optional[int]:
@@ -145,7 +147,7 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
         from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
 
         raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    bn = launch.get("block_n", block_n(head_dim))
+    bn = launch.get("block_n", block_n(head_dim, bm))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
                       launch.get("maxnreg", maxnreg(head_dim, warps)) or None)
