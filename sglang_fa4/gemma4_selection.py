@@ -226,16 +226,23 @@ KNOWN_MODELS = {
 
 def describe_rule(capability: Optional[tuple[int, int]], sglang_version: Optional[str],
                   caps: Optional[RouteCaps] = None, registry: EnvRegistry = envs) -> dict:
-    """For doctor: the rule, and today's verdict for the known Gemma-4 releases on this GPU."""
+    """For doctor: the rule, and today's verdict for the known Gemma-4 releases on this GPU (for the
+    newest supported SGLang when none is installed), with what the route lacks for each."""
+    from sglang_fa4.features import SUPPORTED_SGLANG_VERSIONS
+
     caps = caps or route_caps()
+    version = sglang_version or SUPPORTED_SGLANG_VERSIONS[-1]
     rule = ("SM90 + --kv-cache-dtype fp8_e4m3 + SGLANG_FA4_FP8_KV_UPGRADE=1, no --attention-backend: SGLang's "
-            "Gemma-4 triton becomes fa4 when the FP8 KV route runs every layer (each head dim in the kernels' "
-            f"{{{', '.join(map(str, caps.head_dims))}}}, over {SGLANG_FP8_QUERY_MAX_HEAD_DIM} also with a bf16 q, "
-            "no softcap, no sinks, image prefill masks for models with a vision tower)")
+            f"Gemma-4 triton becomes fa4 (SGLang {FA4_ACCEPTED_SINCE}+) when the FP8 KV route runs every layer (each "
+            f"head dim in the kernels' {{{', '.join(map(str, caps.head_dims))}}}, over "
+            f"{SGLANG_FP8_QUERY_MAX_HEAD_DIM} also with a bf16 q; no softcap, no sinks; image prefill masks where "
+            "there is a vision tower); an explicit fa4 for a Gemma-4 it cannot run is refused at startup")
     verdicts = {}
     for name, facts in KNOWN_MODELS.items():
-        choice = gemma4_upgrade(TRITON, sglang_version=sglang_version, capability=capability,
+        choice = gemma4_upgrade(TRITON, sglang_version=version, capability=capability,
                                 kv_cache_dtype=FP8_KV_DTYPE, explicit_backend=False, deterministic=False,
                                 facts=facts, caps=caps, registry=registry)
-        verdicts[name] = {"backend": choice.backend, "upgrade": choice.upgraded, "reason": choice.reason}
-    return {"rule": rule, "models": verdicts}
+        verdicts[name] = {"backend": choice.backend, "upgrade": choice.upgraded, "reason": choice.reason,
+                          "missing": missing(facts, caps)}
+    return {"rule": rule, "sglang": version if sglang_version else f"{version} (none installed)",
+            "models": verdicts}
