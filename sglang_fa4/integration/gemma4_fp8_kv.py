@@ -56,19 +56,20 @@ def collect_model_overrides(original, architecture, server_args, hf_config):
     cfg = resolving_view(server_args)
     capability = (9, 0) if getattr(get_platform(), "is_sm90", False) else None
     kv = getattr(cfg, "kv_cache_dtype", None)
+    # _gemma4_overrides also declares its default when only one of the split backends was given
+    explicit = any(getattr(cfg, f, None) for f in
+                   ("attention_backend", "prefill_attention_backend", "decode_attention_backend"))
     choice = gemma4_selection.gemma4_upgrade(
         upstream,
         sglang_version=installed_sglang_version(),
         capability=capability,
         kv_cache_dtype=kv,
-        # _gemma4_overrides also declares its default when only one of the split backends was given
-        explicit_backend=any(getattr(cfg, f, None) for f in
-                             ("attention_backend", "prefill_attention_backend", "decode_attention_backend")),
+        explicit_backend=explicit,
         deterministic=bool(getattr(cfg, "enable_deterministic_inference", False)),
         facts=gemma4_selection.facts_from_config(hf_config, sinks=_sinks(server_args)),
         caps=gemma4_selection.route_caps(),
     )
-    if capability is not None and kv == FP8_KV_DTYPE:
+    if capability is not None and kv == FP8_KV_DTYPE and not explicit:  # an explicit choice needs no line
         key = (choice.backend, choice.reason)
         if key not in _logged:
             _logged.add(key)
