@@ -45,6 +45,7 @@ _route = llm_fp8_kv.route_fp8
 import sglang_fa4.integration.llm_fp8_kv as _lfk
 def _counted(call):
     ROUTED.append({"head_dim": int(call["q"].shape[-1]), "q_dtype": str(call["q"].dtype),
+                   "page_table": call["page_table"].data_ptr(), "cache_seqlens": call["cache_seqlens"].data_ptr(),
                    "window": list(call.get("window_size") or (-1, -1)), "causal": bool(call.get("causal")),
                    "k_descale": call.get("k_descale") is not None, "scale": call.get("softmax_scale")})
     return _route(call)
@@ -167,7 +168,7 @@ def reference(pool, layer, q, prefix, new, slots_of):
     rep = HQ // hkv
     outs, at = [], 0
     for b, (p, n) in enumerate(zip(prefix, new)):
-        slots = slots_of[b]
+        slots = slots_of[b][:p + n]
         if swa:
             slots = pool.full_to_swa_index_mapping[slots]
         kf = (kb[slots].float() * K_SCALE).repeat_interleave(rep, 1)
@@ -243,6 +244,98 @@ if "layers" in CHECKS:
         fb = batch(runner, prefix, new, name == "decode", slots)
         ids = SWA_IDS[:1] + FULL_IDS[:1]
         res[name] = run_layers(runner, pool, backend, lays, fb, prefix, new, slots, seed=2, ids=ids)
+
+if "graph" in CHECKS:
+    # SGLang's decode CUDA-graph path as far as a CPU goes: init_cuda_graph_state, then per captured
+    # batch size init_forward_metadata_out_graph / _in_graph and the layer's forward at capture (no
+    # tensor may reach the host: _NoSync; the kernels' launches recorded, not run) and at replays with
+    # longer and shorter contexts (the same launches from the same graph buffers; then run eagerly on
+    # what the replay left in the buffers, against the reference)
+    import sglang_fa4.kernels.fp8_paged_kv.decode as fpd
+    from test_fp8_paged_decode import _NoSync
+    arch = M.get("layers_arch", "Gemma4ForConditionalGeneration")
+    max_ctx, max_bs, longest = 2048, 4, 1600
+    runner, pool, be = build(max_ctx, max_bs + 2, arch=arch, seed=3)
+    lays = layers()
+    ids = SWA_IDS[:1] + FULL_IDS[:1]
+    slots = allocate(runner, [longest] * (max_bs + 2), seed=4)
+    g = torch.Generator().manual_seed(5)
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    for i in ids:   # every slot the replays read holds real K/V
+        layer = lays[i]; loc = torch.cat(slots)
+        swa_loc = pool.translate_loc_from_full_to_swa(loc) if i in SWA_IDS else None
+        kv = [torch.randn(loc.numel(), layer.tp_k_head_num, layer.head_dim, generator=g).to(torch.bfloat16) for _ in "kv"]
+        pool.set_kv_buffer(layer, KVWriteLoc(loc=loc, swa_loc=swa_loc), *kv, layer.k_scale, layer.v_scale)
+    be.init_cuda_graph_state(max_bs, max_bs)
+    bufs = be.decode_cuda_graph_metadata
+    launches = []
+    real_split, real_combine = fpd.SPLIT.launch, fpd.COMBINE.launch
+    def recorder(name):
+        return lambda grid, args, index, **o: launches.append(
+            [name, list(grid), [a for a in args if not isinstance(a, torch.Tensor)], sorted(o.items())])
+    torch_kernels = fp8_paged_kv.installed_kernels()
+    def forward(layer, fb, q, k, v, capturing):
+        torch.cuda.is_current_stream_capturing = (lambda: True) if capturing else (lambda: False)
+        # at capture the launch path a GPU takes (recorded); eagerly the kernels' torch contracts
+        fp8_paged_kv.install_kernels(fp8_paged_kv.Kernels(fpd.launch, torch_kernels.gather) if capturing else torch_kernels)
+        fpd.SPLIT.launch, fpd.COMBINE.launch = (recorder("split"), recorder("combine")) if capturing else (real_split, real_combine)
+        try:
+            with torch.no_grad(), forward_context(ForwardContext(attn_backend=be)):
+                if capturing:
+                    with _NoSync():
+                        return layer(q, k, v, fb)
+                return layer(q, k, v, fb)
+        finally:
+            torch.cuda.is_current_stream_capturing = lambda: False
+            fp8_paged_kv.install_kernels(torch_kernels)
+            fpd.SPLIT.launch, fpd.COMBINE.launch = real_split, real_combine
+    def decode_batch(bs, lens, capture):
+        seq = torch.tensor(lens, dtype=torch.int64)
+        loc = torch.zeros(bs, dtype=torch.int64) if capture else torch.stack([slots[b][n - 1] for b, n in enumerate(lens)])
+        fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=torch.zeros(bs, dtype=torch.int64),
+                          req_pool_indices=torch.arange(bs, dtype=torch.int64), seq_lens=seq, out_cache_loc=loc,
+                          seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone(), positions=seq - 1)
+        if hasattr(runner.kv_index_translator, "bind_own_plan"):
+            runner.kv_index_translator.bind_own_plan(fb)
+        be.init_forward_metadata_out_graph(fb, in_capture=capture)
+        be.init_forward_metadata_in_graph(fb)
+        return fb
+    fill = be.get_cuda_graph_seq_len_fill_value()
+    graph = res["graph"] = {"buffers": sorted(k for k, v in bufs.items() if isinstance(v, torch.Tensor))}
+    for bs in (1, 4):
+        for i in ids:
+            layer = lays[i]
+            rec = graph[f"bs{bs}-layer{i}"] = {}
+            q = (torch.randn(bs, HQ * layer.head_dim, generator=g) * 0.5).to(torch.bfloat16)
+            k, v = ((torch.randn(bs, layer.tp_k_head_num, layer.head_dim, generator=g)).to(torch.bfloat16) for _ in "kv")
+            fb = decode_batch(bs, [fill] * bs, capture=True)
+            md = be.forward_metadata
+            rec["metadata_is_graph_state"] = md is bufs[bs]
+            launches.clear(); before = len(ROUTED)
+            try:
+                forward(layer, fb, q, k.clone(), v.clone(), capturing=True)
+            except Exception as e:
+                rec["capture_error"] = f"{type(e).__name__}: {e}"
+                continue
+            capture, routed = list(launches), ROUTED[before:]
+            rec["capture_launches"] = len(capture)
+            rec["capture_reads"] = [next((n for n in ("swa_page_table", "page_table")
+                                          if getattr(md, n, None) is not None and getattr(md, n).data_ptr() == x["page_table"]),
+                                         None) for x in routed]
+            rec["capture_routed"] = [{x: r[x] for x in ("head_dim", "q_dtype", "window", "k_descale")} for r in routed]
+            for name, lens in (("long", [1600, 1024, 17, 1025][:bs]), ("short", [3, 1023, 16, 900][:bs])):
+                r = rec[name] = {}
+                fb = decode_batch(bs, lens, capture=False)
+                r["metadata_is_graph_state"] = be.forward_metadata is md
+                launches.clear(); before = len(ROUTED)
+                forward(layer, fb, q, k.clone(), v.clone(), capturing=True)
+                r["launches_equal_capture"] = launches == capture
+                r["same_buffers_as_capture"] = [(x["page_table"], x["cache_seqlens"]) for x in ROUTED[before:]] == [
+                    (x["page_table"], x["cache_seqlens"]) for x in routed]
+                out = forward(layer, fb, q, k.clone(), v.clone(), capturing=False)
+                ref = reference(pool, layer, q, [n - 1 for n in lens], [1] * bs, slots)
+                r["err"] = rel_err(out.float().view(bs, -1), ref)
+                r["finite"] = bool(torch.isfinite(out.float()).all())
 
 res["forward_calls"] = len(FORWARD_CALLS)
 emit(res)
