@@ -235,3 +235,15 @@ def test_sglang_0_5_20_accepts_no_fa4_for_gemma4(tmp_path):
     assert [r.get("backend") for r in out[:2]] == ["triton", "triton"]
     assert "SGLang 0.5.20 accepts no fa4 for Gemma-4 (from 0.5.22)" in out[0]["log"][0]
     assert "AssertionError" in out[2]["error"] and "Gemma4 only supports" in out[2]["error"]
+
+
+def test_describe_rule_on_sglang_0_5_20_says_why_not(monkeypatch):
+    """0.5.20 / 0.5.21: doctor's verdict names the release (its Gemma-4 check allows no fa4)."""
+    monkeypatch.setenv("SGLANG_FA4_FP8_KV_UPGRADE", "1")
+    for version in ("0.5.20", "0.5.21"):
+        rule = g4.describe_rule((9, 0), version, caps=ALL)
+        v31 = rule["models"]["gemma-4-31B-it"]
+        assert not v31["upgrade"] and f"SGLang {version} accepts no fa4 for Gemma-4 (from 0.5.22)" in v31["reason"]
+        assert v31["missing"] == [] and rule["sglang"] == version
+    assert g4.describe_rule((9, 0), "0.5.22", caps=ALL)["models"]["gemma-4-31B-it"]["upgrade"]
+    assert not g4.describe_rule((10, 0), "0.5.23", caps=ALL)["models"]["gemma-4-31B-it"]["upgrade"]
