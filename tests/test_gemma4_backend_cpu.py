@@ -121,6 +121,18 @@ def test_full_d512_layers(layer_runs, call):
         assert "llm_fp8_kv.py" in r["where"][0] and "route_fp8" in r["where"][0]
 
 
+def test_sliding_layer_on_the_split_kv_kernel_interpreted():
+    """The split-KV kernel itself, in Triton's interpreter, on sliding layer 0 through the SWA pool:
+    a decode past the window (context 1101 > 1024 keys) and a short extend with a prefix over it."""
+    out = _run("31b", ["interpret"], layers_arch=_layers_arch())
+    for name in ("decode", "extend-short"):
+        r = out[f"interpret-{name}"]
+        assert r["grids"], r  # the kernel ran (its launches counted)
+        layer = r["0"]
+        assert "error" not in layer and layer["finite"] and layer["err"] < TOL, layer
+        assert layer["routed"][0]["window"] == [1023, 0] and layer["routed"][0]["q_dtype"] == "torch.float8_e4m3fn"
+
+
 def test_decode_cuda_graph_path():
     """SGLang's decode CUDA-graph code with the hybrid pool: init_cuda_graph_state, capture (no host
     sync, the kernels' launches recorded) and replays with longer and shorter contexts (the same

@@ -245,6 +245,29 @@ if "layers" in CHECKS:
         ids = SWA_IDS[:1] + FULL_IDS[:1]
         res[name] = run_layers(runner, pool, backend, lays, fb, prefix, new, slots, seed=2, ids=ids)
 
+if "interpret" in CHECKS:
+    # the split-KV kernel itself (Triton's interpreter, TRITON_INTERPRET=1) on the sliding layer:
+    # a decode past the window and a short extend, through the SWA pool
+    import sglang_fa4.kernels.fp8_paged_kv.decode as fpd
+    torch_kernels = fp8_paged_kv.installed_kernels()
+    fp8_paged_kv.install_kernels(None)      # the real launches
+    grids, real_split = [], fpd.SPLIT.launch
+    fpd.SPLIT.launch = lambda grid, *a, **k: (grids.append(list(grid)), real_split(grid, *a, **k))[1]
+    arch = M.get("layers_arch", "Gemma4ForConditionalGeneration")
+    try:
+        for name, prefix, new in (("decode", [1100, 40], [1, 1]), ("extend-short", [1030], [5])):
+            max_ctx = PAGE * (-(-max(p + n for p, n in zip(prefix, new)) // PAGE) + 1)
+            runner, pool, backend = build(max_ctx, len(prefix), arch=arch)
+            lays = layers()
+            slots = allocate(runner, [p + n for p, n in zip(prefix, new)], seed=6)
+            fb = batch(runner, prefix, new, name == "decode", slots)
+            res[f"interpret-{name}"] = run_layers(runner, pool, backend, lays, fb, prefix, new, slots, seed=7,
+                                                  ids=SWA_IDS[:1])
+            res[f"interpret-{name}"]["grids"], grids[:] = list(grids), []
+    finally:
+        fp8_paged_kv.install_kernels(torch_kernels)
+        fpd.SPLIT.launch = real_split
+
 if "graph" in CHECKS:
     # SGLang's decode CUDA-graph path as far as a CPU goes: init_cuda_graph_state, then per captured
     # batch size init_forward_metadata_out_graph / _in_graph and the layer's forward at capture (no
