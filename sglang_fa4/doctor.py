@@ -9,7 +9,7 @@ import json
 from importlib import metadata
 from typing import Any, Optional
 
-from sglang_fa4 import features, llm_selection, plugin, selection
+from sglang_fa4 import features, gemma4_selection, llm_selection, plugin, selection
 from sglang_fa4.environ import envs
 from sglang_fa4.integration import vit_budget_memory
 from sglang_fa4.sglang_version import installed_sglang_version
@@ -119,6 +119,8 @@ def collect(capability_arg: Optional[str] = None) -> dict[str, Any]:
         "gpu": gpu,
         "vit_backend": backend,
         "llm_fp8_kv": llm_selection.describe_rule(tuple(gpu["capability"]) if gpu["capability"] else None),
+        "gemma4_fp8_kv": gemma4_selection.describe_rule(tuple(gpu["capability"]) if gpu["capability"] else None,
+                                                        version),
         "vit_graphs": vit_budget_memory.doctor_report(),  # budget ladder per reference tower, memory bound
         "env": envs.snapshot(),
     }
@@ -169,6 +171,13 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"  warning: {vb['warning']}")
     kv = report["llm_fp8_kv"]
     lines.append(f"LLM, fp8 KV:  {'fa4 upgrade' if kv['upgrade'] else 'no upgrade'} - {kv['reason']}")
+    g4 = report["gemma4_fp8_kv"]
+    lines.append(f"Gemma-4, fp8 KV: {g4['rule']}")
+    for name, verdict in g4["models"].items():
+        lines.append(f"  {name}: {verdict['backend']} - {verdict['reason']}")
+    if any(v["missing"] for v in g4["models"].values()):
+        lines.append(f"  (SGLang {g4['sglang']}; the route lacks: "
+                     + "; ".join(sorted({m for v in g4["models"].values() for m in v["missing"]})) + ")")
     lines.extend(vit_budget_memory.doctor_lines(report["vit_graphs"]))
     lines.append("environment:")
     for name, entry in report["env"].items():

@@ -98,13 +98,15 @@ FEATURES = (
         "llm_fp8_kv_upgrade",
         "SGLANG_FA4_FP8_KV_UPGRADE=1: on SM90 with --kv-cache-dtype fp8_e4m3 and no --attention-backend, SGLang's fa3 "
         "becomes fa4 (SM90 FP8 kernel) for head dims the kernel runs, equal K/V head dims, no softcap, not MLA, "
-        "not deterministic",
+        "not deterministic; Gemma-4's triton default (SGLang 0.5.22+) becomes fa4 where the FP8 KV route runs every "
+        "layer, else one log line naming what is missing",
         None,
     ),
     Feature(
         "llm_fa4_fp8_kv_sm90",
         "SGLang's fa4 LLM attention on an fp8_e4m3 KV pool on SM90 (FA4 refuses FP8 there): extend and decode run "
-        "sglang-fa4's SM90 FP8 kernel, q cast like the fa3 path, the pool's scales as descales",
+        "sglang-fa4's SM90 FP8 kernel, q cast like the fa3 path, the pool's scales as descales; a Gemma-4 the route "
+        "cannot run every layer of is refused at backend init",
         None,
     ),
     Feature(

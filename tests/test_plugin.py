@@ -9,7 +9,7 @@ from enum import Enum
 import pytest
 
 from sglang_fa4 import features, plugin
-from sglang_fa4.integration import hooks, llm_fp8_kv, registration, vit_graph_rotary
+from sglang_fa4.integration import gemma4_fp8_kv, hooks, llm_fp8_kv, registration, vit_graph_rotary
 from sglang_fa4.environ import envs
 
 
@@ -118,8 +118,12 @@ def test_register_0_5_20(fake_sglang, monkeypatch):
         (hooks.QWEN3_VIT_POS_EMBED, FakeHookType.AROUND),
         (hooks.QWEN3_VIT_VECTORIZED_POS_EMBED, FakeHookType.AROUND),
     }
-    assert len(fake_sglang.registered) == 18  # two features share the forward hook: registered once
-    assert plugin.register() is plan and len(fake_sglang.registered) == 18  # idempotent
+    # two features share the forward hook: registered once; BACKEND_INIT has two AFTER hooks (the
+    # Gemma-4 refusal, then the warmup)
+    assert len(fake_sglang.registered) == 19
+    assert [f for t, f, _ in fake_sglang.registered if t == llm_fp8_kv.BACKEND_INIT] == [
+        gemma4_fp8_kv.refuse_unrunnable_gemma4, llm_fp8_kv.warm_fp8_after_backend_init]
+    assert plugin.register() is plan and len(fake_sglang.registered) == 19  # idempotent
 
 
 def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
@@ -130,7 +134,7 @@ def test_register_0_5_23_hooks_nothing_upstream_has(fake_sglang, monkeypatch):
         hooks.FA4_FORWARD, hooks.MODEL_RUNNER_LOAD_MODEL, hooks.MODEL_RUNNER_LOAD_MODEL,
         hooks.INTERNVL_RUNNER + ".create_graph", hooks.MODEL_RUNNER_LOAD_MODEL,
         vit_graph_rotary.ROTARY_NATIVE_EAGER, hooks.QWEN2_5_VIT_FORWARD,
-        llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT,
+        llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.BACKEND_INIT, llm_fp8_kv.BACKEND_INIT,
         hooks.QWEN3_VIT_POS_EMBED, hooks.QWEN3_VIT_VECTORIZED_POS_EMBED,
     ]
 
@@ -144,7 +148,7 @@ def test_warmup_opt_out_registers_no_load_hook(fake_sglang, monkeypatch):
     assert [t for t, _, _ in fake_sglang.registered] == [
         hooks.GENERIC_RUNNER_CLASS + ".replay", hooks.INTERNVL_RUNNER + ".run",
         hooks.FA4_FORWARD, hooks.QWEN2_5_VIT_FORWARD, llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.PREPARE_QUERY,
-        llm_fp8_kv.BACKEND_INIT, hooks.QWEN3_VIT_POS_EMBED, hooks.QWEN3_VIT_VECTORIZED_POS_EMBED]
+        llm_fp8_kv.BACKEND_INIT, llm_fp8_kv.BACKEND_INIT, hooks.QWEN3_VIT_POS_EMBED, hooks.QWEN3_VIT_VECTORIZED_POS_EMBED]
 
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])

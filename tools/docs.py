@@ -77,7 +77,8 @@ SETTINGS = {
     "SGLANG_FA4_VIT_ATTN_DTYPE": "`fp8`: FP8 ViT attention on Hopper where it was measured faster "
                                  "(`docs/fp8-kernel.md`)",
     "SGLANG_FA4_FP8_KV_UPGRADE": "with `--kv-cache-dtype fp8_e4m3` on Hopper, SGLang's fa3 LLM attention "
-                                 "becomes fa4 (`docs/fp8-kv-cache.md`)",
+                                 "becomes fa4 (`docs/fp8-kv-cache.md`); Gemma-4's triton too where our route runs "
+                                 "every layer (`docs/gemma4.md`)",
 }
 
 

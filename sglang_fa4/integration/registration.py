@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_fa4.integration import hooks, internvl_graphs, llm_fp8_kv, vit_budgets, vit_graph_rotary
+from sglang_fa4.integration import gemma4_fp8_kv, hooks, internvl_graphs, llm_fp8_kv, vit_budgets, vit_graph_rotary
 
 
 def _register_backend_selection(registry, hook_type) -> None:
@@ -58,11 +58,15 @@ def _register_qwen2_5_vit_forward(registry, hook_type) -> None:
 
 def _register_llm_fp8_kv_upgrade(registry, hook_type) -> None:
     registry.register(llm_fp8_kv.DEFAULT_ATTN_BACKEND, llm_fp8_kv.default_attn_backend, hook_type.AROUND)
+    # Gemma-4's default (triton on Hopper) is a model-override declaration, not get_default_attn_backend's
+    registry.register(gemma4_fp8_kv.COLLECT_OVERRIDES, gemma4_fp8_kv.collect_model_overrides, hook_type.AROUND)
 
 
 def _register_llm_fa4_fp8_kv_sm90(registry, hook_type) -> None:
     registry.register(llm_fp8_kv.FA_DISPATCH, llm_fp8_kv.flash_attn_with_kvcache, hook_type.AROUND)
     registry.register(llm_fp8_kv.PREPARE_QUERY, llm_fp8_kv.prepare_paged_mha_query, hook_type.AROUND)
+    # AFTER hooks run in registration order: a Gemma-4 the route cannot run is refused before any warmup
+    registry.register(llm_fp8_kv.BACKEND_INIT, gemma4_fp8_kv.refuse_unrunnable_gemma4, hook_type.AFTER)
     registry.register(llm_fp8_kv.BACKEND_INIT, llm_fp8_kv.warm_fp8_after_backend_init, hook_type.AFTER)
 
 

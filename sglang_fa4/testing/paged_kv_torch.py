@@ -166,8 +166,10 @@ def fp8_forward_model(calls: list):
             qf[qs:qe] *= descale[0, b].repeat_interleave(hq // k.shape[1])[None, :, None]
             kf[ks:ke] *= descale[1, b][None, :, None]
             vf[ks:ke] *= descale[2, b][None, :, None]
-        # the window is not modelled (the route's windows are SGLang's unbounded -1, -1)
-        res = attention_fp32(qf, kf, vf, cu_q, cu_k, scale=softmax_scale or d ** -0.5, causal=causal)
+        # the window as the kernel applies it (bottom-right aligned, -1/None unbounded): Gemma-4's
+        # sliding layers take this path for long extends
+        res = attention_fp32(qf, kf, vf, cu_q, cu_k, scale=softmax_scale or d ** -0.5, causal=causal,
+                             window=tuple(window_size) if window_size is not None else (None, None))
         result = res.to(torch.bfloat16)
         if out is not None:
             out.copy_(result)
