@@ -124,6 +124,14 @@ def check_layer(name, hq, hkv, d, device, graphs: bool, batch_sizes, max_context
             q = (torch.randn(bs, hq * d, device=device) * 0.5).to(torch.bfloat16)
             k_new = (torch.randn(bs, hkv, d, device=device) * 0.1).to(torch.bfloat16)
             v_new = (torch.randn(bs, hkv, d, device=device) * 0.1).to(torch.bfloat16)
+            # SGLang's fp8 set_kv_buffer divides k/v by the scales in place: a model recomputes them
+            # every step, this check refills its static inputs before every forward (else each
+            # replay divides again, and the step's own K/V overflow E4M3 into NaN)
+            k0, v0 = k_new.clone(), v_new.clone()
+
+            def fresh_kv():
+                k_new.copy_(k0)
+                v_new.copy_(v0)
             be.init_forward_metadata_out_graph(fb, in_capture=True)
             be.init_forward_metadata_in_graph(fb)
             graph = None
@@ -135,6 +143,8 @@ def check_layer(name, hq, hkv, d, device, graphs: bool, batch_sizes, max_context
                     be.forward_decode(q, k_new, v_new, layer, fb)
                 torch.cuda.current_stream().wait_stream(s)
                 torch.cuda.synchronize()
+                calls.clear()  # the capture's own calls are counted, not the warm-up's
+                fresh_kv()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     static_out = be.forward_decode(q, k_new, v_new, layer, fb)
@@ -155,6 +165,7 @@ def check_layer(name, hq, hkv, d, device, graphs: bool, batch_sizes, max_context
                 be.init_forward_metadata_out_graph(fb, in_capture=False)
                 be.init_forward_metadata_in_graph(fb)
                 calls.clear()
+                fresh_kv()
                 if graphs:
                     static_out.fill_(float("nan"))
                     graph.replay()
