@@ -40,10 +40,12 @@ SGLANG_FP8_QUERY_MAX_HEAD_DIM = 256
 
 #: Whether the route runs Gemma-4's image prefill: SGLang's fa4 backend hands it a ``mask_mod``
 #: (``make_image_mask_mod``) with ``aux_tensors`` = (image token ranges, cu_seqlens_q), causal off,
-#: so image tokens attend to each other both ways; the route refuses a mask_mod today. True once
-#: the FP8 KV kernels take the image token ranges (bidirectional within an image, causal/windowed
-#: elsewhere) and a test matches SGLang's triton custom mask on the same batch.
-IMAGE_PREFILL_MASKS = False
+#: so image tokens attend to each other both ways. The split-KV kernel takes those ranges as
+#: per-row key bounds (its IMAGE specialization), the route recognises SGLang's callback and reads
+#: its window (``llm_fp8_kv.image_mask_window``), checked against SGLang 0.5.23's real callback and
+#: against fp32 with the ranges (tests/test_llm_fp8_kv_route.py, tests/test_fp8_paged_d512.py) and
+#: on an H100 (benchmark/results/h100/fp8_decode_correctness_d512.json).
+IMAGE_PREFILL_MASKS = True
 
 _KERNEL_HEAD_DIMS_SOURCE = Path(__file__).resolve().parent / "kernels" / "fp8_paged_kv" / "decode.py"
 

@@ -282,6 +282,39 @@ def test_the_backend_layer_shape_says_bf16_q_at_d512(monkeypatch):
         "float8_e4m3fn"
 
 
+def test_gemma4s_sliding_layers_are_warmed_with_their_own_shape(monkeypatch):
+    """A hybrid model whose sliding layers have another head dim / kv head count than the backend's
+    (Gemma-4 31B: full d512 x 4 kv heads, sliding d256 x 16, window 1023) warms both layer types;
+    a model whose sliding layers share the backend's shape, or has none, warms one."""
+    import types
+
+    from sglang_fa4.integration import llm_fp8_kv
+    from sglang_fa4.startup import warmup
+
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_llm_fp8_kv", lambda shape, device: warmed.append(shape))
+    monkeypatch.setattr(llm_fp8_kv, "is_sm90", lambda device: True)
+
+    def config(swa_dim, swa_kv, multimodal=False):
+        return types.SimpleNamespace(is_multimodal=multimodal, swa_head_dim=swa_dim,
+                                     get_swa_num_kv_heads=lambda tp: swa_kv // tp)
+
+    backend = types.SimpleNamespace(fa_impl_ver=4, kv_cache_dtype_str="fp8_e4m3", kv_cache_dtype=FP8, use_mla=False,
+                                    device="cuda", head_dim=512, has_swa=True, sliding_window_size=1023,
+                                    num_attention_heads=32, num_kv_heads=4, page_size=16)
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend, types.SimpleNamespace(model_config=config(256, 16), tp_size=1))
+    assert [(s.head_dim, s.kv_heads, s.sliding_window, s.q_dtype) for s in warmed] == [
+        (512, 4, 1023, "bfloat16"), (256, 16, 1023, "float8_e4m3fn")]
+    warmed.clear()  # tensor parallel 2: each rank's kv heads
+    llm_fp8_kv.warm_fp8_after_backend_init(None, backend, types.SimpleNamespace(model_config=config(256, 16), tp_size=2))
+    assert [(s.head_dim, s.kv_heads) for s in warmed][1] == (256, 8)
+    shared = types.SimpleNamespace(**{**vars(backend), "head_dim": 128, "num_kv_heads": 8})
+    assert llm_fp8_kv.sliding_layer_shape(shared, types.SimpleNamespace(model_config=config(128, 8))) is None
+    no_swa = types.SimpleNamespace(**{**vars(backend), "has_swa": False})
+    assert llm_fp8_kv.sliding_layer_shape(no_swa, types.SimpleNamespace(model_config=config(256, 16))) is None
+    assert llm_fp8_kv.sliding_layer_shape(backend, None) is None
+
+
 def test_the_decode_bench_measures_gemma4s_full_layers_with_bf16_q(monkeypatch):
     """``sglang-fa4 bench decode --models gemma4-31b-full`` (not in the default matrix): our kernel
     gets the bf16 q SGLang hands at d512 (q8's values), and matches the fp32 contract."""

@@ -141,13 +141,22 @@ def test_decode_equals_extend_row_for_row(interpreted):
 # ---- host side (no interpreter) ------------------------------------------------------------------
 
 
-def test_choose_splits_fills_the_gpu_from_host_facts():
-    # batch 1, 4 kv heads, 128k context, 132 SMs: 4 * 132 / 4 = 132 wanted, capped at MAX_SPLITS
+def test_choose_splits_fills_one_wave_from_host_facts():
+    # batch 1, 4 kv heads, 128k context, 132 SMs: 4 * 132 / 4 = 132 fit a wave, capped at MAX_SPLITS
     assert choose_splits(1, 4, 1, 131072, 132) == MAX_SPLITS
-    # batch 64 x 4 kv heads = 256 CTAs: ceil(528 / 256) = 3
-    assert choose_splits(64, 4, 1, 4096, 132) == 3
-    # the batch alone fills the GPU (exact capacity and one past it)
-    assert choose_splits(132, 4, 1, 4096, 132) == 1 and choose_splits(131, 4, 1, 4096, 132) == 2
+    # batch 64 x 4 kv heads = 256 CTAs: 2 splits fill 512 of the wave's 528, 3 would start a second
+    assert choose_splits(64, 4, 1, 4096, 132) == 2
+    # batch 8 x 8 kv heads = 64 CTAs: 8 splits exactly (512), not 9 (576: the H100's 1.20x case)
+    assert choose_splits(8, 8, 1, 8192, 132) == 8
+    # exact capacity: 66 x 8 = 528 CTAs in one wave; with 131 SMs (524) 66 no longer fit, 65 do
+    assert choose_splits(1, 8, 1, 10**6, 132, max_splits=66) == 66
+    assert choose_splits(1, 8, 1, 10**6, 131, max_splits=66) == 65  # 524 // 8
+    # the batch alone fills a wave (exactly, one under, one past): no split
+    assert choose_splits(132, 4, 1, 4096, 132) == choose_splits(131, 4, 1, 4096, 132) == 1
+    assert choose_splits(133, 4, 1, 4096, 132) == 1 and choose_splits(66, 4, 1, 4096, 132) == 2
+    # d > 128 holds 2 CTAs an SM: the wave is half as wide
+    assert S.programs_per_sm(128) == 4 and S.programs_per_sm(256) == S.programs_per_sm(512) == 2
+    assert S.plan(1, 8, 2, 256, 1, 32768, 132).num_splits == 33 and S.plan(1, 8, 4, 128, 1, 32768, 132).num_splits == 64
     # short contexts: no split below MIN_KEYS_PER_SPLIT keys (511 keys: 1; 512: 2)
     assert choose_splits(1, 1, 1, 511, 132) == 1 and choose_splits(1, 1, 1, 512, 132) == 2
     assert choose_splits(0, 4, 1, 4096, 132) == 1 and choose_splits(2, 4, 1, 0, 132) == 1

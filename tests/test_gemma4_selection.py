@@ -19,7 +19,8 @@ from sglang_fa4.gemma4_selection import Gemma4Facts, LayerKind, RouteCaps
 from sglang_harness import run_file
 
 TODAY = g4.route_caps()
-D512 = RouteCaps(TODAY.head_dims + (512,), (512,), False)  # once head dim 512 lands (issue #44 item 1)
+BEFORE_D512 = RouteCaps(tuple(d for d in TODAY.head_dims if d != 512), (), False)  # the kernels before d512
+D512 = RouteCaps(tuple(sorted({*TODAY.head_dims, 512})), (512,), False)  # head dim 512 without the image masks
 ALL = RouteCaps(D512.head_dims, (512,), True)  # and the image prefill masks
 SLIDING = LayerKind("sliding", 256, 256, 32, 16, 1023)
 FULL = LayerKind("full", 512, 512, 32, 4)
@@ -129,16 +130,19 @@ def test_doctor_prints_the_rule_and_todays_verdict(monkeypatch):
     g = report["gemma4_fp8_kv"]
     assert "Gemma-4 triton becomes fa4" in g["rule"]
     v31 = g["models"]["gemma-4-31B-it"]
-    assert not v31["upgrade"] and v31["backend"] == "triton"
-    if report["sglang"]["version"] in ("0.5.22", "0.5.23"):
-        assert "head dim 512 not run by the FP8 KV kernels" in v31["reason"]
+    # the SGLang the verdict is for: the installed one, else the newest supported
+    accepts = g["sglang"].split()[0] in ("0.5.22", "0.5.23")
+    # today's kernels run every layer (d512 with bf16 q, the image mask): fa4 where SGLang takes it
+    assert g4.route_caps() == ALL
+    assert v31["upgrade"] == accepts and v31["backend"] == ("fa4" if accepts else "triton")
     text = doctor.format_text(report)
-    assert "Gemma-4, fp8 KV:" in text and "gemma-4-31B-it: triton" in text
-    # the verdict follows the capabilities
-    monkeypatch.setattr(g4, "route_caps", lambda: ALL)
-    after = doctor.collect("9.0")["gemma4_fp8_kv"]["models"]["gemma-4-31B-it"]
-    if report["sglang"]["version"] in ("0.5.22", "0.5.23"):
-        assert after["upgrade"] and after["backend"] == "fa4"
+    assert "Gemma-4, fp8 KV:" in text and f"gemma-4-31B-it: {v31['backend']}" in text
+    # the verdict follows the capabilities: without d512 the rule is off, naming it
+    monkeypatch.setattr(g4, "route_caps", lambda: BEFORE_D512)
+    before = doctor.collect("9.0")["gemma4_fp8_kv"]["models"]["gemma-4-31B-it"]
+    assert not before["upgrade"] and before["backend"] == "triton"
+    if accepts:
+        assert "head dim 512 not run by the FP8 KV kernels" in before["reason"]
 
 
 # ---- through SGLang's real server-args resolution ----------------------------------------------

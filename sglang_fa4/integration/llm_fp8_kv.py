@@ -325,11 +325,35 @@ def warm_fp8_after_backend_init(result, self, *args, **kwargs):
         return None
     model_runner = args[0] if args else kwargs.get("model_runner")
     multimodal = getattr(getattr(model_runner, "model_config", None), "is_multimodal", False) is True
-    shape = layer_shape(self, images=multimodal)
-    if shape is not None:
-        import torch
+    shapes = [layer_shape(self, images=multimodal), sliding_layer_shape(self, model_runner, images=multimodal)]
+    import torch
 
-        from sglang_fa4.startup import warmup
+    from sglang_fa4.startup import warmup
 
-        warmup.warm_llm_fp8_kv(shape, torch.device(getattr(self, "device", "cuda")))
+    for shape in shapes:
+        if shape is not None:
+            warmup.warm_llm_fp8_kv(shape, torch.device(getattr(self, "device", "cuda")))
     return None
+
+
+def sliding_layer_shape(backend, model_runner, images: bool = False):
+    """The sliding-window layers' own shape where a hybrid model gives them another head dim or kv
+    head count than the backend's (Gemma-4: SGLang's ``head_dim`` / kv heads are the full layers',
+    ``swa_head_dim`` / ``get_swa_num_kv_heads`` the sliding ones'); None where they share it."""
+    from sglang_fa4.startup.variants import LlmAttentionShape
+
+    config = getattr(model_runner, "model_config", None)
+    window = getattr(backend, "sliding_window_size", None) if getattr(backend, "has_swa", False) else None
+    swa_dim = int(getattr(config, "swa_head_dim", 0) or 0)
+    if config is None or window is None or not swa_dim:
+        return None
+    tp = int(getattr(model_runner, "tp_size", 1) or 1)
+    get_kv = getattr(config, "get_swa_num_kv_heads", None)
+    kv = int(get_kv(tp)) if callable(get_kv) else int(getattr(backend, "num_kv_heads", 0) or 0)
+    if swa_dim == int(getattr(backend, "head_dim", 0) or 0) and kv == int(getattr(backend, "num_kv_heads", 0) or 0):
+        return None
+    return LlmAttentionShape(head_dim=swa_dim, q_heads=int(getattr(backend, "num_attention_heads", 0) or 0),
+                             kv_heads=kv, page_size=int(getattr(backend, "page_size", 1) or 1),
+                             sliding_window=window,
+                             q_dtype="bfloat16" if swa_dim in BF16_QUERY_HEAD_DIMS else "float8_e4m3fn",
+                             images=images)

@@ -9,16 +9,21 @@ kv heads, on a GPU of 132 SMs.  Splitting each sequence's keys into ``n`` ranges
 
 :func:`choose_splits` is a pure function of host facts (batch, kv heads, row blocks, the context
 bound the page table allows, the SM count), so the grid of a captured CUDA graph is fixed per
-captured batch size.  Its two constants (``PROGRAMS_PER_SM``, ``MIN_KEYS_PER_SPLIT``) are
-placeholders until the GPU run measures them; :data:`MAX_SPLITS` bounds the scratch buffers.
+captured batch size.  It fills one wave of the CTAs an SM holds at once (:func:`programs_per_sm`),
+never a second: on an H100 (``benchmark/results/h100/decode_tune-splits-call4.json.gz``,
+``decode_tune-splits-gemma.json.gz``) the count that just overflowed one wave took 1.11-1.20x the
+time of the largest that fit (batch 8 x 8k: 9 splits against 8; batch 32 x 8k: 3 against 2; d256
+batch 1 x 32k: 64 against 32). :data:`MAX_SPLITS` bounds the scratch buffers.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-#: CTAs in flight per SM the split count aims at (several small CTAs per SM hide DRAM latency)
+#: CTAs of the decode program an SM holds at once, by its registers (ptxas, sm_90a): 128 a thread
+#: at d <= 128 (4 warps, capped: 4 CTAs), up to 255 above (2 CTAs)
 PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM_WIDE = 2
 #: a split gets at least this many keys: below it the partial's write-back and the combine cost
 #: more than the parallelism gains
 MIN_KEYS_PER_SPLIT = 256
@@ -33,10 +38,11 @@ MAX_BLOCK_M_WIDE = 32
 def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, sm_count: int, *,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_keys_per_split: int = MIN_KEYS_PER_SPLIT,
                   max_splits: int = MAX_SPLITS) -> int:
-    """Splits per sequence so that ``batch * kv_heads * row_blocks * splits`` reaches
-    ``programs_per_sm * sm_count`` CTAs, no split shorter than ``min_keys_per_split`` keys of
-    ``max_context`` (the longest context the call can have: page-table width x page size), at most
-    ``max_splits``; 1 when the batch alone fills the GPU or the context is short."""
+    """Splits per sequence: the most that keep ``batch * kv_heads * row_blocks * splits`` within one
+    wave of ``programs_per_sm * sm_count`` CTAs (a CTA past it starts a second wave that the others
+    wait for), no split shorter than ``min_keys_per_split`` keys of ``max_context`` (the longest
+    context the call can have: page-table width x page size), at most ``max_splits``; 1 when the
+    batch alone fills a wave or the context is short."""
     for name, value in (("batch", batch), ("kv_heads", kv_heads), ("row_blocks", row_blocks),
                         ("max_context", max_context)):
         if not isinstance(value, int) or value < 0:
@@ -48,9 +54,14 @@ def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, 
     base = batch * kv_heads * row_blocks
     if base == 0 or max_context == 0:
         return 1
-    wanted = -(-programs_per_sm * sm_count // base)
+    one_wave = programs_per_sm * sm_count // base
     by_context = max(1, max_context // min_keys_per_split)
-    return max(1, min(wanted, by_context, max_splits))
+    return max(1, min(one_wave, by_context, max_splits))
+
+
+def programs_per_sm(head_dim: int) -> int:
+    """CTAs of the decode program an SM holds at once (:data:`PROGRAMS_PER_SM`)."""
+    return PROGRAMS_PER_SM if head_dim <= 128 else PROGRAMS_PER_SM_WIDE
 
 
 def block_n(head_dim: int, block_m_: int = 16) -> int:
@@ -141,7 +152,7 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
     if num_splits is None:
         num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
-                                   programs_per_sm=launch.get("programs_per_sm", PROGRAMS_PER_SM),
+                                   programs_per_sm=launch.get("programs_per_sm", programs_per_sm(head_dim)),
                                    min_keys_per_split=min_chunk)
     if not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
         from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
