@@ -26,7 +26,7 @@ from typing import Optional
 from packaging.version import Version
 
 from sglang_fa4.environ import EnvRegistry, envs
-from sglang_fa4.llm_selection import FP8_KV_DTYPE, LlmBackendChoice
+from sglang_fa4.llm_selection import FP8_KV_DTYPE, LlmBackendChoice, upgrade_gate
 
 FA4 = "fa4"
 #: SGLang's Gemma-4 default on Hopper, the one this rule replaces.
@@ -149,17 +149,10 @@ def gemma4_upgrade(
     def keep(why: str) -> LlmBackendChoice:
         return LlmBackendChoice(upstream, False, f"SGLang's Gemma-4 choice {upstream}: {why}")
 
-    if explicit_backend:
-        return keep("an attention backend was given explicitly (it always wins)")
-    if upstream != TRITON:
-        return keep("the upgrade replaces only SGLang's Hopper triton default")
-    if capability is None or capability[0] != 9:
-        cc = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
-        return keep(f"not an SM90 GPU (compute capability {cc})")
-    if kv_cache_dtype != FP8_KV_DTYPE:
-        return keep(f"--kv-cache-dtype is {kv_cache_dtype!r}, not {FP8_KV_DTYPE}")
-    if not registry.SGLANG_FA4_FP8_KV_UPGRADE.get():
-        return keep("SGLANG_FA4_FP8_KV_UPGRADE is off")
+    why = upgrade_gate(upstream, TRITON, capability=capability, kv_cache_dtype=kv_cache_dtype,
+                       explicit_backend=explicit_backend, registry=registry)
+    if why:
+        return keep(why)
     if not _accepts_fa4(sglang_version):
         return keep(f"SGLang {sglang_version} accepts no fa4 for Gemma-4 (from {FA4_ACCEPTED_SINCE})")
     if deterministic:

@@ -47,6 +47,25 @@ class LlmBackendChoice:
     reason: str
 
 
+def upgrade_gate(upstream: str, replaced: str, *, capability: Optional[tuple[int, int]],
+                 kv_cache_dtype: Optional[str], explicit_backend: bool, registry: EnvRegistry = envs) -> str:
+    """Why an FP8 KV upgrade of SGLang's ``replaced`` default keeps ``upstream`` before looking at the
+    model (an explicit backend, another default, not SM90, not an fp8_e4m3 cache, the switch off);
+    "" when none of these holds."""
+    if explicit_backend:
+        return "an attention backend was given explicitly (it always wins)"
+    if upstream != replaced:
+        return f"the FP8 upgrade replaces only SGLang's Hopper {replaced} default"
+    if capability is None or capability[0] != 9:
+        cc = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+        return f"not an SM90 GPU (compute capability {cc})"
+    if kv_cache_dtype != FP8_KV_DTYPE:
+        return f"--kv-cache-dtype is {kv_cache_dtype!r}, not {FP8_KV_DTYPE}"
+    if not registry.SGLANG_FA4_FP8_KV_UPGRADE.get():
+        return "SGLANG_FA4_FP8_KV_UPGRADE is off (the default until FA4-FP8 is measured at least as fast as FA3-FP8)"
+    return ""
+
+
 def fp8_kv_upgrade(
     upstream: str,
     *,
@@ -62,18 +81,10 @@ def fp8_kv_upgrade(
     def keep(why: str) -> LlmBackendChoice:
         return LlmBackendChoice(upstream, False, f"SGLang's choice {upstream}: {why}")
 
-    if explicit_backend:
-        return keep("an attention backend was given explicitly (it always wins)")
-    if upstream != FA3:
-        return keep("the FP8 upgrade replaces only SGLang's Hopper fa3 default")
-    if capability is None or capability[0] != 9:
-        cc = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
-        return keep(f"not an SM90 GPU (compute capability {cc})")
-    if kv_cache_dtype != FP8_KV_DTYPE:
-        return keep(f"--kv-cache-dtype is {kv_cache_dtype!r}, not {FP8_KV_DTYPE}")
-    if not registry.SGLANG_FA4_FP8_KV_UPGRADE.get():
-        return keep("SGLANG_FA4_FP8_KV_UPGRADE is off (the default until FA4-FP8 is measured at least "
-                    "as fast as FA3-FP8)")
+    why = upgrade_gate(upstream, FA3, capability=capability, kv_cache_dtype=kv_cache_dtype,
+                       explicit_backend=explicit_backend, registry=registry)
+    if why:
+        return keep(why)
     if deterministic:
         return keep("deterministic inference is on")
     if model is None:

@@ -229,6 +229,23 @@ def passed(r: dict) -> bool:
             and r.get("lse_err", 0.0) < 1e-4 and r.get("decode_rel_err", 0.0) < 5e-3)
 
 
+def run_interpreted(cases: dict, timeout: int = 600) -> dict:
+    """``cases`` run by this script in a child process under Triton's CPU interpreter (Triton must
+    see TRITON_INTERPRET before it is imported): {case name: result}."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve()
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(here.parents[1])}
+    p = subprocess.run([sys.executable, str(here)], input=json.dumps(cases), env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULTS ")]
+    if p.returncode != 0 or not lines:
+        raise AssertionError(p.stderr[-3000:])
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")

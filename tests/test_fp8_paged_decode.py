@@ -11,11 +11,6 @@ cases, and only three cases have contexts in the thousands (one kv head)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +22,6 @@ from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S
 from sglang_fa4.kernels.fp8_paged_kv import warmup as W
 from sglang_fa4.kernels.fp8_paged_kv.decode_plan import MAX_SPLITS, choose_splits
 
-ROOT = Path(__file__).resolve().parents[1]
 FP8 = torch.float8_e4m3fn
 
 
@@ -94,12 +88,9 @@ CASES = _matrix_cases()
 @pytest.fixture(scope="module")
 def interpreted():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_decode_child.py")], input=json.dumps(CASES),
-                       env=env, capture_output=True, text=True, timeout=600)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert p.returncode == 0 and lines, p.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULTS "):])
+    import fp8_decode_child
+
+    return fp8_decode_child.run_interpreted(CASES)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -26,7 +26,6 @@ import torch  # noqa: E402
 
 from benchmark.lab import decode_transposed  # noqa: E402
 
-from sglang_fa4.bench.stats import median  # noqa: E402
 from sglang_fa4.kernels.fp8_paged_kv import decode_plan as S  # noqa: E402
 from sglang_fa4.kernels.fp8_paged_kv import paged_decode_attention  # noqa: E402
 
