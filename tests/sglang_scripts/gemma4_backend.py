@@ -235,8 +235,10 @@ if "init" in CHECKS:   # the refusal at backend init (an explicit fa4 on a Gemma
 if "layers" in CHECKS:
     # as a non-Gemma architecture the init check does not apply: what each layer's call does
     arch = M.get("layers_arch", "Gemma4ForConditionalGeneration")
-    for name, prefix, new in (("extend", [1100, 30, 0], [40, 700, 1200]), ("extend-short", [1500, 9], [3, 16]),
-                              ("decode", [1500, 17, 1023, 1024], [1, 1, 1, 1])):
+    W = WINDOW + 1  # the config's sliding_window: prefixes over it, extends across it, decodes at its edge
+    for name, prefix, new in (("extend", [W + 76, 30, 0], [40, W * 11 // 16, W + 176]),
+                              ("extend-short", [W + 76, 9], [3, 16]),
+                              ("decode", [W + 76, 17, W - 1, W], [1, 1, 1, 1])):
         max_ctx = PAGE * (-(-max(p + n for p, n in zip(prefix, new)) // PAGE) + 1)
         runner, pool, backend = build(max_ctx, len(prefix), arch=arch)
         lays = layers()
@@ -255,7 +257,8 @@ if "interpret" in CHECKS:
     fpd.SPLIT.launch = lambda grid, *a, **k: (grids.append(list(grid)), real_split(grid, *a, **k))[1]
     arch = M.get("layers_arch", "Gemma4ForConditionalGeneration")
     try:
-        for name, prefix, new in (("decode", [1100, 40], [1, 1]), ("extend-short", [1030], [5])):
+        W = WINDOW + 1
+        for name, prefix, new in (("decode", [W + 76, 40], [1, 1]), ("extend-short", [W + 6], [5])):
             max_ctx = PAGE * (-(-max(p + n for p, n in zip(prefix, new)) // PAGE) + 1)
             runner, pool, backend = build(max_ctx, len(prefix), arch=arch)
             lays = layers()
@@ -277,7 +280,8 @@ if "graph" in CHECKS:
     import sglang_fa4.kernels.fp8_paged_kv.decode as fpd
     from test_fp8_paged_decode import _NoSync
     arch = M.get("layers_arch", "Gemma4ForConditionalGeneration")
-    max_ctx, max_bs, longest = 2048, 4, 1600
+    W = WINDOW + 1
+    max_ctx, max_bs, longest = 2 * W, 4, W + W // 2
     runner, pool, be = build(max_ctx, max_bs + 2, arch=arch, seed=3)
     lays = layers()
     ids = SWA_IDS[:1] + FULL_IDS[:1]
@@ -346,7 +350,7 @@ if "graph" in CHECKS:
                                           if getattr(md, n, None) is not None and getattr(md, n).data_ptr() == x["page_table"]),
                                          None) for x in routed]
             rec["capture_routed"] = [{x: r[x] for x in ("head_dim", "q_dtype", "window", "k_descale")} for r in routed]
-            for name, lens in (("long", [1600, 1024, 17, 1025][:bs]), ("short", [3, 1023, 16, 900][:bs])):
+            for name, lens in (("long", [longest, W, 17, W + 1][:bs]), ("short", [3, W - 1, 16, W * 7 // 8][:bs])):
                 r = rec[name] = {}
                 fb = decode_batch(bs, lens, capture=False)
                 r["metadata_is_graph_state"] = be.forward_metadata is md
