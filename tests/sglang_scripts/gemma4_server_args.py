@@ -6,7 +6,8 @@ the model directories go), ``caps`` (None: today's route; else the RouteCaps fie
 
 from emit import emit, params
 
-import dataclasses, json, logging, os, warnings; warnings.simplefilter("ignore")
+import dataclasses, logging, warnings; warnings.simplefilter("ignore")
+from server_args_kit import PLATFORMS, write_model_dirs
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import ServerArgs
@@ -18,13 +19,7 @@ MODELS, CASES, ROOT, CAPS = _PARAMS["models"], _PARAMS["cases"], _PARAMS["root"]
 if CAPS is not None:   # what the route will run once the kernels grow (e.g. head dim 512)
     gemma4_selection.route_caps = lambda: gemma4_selection.RouteCaps(
         tuple(CAPS["head_dims"]), tuple(CAPS["bf16_query_head_dims"]), bool(CAPS["image_prefill_masks"]))
-for name, cfg in MODELS.items():
-    os.makedirs(f"{ROOT}/{name}", exist_ok=True)
-    json.dump(cfg, open(f"{ROOT}/{name}/config.json", "w"))
-PLATFORMS = {
-    "sm90": dict(is_sm90=True, is_hopper_with_cuda_12_3=True, is_sm100=False, is_sm120=False, is_blackwell=False),
-    "sm100": dict(is_sm90=False, is_hopper_with_cuda_12_3=False, is_sm100=True, is_sm120=False, is_blackwell=True),
-}
+write_model_dirs(MODELS, ROOT)
 lines = []
 class _Keep(logging.Handler):
     def emit(self, record):

@@ -6,7 +6,8 @@ the model directories go)."""
 
 from emit import emit, params
 
-import json, os, warnings; warnings.simplefilter("ignore")
+import warnings; warnings.simplefilter("ignore")
+from server_args_kit import PLATFORMS, write_model_dirs
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import ServerArgs
@@ -14,13 +15,7 @@ from sglang.srt.arg_groups.overrides import resolved_view
 from sglang.srt.runtime_context import override_platform
 _PARAMS = params()
 MODELS, CASES, ROOT = _PARAMS["models"], _PARAMS["cases"], _PARAMS["root"]
-for name, cfg in MODELS.items():
-    os.makedirs(f"{ROOT}/{name}", exist_ok=True)
-    json.dump(cfg, open(f"{ROOT}/{name}/config.json", "w"))
-PLATFORMS = {
-    "sm90": dict(is_sm90=True, is_hopper_with_cuda_12_3=True, is_sm100=False, is_sm120=False, is_blackwell=False),
-    "sm100": dict(is_sm90=False, is_hopper_with_cuda_12_3=False, is_sm100=True, is_sm120=False, is_blackwell=True),
-}
+write_model_dirs(MODELS, ROOT)
 out = []
 for case in CASES:
     with override_platform(is_cuda=True, **PLATFORMS[case["platform"]]):
