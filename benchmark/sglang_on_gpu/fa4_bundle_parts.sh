@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The FA4 bundle (.fa4, ~61 MiB) leaves ~140 KB of a device call's 64 MiB for the tree, so it can
 # also travel in two parts, in two calls back to back on the warm machine (/tmp survives 30 s):
-#   split:    bash benchmark/sglang_on_gpu/fa4_bundle_parts.sh split .fa4
-#             -> .fa4_ir (the 45 MiB MLIR library) and .fa4_rest (the rest, ~16 MiB; hard links)
+#   split:    bash benchmark/sglang_on_gpu/fa4_bundle_parts.sh split .fa4 [PREFIX]
+#             -> PREFIX_ir (the 45 MiB MLIR library) and PREFIX_rest (the rest, ~16 MiB; hard links);
+#             PREFIX defaults to .fa4 (a second DSL's bundle: split ~/.cache/fa4-bundle/...4.6.2... .fa4_462)
 #   install:  bash benchmark/sglang_on_gpu/fa4_bundle_parts.sh install DIR
 #             unpacks the parts found in DIR into /tmp/site (each once). Prints the PYTHONPATH when
 #             every part is in; otherwise names the missing parts on stderr and exits 3.
@@ -13,10 +14,11 @@ split)
   for f in site.tar.xz cu13_small.tar.xz cutlass_ir.so.xz cute_rt.so.xz; do
     [ -f "$dir/$f" ] || { echo "$dir/$f missing: build the bundle with make_fa4_bundle.sh" >&2; exit 2; }
   done
-  rm -rf .fa4_ir .fa4_rest; mkdir -p .fa4_ir .fa4_rest
-  ln "$dir/cutlass_ir.so.xz" .fa4_ir/
-  ln "$dir/site.tar.xz" "$dir/cu13_small.tar.xz" "$dir/cute_rt.so.xz" .fa4_rest/
-  du -sh .fa4_ir .fa4_rest ;;
+  p=${3:-.fa4}
+  rm -rf "${p}_ir" "${p}_rest"; mkdir -p "${p}_ir" "${p}_rest"
+  ln "$dir/cutlass_ir.so.xz" "${p}_ir/"
+  ln "$dir/site.tar.xz" "$dir/cu13_small.tar.xz" "$dir/cute_rt.so.xz" "${p}_rest/"
+  du -sh "${p}_ir" "${p}_rest" ;;
 install)
   S=/tmp/site; B=$(cd "$dir" && pwd); mkdir -p $S/.parts
   IR=$S/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
