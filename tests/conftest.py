@@ -12,6 +12,18 @@ from sglang_harness import sglang_version  # noqa: F401  (fixture)
 paged_kv_torch.install()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="where the refusal tests of the paged FP8 KV kernels build their tensors "
+                          "(cuda on the GPU machine: the checks must refuse there too)")
+
+
+@pytest.fixture
+def device(request):
+    """The device of the tests that take it (``--device``; cpu unless asked)."""
+    return request.config.getoption("--device")
+
+
 @pytest.fixture
 def reload_settings():
     """The routing settings read again from the environment (after a test's setenv): call it.

@@ -159,18 +159,22 @@ def test_the_routing_rule():
     assert B.gather_runs(256, FP8) and not B.gather_runs(512, FP8) and not B.gather_runs(128, BF16)
 
 
-def test_forcing_the_gather_at_d512_is_refused_naming_the_head_dim():
+def _on(device, args):
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+
+def test_forcing_the_gather_at_d512_is_refused_naming_the_head_dim(device):
     with pytest.raises(PagedKVError, match="head_dim 512: the gather route's SM90 FP8 forward runs"):
-        fp8_paged_kv.plan(**_args(q_dtype=FP8, new=300), max_seqlen_q=300, causal=True, backend=GATHER)
+        fp8_paged_kv.plan(**_on(device, _args(q_dtype=FP8, new=300)), max_seqlen_q=300, causal=True, backend=GATHER)
 
 
 @pytest.mark.parametrize("d", [320, 1024, 80])
 @pytest.mark.parametrize("q_dtype", [BF16, FP8])
 @pytest.mark.parametrize("new", [1, 300])
-def test_a_head_dim_no_kernel_runs_is_refused_naming_it(d, q_dtype, new):
+def test_a_head_dim_no_kernel_runs_is_refused_naming_it(d, q_dtype, new, device):
     with pytest.raises(PagedKVError, match=rf"head_dim {d} is not one the FP8 KV kernels run \(64, 96, 128, 192, "
                                            r"256, 512\)"):
-        fp8_paged_kv.paged_kv_attention(**_args(d=d, hq=8, hkv=4, q_dtype=q_dtype, new=new, width=4),
+        fp8_paged_kv.paged_kv_attention(**_on(device, _args(d=d, hq=8, hkv=4, q_dtype=q_dtype, new=new, width=4)),
                                         max_seqlen_q=new, causal=True)
 
 

@@ -197,8 +197,9 @@ def _call_args(batch=3, width=8, P=16, hq=8, hkv=2, d=128):
     (dict(out=torch.zeros(2, 8, 128, dtype=torch.bfloat16)), "out must hold"),
     (dict(page_table=torch.zeros(3, 8, dtype=torch.int64)), "page_table must be int32"),
 ])
-def test_bad_input_is_refused_naming_it(change, match):
+def test_bad_input_is_refused_naming_it(change, match, device):
     kw = {**_call_args(), "causal": True, **change}
+    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     with pytest.raises(PagedKVError, match=match):
         fp8_paged_kv.paged_decode_attention(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("page_table"),
                                             kw.pop("cache_seqlens"), kw.pop("cu_seqlens_q"), kw.pop("max_seqlen_q"), **kw)

@@ -6,7 +6,7 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness fa3 kernel tune tune-splits wide ncu matrix-first matrix-short
+# STEPS (in the order given): env correctness refusals fa3 kernel tune tune-splits wide ncu matrix-first matrix-short
 # matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
@@ -37,6 +37,9 @@ for arg in "$@"; do
     correctness)
       step ${t:-240} correctness python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
           --out "$OUT/fp8_decode_correctness.json" ;;
+    refusals)  # the bad-input checks on CUDA tensors (issue #42: refused on the GPU too)
+      step ${t:-90} refusals python3 -m pytest -q -p no:cacheprovider tests/test_fp8_paged_decode.py \
+          tests/test_fp8_paged_d512.py -k refused --device cuda ;;
     fa3)
       step ${t:-120} fa3 python3 -m pytest -q -rs tests/test_fa3_baseline.py -k gpu ;;
     tune)
