@@ -133,8 +133,9 @@ def build_tokenizer(model: str):
         i += 1
     vocab.update(specials)  # in the model at their ids; add_special_tokens then marks them special
     top = max(max(taken), i - 1)
+    used = set(vocab.values())
     for j in range(top + 1):
-        if j not in taken and j not in vocab.values():
+        if j not in used:
             vocab[f"<filler_{j}>"] = j
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True, trim_offsets=False)
