@@ -290,6 +290,7 @@ def run(a) -> dict:
                     "seed": a.seed, "memory_estimate_gib": memory_estimate_gib(a.model, a.layers, arms, opts),
                     "stand_ins": "benchmark/sglang_on_gpu/cuda_only_stubs.py (identical in every arm)"},
            "servers": [], "runs": [], "accuracy": {}, "profiles": {}, "notes": []}
+    a.partial = res  # what main writes if a SIGTERM (the call's time limit) ends the run early
     if a.cpu_dry:
         return dry(a, arms, ckpt, dataset, opts, res)
     t_begin = time.monotonic()
@@ -484,7 +485,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     a.work.mkdir(parents=True, exist_ok=True)
-    res = run(a)
+    try:
+        res = run(a)
+    except SystemExit:
+        res = a.partial
+        res["notes"].append("stopped early by SIGTERM (the call's time limit): what ran is kept")
     write(res, a)
     md = serve_report.markdown(res)
     (a.out / f"serve_llm-{a.model}.md").write_text(md)
