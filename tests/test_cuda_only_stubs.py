@@ -89,3 +89,21 @@ def test_submodule_names_the_server_path_needs(stubs, monkeypatch):
         assert is_arch_support_pdl() is want
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert is_arch_support_pdl() is False
+
+
+def test_gemma_norms_match_references(stubs):
+    """Gemma4RMSNorm (scale_shift 1) calls sgl_kernel.gemma_rmsnorm: rmsnorm(x) * (1 + w)."""
+    from sglfa4_fake_kernel import gemma_fused_add_rmsnorm, gemma_rmsnorm
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 64, generator=gen, dtype=torch.float64)
+    w = torch.randn(64, generator=gen, dtype=torch.float64)
+    ref = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)
+    assert torch.allclose(gemma_rmsnorm(x, w, 1e-6), ref)
+    out = torch.empty_like(x)
+    assert gemma_rmsnorm(x, w, 1e-6, out=out) is out and torch.allclose(out, ref)
+    inp, res = x.clone(), torch.randn(9, 64, generator=gen, dtype=torch.float64)
+    want_res = x + res
+    want = want_res / torch.sqrt(want_res.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)
+    assert gemma_fused_add_rmsnorm(inp, res, w, 1e-6) is None
+    assert torch.allclose(res, want_res) and torch.allclose(inp, want)

@@ -44,6 +44,21 @@ def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
     input.copy_(_rms(residual, weight, eps))
 
 
+def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    """sgl_kernel.gemma_rmsnorm: rmsnorm(x) * (1 + weight) (Gemma's stored norm weights are offsets)."""
+    y = _rms(input, weight.float() + 1.0, eps)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    # residual += input; input = rmsnorm(residual) * (1 + weight), both in place
+    residual.add_(input)
+    input.copy_(_rms(residual, weight.float() + 1.0, eps))
+
+
 def _gated(act):
     def op(input, out=None, enable_pdl=None):
         d = input.shape[-1] // 2
@@ -68,7 +83,9 @@ def is_arch_support_pdl() -> bool:
 
 IMPLEMENTED = {
     "sgl_kernel": {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "silu_and_mul": silu_and_mul,
-                   "gelu_and_mul": gelu_and_mul, "gelu_tanh_and_mul": gelu_tanh_and_mul},
+                   "gelu_and_mul": gelu_and_mul, "gelu_tanh_and_mul": gelu_tanh_and_mul,
+                   # Gemma-4's Gemma4RMSNorm with scale_shift 1 (benchmark/release/serve_llm.py)
+                   "gemma_rmsnorm": gemma_rmsnorm, "gemma_fused_add_rmsnorm": gemma_fused_add_rmsnorm},
     # the server path (benchmark/release/check_server.py): SGLang's triton attention backend
     "sgl_kernel.utils": {"is_arch_support_pdl": is_arch_support_pdl},
 }

@@ -1,0 +1,189 @@
+"""benchmark/release/serve_llm.py (issues #44 item 4, #45): the LLM serving harness's CPU-checkable
+parts. The checkpoints keep the public shapes (Gemma-4's 5:1 pattern at any layer count), the
+tokenizers hold the configs' special ids and round-trip ASCII exactly (so bench_serving's prompts
+have the requested length), bad workloads/arms are refused, bench_serving's result file is read with
+failures counted, the ratios / token comparison / verdict / profile math are right, and every arm's
+exact argument list resolves, through SGLang 0.5.23's own CLI parser and resolution on a faked SM90,
+to the backend the arm is about."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmark" / "serve_check"), str(ROOT / "benchmark" / "release")]
+import bench_serving_run as bench  # noqa: E402
+import decode_profile  # noqa: E402
+import llm_checkpoints as ck  # noqa: E402
+import serve_arms  # noqa: E402
+import serve_report  # noqa: E402
+
+from gemma4_configs import MODELS as G4  # noqa: E402
+
+
+def test_gemma4_config_is_the_31b_with_the_pattern_kept():
+    full = ck.model_config("gemma4_31b")
+    want = {k: v for k, v in G4["gemma4_31b"]["text_config"].items() if k not in ("rope_parameters",)}
+    got = full["text_config"]
+    assert all(got[k] == v for k, v in want.items()), {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+    cut = ck.model_config("gemma4_31b", 10)
+    assert ck.layer_counts(cut) == {"full_attention": 2, "sliding_attention": 8}
+    assert cut["text_config"]["layer_types"][-1] == "full_attention"
+    assert ck.layer_counts(ck.model_config("gemma4_31b", 12)) == {"full_attention": 2, "sliding_attention": 10}
+    with pytest.raises(ValueError, match="at least 6"):
+        ck.model_config("gemma4_31b", 5)
+    with pytest.raises(ValueError, match="unknown model"):
+        ck.model_config("gemma4_27b")
+    llama = ck.model_config("llama3_8b")
+    assert (llama["num_attention_heads"], llama["num_key_value_heads"], llama["hidden_size"] // 32) == (32, 8, 128)
+    assert llama["max_position_embeddings"] >= 8192 + 1024
+
+
+def test_kv_bytes_and_params():
+    g = ck.model_config("gemma4_31b", 12)
+    # sliding: 16 kv x d256, full: 4 kv x d512; K and V; 1 byte (fp8)
+    assert ck.kv_bytes_per_token(g, 1) == {"swa": 10 * 2 * 16 * 256, "full": 2 * 2 * 4 * 512}
+    assert ck.kv_bytes_per_token(ck.model_config("llama3_8b"), 2) == {"swa": 0, "full": 32 * 2 * 8 * 128 * 2}
+    assert 7.9e9 < ck.param_count(ck.model_config("llama3_8b")) < 8.1e9  # Llama-3-8B is 8.03B
+    assert 30e9 < ck.param_count(ck.model_config("gemma4_31b")) < 31.5e9  # the 31B's language model
+
+
+@pytest.mark.parametrize("model", ck.MODELS)
+def test_tokenizer_ids_and_ascii_roundtrip(model, tmp_path):
+    from tokenizers import Tokenizer
+
+    d = ck.write_checkpoint(model, tmp_path / model, 6 if model == "gemma4_31b" else 2)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    for name, i in ck.SPECIALS[model].items():
+        assert tok.token_to_id(name) == i
+    cfg = json.loads((d / "config.json").read_text())
+    text = ck.text_config(cfg)
+    assert text["bos_token_id"] == ck.SPECIALS[model][ck.BOS[model]]
+    s = "Conversation 3: river stone, paper!"
+    ids = tok.encode(s).ids
+    assert ids[0] == ck.SPECIALS[model][ck.BOS[model]] and len(ids) == len(s) + 1
+    assert tok.decode(ids[1:]) == s
+    assert max(ids) < text["vocab_size"]
+
+
+def test_workloads_and_arms_refuse_bad_input():
+    assert bench.parse_workload("8192:1024:16:16") == bench.Workload(8192, 1024, 16, 16)
+    for bad, why in (("8192:1024:16", "four integers"), ("8192:1024:8:16", "never reach"), ("0:1:1:1", ">= 1")):
+        with pytest.raises(ValueError, match=why):
+            bench.parse_workload(bad)
+    assert [a.name for a in serve_arms.parse_arms("gemma4_31b", "fa4,triton")] == ["triton", "fa4"]
+    with pytest.raises(ValueError, match="baseline"):
+        serve_arms.parse_arms("gemma4_31b", "fa4")
+    with pytest.raises(ValueError, match="unknown arm"):
+        serve_arms.parse_arms("llama3_8b", "fa3,fa5")
+
+
+def test_arms_differ_only_in_kv_dtype_and_the_switch():
+    import serve_llm
+
+    w = [bench.parse_workload("8192:1024:16:16"), bench.parse_workload("1024:1024:32:32")]
+    opts = serve_llm.server_opts("gemma4_31b", w, 0.85, 0.25)
+    assert opts.max_total_tokens >= 16 * 9216 and opts.max_total_tokens % 4096 == 0 and opts.max_running_requests == 32
+    for model, plan in serve_arms.PLANS.items():
+        argvs = {a.name: serve_arms.server_args(model, a, "/m", 1, opts) for a in plan.arms}
+        envs = {a.name: serve_arms.server_env(a) for a in plan.arms}
+        for a in plan.arms:
+            argv = argvs[a.name]
+            assert "--attention-backend" not in argv  # SGLang's own default is what the rule replaces
+            assert argv[argv.index("--kv-cache-dtype") + 1] == a.kv_cache_dtype
+            assert argv[argv.index("--max-total-tokens") + 1] == str(opts.max_total_tokens)
+            strip = [x for x in argv if x != a.kv_cache_dtype]
+            assert strip == [x for x in argvs[plan.baseline] if x != serve_arms.PLANS[model].arms[0].kv_cache_dtype]
+            assert envs[a.name][serve_arms.UPGRADE] == ("1" if a.upgrade else "0")
+            assert {k: v for k, v in envs[a.name].items() if k != serve_arms.UPGRADE} == serve_arms.BASE_ENV
+
+
+def _result(tmp_path, name, **kw):
+    r = {"completed": 4, "output_throughput": 100.0, "mean_tpot_ms": 10.0, "median_itl_ms": 9.0,
+         "mean_ttft_ms": 50.0, "median_ttft_ms": 50.0, "errors": ["", "", "", ""], "output_lens": [8] * 4, **kw}
+    f = tmp_path / name
+    f.write_text("old line\n" * 0 + json.dumps(r) + "\n")
+    return f
+
+
+def test_read_result_counts_failures(tmp_path):
+    ok = bench.read_result(_result(tmp_path, "a.jsonl"), 4)
+    assert ok["ok"] and ok["failed"] == 0 and ok["output_lens"] == [8]
+    bad = bench.read_result(_result(tmp_path, "b.jsonl", completed=3, errors=["", "boom", "", ""]), 4)
+    assert not bad["ok"] and bad["failed"] == 1 and bad["errors"] == ["boom"]
+    short = bench.read_result(_result(tmp_path, "c.jsonl", completed=2), 4)
+    assert short["failed"] == 2
+    assert not bench.read_result(tmp_path / "missing.jsonl", 4)["ok"]
+    assert "lacks" in bench.read_result(_result(tmp_path, "d.jsonl", mean_tpot_ms=None), 4)["error"]
+    cmd = bench.command("py", 1234, "/ck", tmp_path / "ds.json", bench.Workload(8192, 1024, 16, 16), 1, tmp_path / "o")
+    for flag, val in (("--dataset-name", "random"), ("--random-range-ratio", "1"), ("--request-rate", "inf"),
+                      ("--max-concurrency", "16"), ("--seed", "1"), ("--tokenizer", "/ck")):
+        assert cmd[cmd.index(flag) + 1] == val
+
+
+def test_sharegpt_file_is_long_enough_and_distinct(tmp_path):
+    data = json.loads(bench.write_sharegpt(tmp_path / "s.json", conversations=8, seed=3).read_text())
+    firsts = [d["conversations"][0]["value"] for d in data]
+    assert len(set(f[:20] for f in firsts)) == 8 and min(map(len, firsts)) > 8192 and all(f.isascii() for f in firsts)
+
+
+def test_ratio_math_per_round_and_spread():
+    runs = []
+    for rd, (b, x) in enumerate(((100.0, 110.0), (100.0, 90.0), (50.0, 60.0)), 1):
+        runs += [{"workload": "w", "round": rd, "arm": "base", "result": {"ok": True, "output_throughput": b,
+                                                                          "mean_tpot_ms": 10.0}},
+                 {"workload": "w", "round": rd, "arm": "x", "result": {"ok": True, "output_throughput": x,
+                                                                       "mean_tpot_ms": 5.0}}]
+    runs.append({"workload": "w", "round": 4, "arm": "x", "result": {"ok": False}})
+    t = serve_report.ratios(runs, "base")["w"]["x"]
+    assert t["output_throughput"] == {"per_round": [1.1, 0.9, 1.2], "median": 1.1, "min": 0.9, "max": 1.2}
+    assert t["mean_tpot_ms"]["median"] == 0.5 and t["rounds_left_out"] == 1
+
+
+def test_token_comparison_and_verdict():
+    base = [{"name": "a", "ok": True, "ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0]},
+            {"name": "b", "ok": True, "ids": [1, 2, 3, 4], "logprobs": [-1.0, -1.0, -1.0, -1.0]}]
+    other = [{"name": "a", "ok": True, "ids": [1, 2, 3, 4], "logprobs": [-1.1, -2.0, -3.0, -4.1]},
+             {"name": "b", "ok": True, "ids": [1, 2, 9, 4], "logprobs": [-1.0, -1.2, -5.0, -1.0]}]
+    rows = serve_report.compare_tokens(base, other, 4)
+    assert rows[0]["leading_equal"] == 4 and rows[0]["mean_abs_logprob_diff"] == pytest.approx(0.05)
+    assert rows[1]["leading_equal"] == 2 and rows[1]["mean_abs_logprob_diff"] == pytest.approx(0.1)
+    v = serve_report.accuracy_verdict(rows, 0.5, 0.1)
+    assert v["all_leading_equal"] == 1 and v["ok"] and v["mean_abs_logprob_diff"] == pytest.approx(0.075)
+    assert not serve_report.accuracy_verdict(rows, 0.75, 0.1)["ok"]
+    with pytest.raises(ValueError):
+        serve_report.compare_tokens(base, other[:1])
+
+
+def test_profile_analysis():
+    ev = [{"ph": "X", "cat": "kernel", "name": "fp8_paged_decode_split", "dur": 30.0},
+          {"ph": "X", "cat": "kernel", "name": "_fwd_kernel_stage1", "dur": 10.0},
+          {"ph": "X", "cat": "kernel", "name": "nvjet_tst_128x256_gemm", "dur": 100.0},
+          {"ph": "X", "cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel<4>", "dur": 40.0},
+          {"ph": "X", "cat": "kernel", "name": "apply_rope_kernel", "dur": 20.0},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 5.0}]
+    r = decode_profile.analyse({"traceEvents": ev}, steps=2, layers=2)
+    assert r["gpu_us_per_step"] == 100.0 and r["attention_us_per_layer"] == 10.0 and r["attention_share"] == 0.2
+    assert r["us_per_step_by_kind"] == {"attention": 20.0, "gemm": 50.0, "other": 10.0, "torch_native": 20.0}
+    assert r["graph_launches"] == 1 and r["top_kernels"][0]["kind"] == "gemm"
+    assert not decode_profile.analyse({"traceEvents": []}, 1, 1)["ok"]
+    assert decode_profile.kind_of("fused_rmsnorm_attn_kernel") != "attention"
+
+
+def test_cpu_dry_run_resolves_every_arm(tmp_path):
+    """The whole --cpu-dry path of one model (Llama: two arms) through SGLang 0.5.23."""
+    from sglang_harness import require_version
+
+    sgl = require_version("0.5.23")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmark" / "release" / "serve_llm.py"), "--model", "llama3_8b",
+                          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"), "--cpu-dry",
+                          "--pythonpath", str(sgl), "--layers", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "serve_llm-llama3_8b.json").read_text())
+    assert [(r["name"], r.get("backend", r.get("error"))) for r in res["dry"]["resolved"]] == [("fa3", "fa3"), ("fa4", "fa4")]
+    assert (tmp_path / "out" / "serve_llm-llama3_8b.md").read_text().startswith("# LLM serving: llama3_8b")
