@@ -9,6 +9,7 @@ to the backend the arm is about."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,42 @@ def test_cpu_dry_run_resolves_every_arm(tmp_path):
     res = json.loads((tmp_path / "out" / "serve_llm-llama3_8b.json").read_text())
     assert [(r["name"], r.get("backend", r.get("error"))) for r in res["dry"]["resolved"]] == [("fa3", "fa3"), ("fa4", "fa4")]
     assert (tmp_path / "out" / "serve_llm-llama3_8b.md").read_text().startswith("# LLM serving: llama3_8b")
+
+
+def test_gemma4_checkpoint_is_read_text_only_by_sglang(tmp_path):
+    """SGLang 0.5.23's ModelConfig on the written directory: not multimodal (no processor is loaded),
+    the 31B's full-attention head dim, the cut layer count; without the declaration it is multimodal
+    (the control: the declaration is what turns the processor off)."""
+    from sglang_harness import require_version
+
+    sgl = require_version("0.5.23")
+    ck.write_checkpoint("gemma4_31b", tmp_path / "g", 6)
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from sglang.srt.configs.model_config import ModelConfig\n"
+        "p = Path(sys.argv[1]); c = json.loads((p / 'config.json').read_text())\n"
+        "a = ModelConfig(str(p))\n"
+        "c.pop('language_model_only'); q = p.parent / 'mm'; q.mkdir()\n"
+        "for f in p.iterdir(): (q / f.name).write_bytes(f.read_bytes())\n"
+        "(q / 'config.json').write_text(json.dumps(c))\n"
+        "b = ModelConfig(str(q))\n"
+        "print(json.dumps([a.is_multimodal, a.head_dim, a.num_hidden_layers, b.is_multimodal]))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "g")], capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "PYTHONPATH": f"{sgl}{os.pathsep}{ROOT}"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, 512, 6, True]
+
+
+def test_a_failing_run_exits_1_naming_the_error_and_keeps_the_report(tmp_path):
+    """Without SGLang on the path the dry run's first arm fails: exit 1, the error in the report's
+    notes (not mistaken for the call's time limit)."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmark" / "release" / "serve_llm.py"), "--model", "llama3_8b",
+                          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"), "--cpu-dry",
+                          "--pythonpath", str(tmp_path / "no-sglang"), "--layers", "2"],
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 1 and "resolve_arms.py failed" in out.stderr
+    notes = json.loads((tmp_path / "out" / "serve_llm-llama3_8b.json").read_text())["notes"]
+    assert any(n.startswith("FAILED: SystemExit: resolve_arms.py failed") for n in notes)
+    assert not any("SIGTERM" in n for n in notes)

@@ -297,7 +297,7 @@ def run(a) -> dict:
     write_plugin_dist(a.work / "ep")
     pythonpath = ":".join([str(SERVE / "site"), str(SERVE), str(a.work / "ep"), a.pythonpath])
     servers = build_servers(a, arms, ckpt, pythonpath, opts)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _stop)
     try:
         for i, s in enumerate(servers):  # one after another: each sizes its pool on settled memory
             s.start(a.repo)
@@ -438,6 +438,14 @@ def dry(a, arms, ckpt: Path, dataset: Path, opts, res: dict) -> dict:
     return res
 
 
+class TimeLimit(Exception):
+    """The call's time limit sent SIGTERM: stop, keep what ran."""
+
+
+def _stop(*_):
+    raise TimeLimit
+
+
 def write(res: dict, a) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"serve_llm-{a.model}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
@@ -485,11 +493,20 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     a.work.mkdir(parents=True, exist_ok=True)
+    # the servers and the dry run's children start in a.work: relative entries would point elsewhere
+    a.pythonpath = ":".join(str(Path(p).resolve()) for p in a.pythonpath.split(":") if p)
+    rc = 0
     try:
         res = run(a)
-    except SystemExit:
+    except TimeLimit:
         res = a.partial
         res["notes"].append("stopped early by SIGTERM (the call's time limit): what ran is kept")
+    except (Exception, SystemExit) as exc:  # a failure: what ran is kept, the error named, exit 1
+        if getattr(a, "partial", None) is None:
+            raise
+        res, rc = a.partial, 1
+        res["notes"].append(f"FAILED: {type(exc).__name__}: {str(exc)[-3000:]}")
+        print(f"serve_llm: FAILED: {exc}", file=sys.stderr)
     write(res, a)
     md = serve_report.markdown(res)
     (a.out / f"serve_llm-{a.model}.md").write_text(md)
@@ -497,7 +514,7 @@ def main(argv=None) -> int:
         for f in sorted(a.work.glob("*.log")) + sorted(a.work.glob("*.jsonl")) + sorted(a.work.glob("cases-*.json")):
             tar.add(f, arcname=f.name)
     print(md)
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

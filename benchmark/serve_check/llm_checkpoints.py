@@ -6,8 +6,11 @@ the ``tokenizers`` library holding the model's special tokens at the ids its con
 model's vocabulary stays the config's: the tokenizer only produces ids below it).
 
 Gemma-4 keeps its 5:1 sliding:full layer pattern (the last layer full) at any layer count, so a cut
-model still runs both the d256 sliding and the d512 full layers; it is served with
-``--language-model-only`` (no vision tower built, no multimodal processor: text prompts only).
+model still runs both the d256 sliding and the d512 full layers. It is served text-only: its
+config.json declares ``language_model_only`` (SGLang 0.5.23's ModelConfig reads the checkpoint's own
+declaration beside the ``--language-model-only`` flag, which it refuses for Gemma-4), so the server is
+not multimodal and loads no image processor (text prompts only; the vision tower is still built, with
+dummy weights, and never called).
 
 Usage: python benchmark/serve_check/llm_checkpoints.py OUT_DIR [--gemma4-layers 12] [--llama-layers 32]
 """
@@ -47,6 +50,8 @@ GEMMA4_31B = {
     },
     "vision_config": {"model_type": "gemma4_vision"},
     "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    # not in the public config: the checkpoint's own text-only declaration (see the module docstring)
+    "language_model_only": True,
 }
 
 # config.json of meta-llama/Llama-3.1-8B-Instruct (public values)

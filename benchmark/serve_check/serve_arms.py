@@ -40,7 +40,7 @@ PLANS = {
          Arm("fa4", "fp8_e4m3", True, "fa4", "the plugin's FP8 KV route on every layer (triton -> fa4)"),
          Arm("triton_bf16", "auto", False, "triton", "SGLang's default on a bf16 KV cache (reference point)")),
         # SGLang 0.5.23 refuses --language-model-only for Gemma-4 (a CPU dry run found it): the
-        # server is multimodal, its processor loaded from the checkpoint (text prompts only)
+        # checkpoint declares language_model_only itself (llm_checkpoints.py), so no processor is loaded
         baseline="triton"),
     "llama3_8b": ModelPlan(
         "llama3_8b",
