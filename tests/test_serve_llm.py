@@ -102,6 +102,21 @@ def test_arms_differ_only_in_kv_dtype_and_the_switch():
             assert strip == [x for x in argvs[plan.baseline] if x != serve_arms.PLANS[model].arms[0].kv_cache_dtype]
             assert envs[a.name][serve_arms.UPGRADE] == ("1" if a.upgrade else "0")
             assert {k: v for k, v in envs[a.name].items() if k != serve_arms.UPGRADE} == serve_arms.BASE_ENV
+            # decode graphs on (no --disable-cuda-graph), prefill graphs off in every arm
+            assert "--disable-prefill-cuda-graph" in argv and "--disable-cuda-graph" not in argv
+
+
+def test_reference_arm_left_out_only_where_the_servers_do_not_fit():
+    arms = serve_arms.parse_arms("gemma4_31b", None)
+    need = {"triton": 26.0, "fa4": 26.0, "triton_bf16": 40.0}  # + 3 GiB a server
+    kept, notes = serve_arms.arms_that_fit(arms, need, 141.0)  # 101 <= 0.9 x 141 = 126.9
+    assert [a.name for a in kept] == ["triton", "fa4", "triton_bf16"] and notes == []
+    kept, notes = serve_arms.arms_that_fit(arms, need, 80.0)  # 101 > 72; 58 <= 72
+    assert [a.name for a in kept] == ["triton", "fa4"] and len(notes) == 1 and "triton_bf16 left out" in notes[0]
+    kept, _ = serve_arms.arms_that_fit(arms, need, 101 / 0.9)  # exactly full: kept
+    assert len(kept) == 3
+    with pytest.raises(ValueError, match="fewer --layers"):
+        serve_arms.arms_that_fit(arms, need, 60.0)  # 58 > 54: the compared arms never go
 
 
 def _result(tmp_path, name, **kw):
@@ -227,3 +242,56 @@ def test_a_failing_run_exits_1_naming_the_error_and_keeps_the_report(tmp_path):
     notes = json.loads((tmp_path / "out" / "serve_llm-llama3_8b.json").read_text())["notes"]
     assert any(n.startswith("FAILED: SystemExit: resolve_arms.py failed") for n in notes)
     assert not any("SIGTERM" in n for n in notes)
+
+
+def test_bench_serving_takes_the_command_offline(tmp_path):
+    """The exact bench_serving command of a run, through bench_serving_main.py --parse-only against
+    SGLang 0.5.23: SGLang's parser accepts every flag and its own dataset reader builds the requests
+    from the local ShareGPT file and the checkpoint's tokenizer (no network), at the workload's lengths."""
+    from sglang_harness import require_version
+
+    sgl = require_version("0.5.23")
+    ck.write_checkpoint("llama3_8b", tmp_path / "ck", 2)
+    ds = bench.write_sharegpt(tmp_path / "ds.json")
+    w = bench.Workload(1024, 64, 4, 2)
+    cmd = bench.command(sys.executable, 1, str(tmp_path / "ck"), ds, w, 1, tmp_path / "o.jsonl")
+    assert cmd[1].endswith("bench_serving_main.py")
+    out = subprocess.run([cmd[0], cmd[1], "--parse-only", *cmd[2:]], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(sgl)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["args"]["max_concurrency"] == 2 and res["args"]["random_range_ratio"] == 1.0
+    assert len(res["requests"]) == 4 and all(abs(p - 1024) <= 1 and o == 64 for p, o in res["requests"])
+
+
+def test_datasets_stand_in_only_where_the_package_is_missing(monkeypatch):
+    import importlib.util
+
+    import bench_serving_main as m
+
+    monkeypatch.delitem(sys.modules, "datasets", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert m.install_datasets_stand_in() is False and "datasets" not in sys.modules
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert m.install_datasets_stand_in() is True
+    with pytest.raises(RuntimeError, match="stand-in"):
+        sys.modules["datasets"].load_dataset("MMMU")
+    monkeypatch.delitem(sys.modules, "datasets")
+
+
+def test_log_facts_of_the_first_h100_servers():
+    """The facts read from the first H100 run's server logs (committed): SGLang's resolved backend per
+    arm (the dict form of its server_args line), the plugin's Gemma-4 line in the fa4 server, the
+    route's warmups before the crash, and the stand-in that was called (the crash's cause)."""
+    import tarfile
+
+    import serve_llm
+
+    logs = ROOT / "benchmark" / "results" / "h100" / "serve_llm-gemma4_31b-run1-logs.tgz"
+    with tarfile.open(logs) as tar:
+        text = {arm: tar.extractfile(f"server-gemma4_31b-{arm}.log").read().decode() for arm in ("fa4", "triton")}
+    fa4, triton = serve_llm.log_facts(text["fa4"]), serve_llm.log_facts(text["triton"])
+    assert fa4["attention_backends"] == ["fa4"] and triton["attention_backends"] == ["triton"]
+    assert "sglang-fa4: Gemma-4 attention backend fa4" in text["fa4"]
+    assert "fp8 split-KV decode d=512 heads=32/4" in text["fa4"] and "d=512" not in text["triton"]
+    assert "sgl_kernel.weak_ref_tensor" in fa4["stand_ins_called"]

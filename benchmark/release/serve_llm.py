@@ -50,12 +50,13 @@ import serve_report  # noqa: E402
 
 PLUGIN_DIST = "sglang_fa4_serve_llm-0.0.0.dist-info"
 DEFAULTS = {
-    # three servers (two FP8 pools, one bf16) at once on an 80 GB H100, see docs/serving.md
-    "gemma4_31b": {"layers": 10, "workloads": ["8192:1024:16:16", "1024:1024:16:16"]},
+    # 12 layers keep the 31B's 5:1 sliding:full mix (10 + 2); the bf16 reference arm joins where the
+    # GPU holds three such servers (an H200), see docs/serving.md
+    "gemma4_31b": {"layers": 12, "workloads": ["8192:1024:16:16", "1024:1024:16:16"]},
     "llama3_8b": {"layers": 32, "workloads": ["8192:1024:16:16", "1024:1024:16:16"]},
 }
 POOL_LINE = re.compile(r"full_layer_tokens=(\d+), swa_layer_tokens=(\d+)")
-BACKEND_ARG = re.compile(r"attention_backend='(\w+)'")
+BACKEND_ARG = re.compile(r"(?<!\w)attention_backend(?:='|': ')(\w+)'")  # ServerArgs(...) or its dict form
 OVER_PROFILED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
 DECODE_RUNNING = re.compile(r"Decode batch.*#running-req: (\d+)")
 PROMPT_WORDS = 8  # accuracy prompts: lengths below
@@ -258,7 +259,8 @@ def log_facts(text: str) -> dict:
     f["pool_below_max_total_tokens"] = {"asked": int(over[0][1]), "profiled": int(over[0][2])} if over else None
     trit = [i for i, line in enumerate(lines) if "serve-llm: triton kernel loaded" in line]
     f["triton_before_ready"] = sum(1 for i in trit if ready_at is not None and i < ready_at)
-    f["triton_after_ready"] = sum(1 for i in trit if ready_at is None or i > ready_at)
+    # a server that never got ready has no "after ready" (None, not every load)
+    f["triton_after_ready"] = None if ready_at is None else sum(1 for i in trit if i > ready_at)
     f["fa3_seam"] = sorted({line.split("fa3 seam", 1)[1].split(";")[0].strip() for line in lines if "fa3 seam" in line})
     f["route_lines"] = [line[-300:] for line in lines if "sglang-fa4:" in line and "backend" in line][:5]
     return f
@@ -275,6 +277,12 @@ def run(a) -> dict:
     plan = serve_arms.PLANS[a.model]
     workloads = [bench.parse_workload(w) for w in a.workloads]
     opts = server_opts(a.model, workloads, a.mem_fraction_static, a.swa_full_tokens_ratio)
+    fit_notes = []
+    if not a.arms:  # the default arms: reference arms only where all servers fit the GPU together
+        est = memory_estimate_gib(a.model, a.layers, arms, opts)
+        gpu_gib = a.gpu_memory_gib or gpu_memory_gib() or 80.0
+        arms, fit_notes = serve_arms.arms_that_fit(arms, {k: v["weights"] + v["kv"] for k, v in est.items()
+                                                          if k != "total_weights_kv"}, gpu_gib)
     ckpt = llm_checkpoints.write_checkpoint(a.model, a.work / "ckpt" / a.model, a.layers)
     dataset = bench.write_sharegpt(a.work / "sharegpt_local.json", seed=a.seed)
     layers_note = (f"{a.layers} of {llm_checkpoints.FULL_LAYERS[a.model]} layers "
@@ -289,7 +297,7 @@ def run(a) -> dict:
                     "server_opts": opts.__dict__, "workloads": [w.__dict__ for w in workloads], "rounds": a.rounds,
                     "seed": a.seed, "memory_estimate_gib": memory_estimate_gib(a.model, a.layers, arms, opts),
                     "stand_ins": "benchmark/sglang_on_gpu/cuda_only_stubs.py (identical in every arm)"},
-           "servers": [], "runs": [], "accuracy": {}, "profiles": {}, "notes": []}
+           "servers": [], "runs": [], "accuracy": {}, "profiles": {}, "notes": list(fit_notes)}
     a.partial = res  # what main writes if a SIGTERM (the call's time limit) ends the run early
     if a.cpu_dry:
         return dry(a, arms, ckpt, dataset, opts, res)
@@ -394,6 +402,15 @@ def checks(res: dict) -> dict:
     }
 
 
+def gpu_memory_gib() -> float | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+        return float(out.stdout.strip().splitlines()[0]) / 1024 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
+        return None
+
+
 def gpu_name() -> str:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -457,7 +474,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arms", help="comma-separated arm names (default: all of the model's)")
     ap.add_argument("--layers", type=int, help="decoder layers (default: gemma4_31b 10, llama3_8b 32)")
-    ap.add_argument("--layers-reason", default="three 31B-config servers of full depth would need ~190 GB",
+    ap.add_argument("--layers-reason", default="one 31B-config server of full depth holds ~58 GiB of bf16 weights: "
+                                                "no second server fits beside it on one card",
                     help="recorded with a reduced layer count")
     ap.add_argument("--workloads", nargs="+", help="IN:OUT:PROMPTS:CONCURRENCY ... (default per model)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -470,7 +488,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=5, help="decode steps profiled per arm (0: none)")
     ap.add_argument("--profile-context", type=int, default=8192)
     ap.add_argument("--mem-fraction-static", type=float, default=0.85)
-    ap.add_argument("--swa-full-tokens-ratio", type=float, default=0.25)
+    ap.add_argument("--swa-full-tokens-ratio", type=float, default=1.0,
+                    help="Gemma-4's SWA pool over the full pool: 16 prompts of 8k are prefilled before the "
+                         "first decode step frees out-of-window slots, so the SWA pool must hold them all "
+                         "(0.25 retracted requests on the first H100 run)")
+    ap.add_argument("--gpu-memory-gib", type=float, help="the GPU's memory for the default arms (default: nvidia-smi, else 80)")
     ap.add_argument("--start-timeout-s", type=float, default=300)
     ap.add_argument("--bench-timeout-s", type=float, default=180)
     ap.add_argument("--time-budget-s", type=float, default=0, help="start no round that would end after this")

@@ -63,10 +63,11 @@ def parse_workload(s: str) -> Workload:
 
 
 def command(python: str, port: int, model_dir: str, dataset: Path, w: Workload, seed: int, out_file: Path) -> list[str]:
-    """``python -m sglang.bench_serving`` for one run (greedy, ignore-eos: every request decodes
-    exactly ``output_len`` tokens; no warmup request: the harness's accuracy prompts warmed the
-    server, and a 1k-token warmup would cost a whole decode)."""
-    return [python, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
+    """SGLang's ``bench_serving`` for one run, through ``bench_serving_main.py`` (a ``datasets``
+    stand-in where HF datasets is missing); greedy, ignore-eos: every request decodes exactly
+    ``output_len`` tokens; no warmup request: the harness's accuracy prompts warmed the server, and
+    a 1k-token warmup would cost a whole decode."""
+    return [python, str(Path(__file__).resolve().parent / "bench_serving_main.py"), "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
             "--model", model_dir, "--tokenizer", model_dir,
             "--dataset-name", "random", "--dataset-path", str(dataset),
             "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),

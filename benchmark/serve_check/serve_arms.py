@@ -67,6 +67,33 @@ def parse_arms(model: str, names: str | None) -> tuple[Arm, ...]:
     return tuple(sorted((by_name[n] for n in wanted), key=lambda a: a.name != plan.baseline))
 
 
+#: arms that are reference points, not compared arms: left out first when the servers would not fit
+REFERENCE_ARMS = frozenset({"triton_bf16"})
+
+#: what a server takes beyond its weights and KV pools (CUDA context, activations, decode graphs), GiB
+SERVER_OVERHEAD_GIB = 3.0
+
+
+def arms_that_fit(arms: tuple, need_gib: dict, gpu_gib: float, share: float = 0.9) -> tuple[tuple, list[str]]:
+    """``arms`` less reference arms (last first) until every server's weights + KV + overhead fit
+    ``share`` of the GPU; the compared arms are never dropped (then it refuses). Returns the arms and
+    one note per arm left out."""
+    kept, notes = list(arms), []
+
+    def total():
+        return sum(need_gib[a.name] + SERVER_OVERHEAD_GIB for a in kept)
+
+    while total() > share * gpu_gib:
+        refs = [a for a in kept if a.name in REFERENCE_ARMS]
+        if not refs:
+            raise ValueError(f"the arms {[a.name for a in kept]} need ~{total():.1f} GiB together, over "
+                             f"{share:.0%} of the GPU's {gpu_gib:.0f} GiB: use fewer --layers or --arms")
+        kept.remove(refs[-1])
+        notes.append(f"arm {refs[-1].name} left out: the servers together would need ~{total() + need_gib[refs[-1].name] + SERVER_OVERHEAD_GIB:.1f} GiB "
+                     f"of the GPU's {gpu_gib:.0f} GiB (run it with --arms on a larger card)")
+    return tuple(kept), notes
+
+
 @dataclass(frozen=True)
 class ServerOpts:
     """What every server of a comparison shares (so the KV pools are the same size in tokens)."""
@@ -91,6 +118,10 @@ def server_args(model: str, arm: Arm, model_dir: str, port: int, opts: ServerOpt
             "--cuda-graph-max-bs-decode", str(opts.cuda_graph_max_bs),
             # the same prompts go to every arm three times: no prefix reuse between rounds
             "--disable-radix-cache",
+            # SGLang 0.5.23 also captures prefill graphs (58 "breakable" shapes): 48.6 GB at capture on
+            # the first H100 run, so a second server could not load. Decode graphs, what the issues
+            # measure, stay on
+            "--disable-prefill-cuda-graph",
             # the CUDA-only stand-ins have no sampling kernels
             "--sampling-backend", "pytorch",
             "--random-seed", "0", "--log-level", "info", *plan.extra_args]

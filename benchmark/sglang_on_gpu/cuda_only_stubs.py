@@ -75,6 +75,12 @@ silu_and_mul = _gated(F.silu)
 gelu_and_mul = _gated(lambda t: F.gelu(t, approximate="none"))
 gelu_tanh_and_mul = _gated(lambda t: F.gelu(t, approximate="tanh"))
 
+def weak_ref_tensor(t):
+    """sgl_kernel.weak_ref_tensor (SGLang's decode CUDA-graph runner keeps graph outputs through it):
+    the tensor itself -- a strong reference, so the graph's output memory stays held (a few MiB)."""
+    return t
+
+
 def is_arch_support_pdl() -> bool:
     """sgl_kernel.utils.is_arch_support_pdl: programmatic dependent launch needs compute capability
     9.0 or newer (SGLang's triton attention backend reads it once, at construction)."""
@@ -85,7 +91,9 @@ IMPLEMENTED = {
     "sgl_kernel": {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "silu_and_mul": silu_and_mul,
                    "gelu_and_mul": gelu_and_mul, "gelu_tanh_and_mul": gelu_tanh_and_mul,
                    # Gemma-4's Gemma4RMSNorm with scale_shift 1 (benchmark/release/serve_llm.py)
-                   "gemma_rmsnorm": gemma_rmsnorm, "gemma_fused_add_rmsnorm": gemma_fused_add_rmsnorm},
+                   "gemma_rmsnorm": gemma_rmsnorm, "gemma_fused_add_rmsnorm": gemma_fused_add_rmsnorm,
+                   # decode CUDA graphs on (benchmark/release/serve_llm.py)
+                   "weak_ref_tensor": weak_ref_tensor},
     # the server path (benchmark/release/check_server.py): SGLang's triton attention backend
     "sgl_kernel.utils": {"is_arch_support_pdl": is_arch_support_pdl},
 }
