@@ -4,7 +4,7 @@
 #
 #   run(carry=[".fa4_ir"]):                          bash benchmark/release/gpu_fa4_call.sh ir
 #   run(carry=[".fa4_rest", ".sgl23", ".fa3"], timeout_s=600):
-#       bash benchmark/release/gpu_serve_call.sh gemma4_31b 540
+#       bash benchmark/release/gpu_serve_call.sh gemma4_31b 540   (12 layers; the bf16 arm only where it fits)
 #   run(carry=[".fa4_rest", ".sgl23", ".fa3"], timeout_s=600):
 #       bash benchmark/release/gpu_serve_call.sh llama3_8b 540
 #

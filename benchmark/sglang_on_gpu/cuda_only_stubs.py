@@ -30,12 +30,15 @@ def _rms(x, weight, eps):
     return (y * weight.float()).to(x.dtype)
 
 
-def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    y = _rms(input, weight, eps)
+def _into(y, out):
     if out is not None:
         out.copy_(y)
         return out
     return y
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    return _into(_rms(input, weight, eps), out)
 
 
 def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
@@ -46,11 +49,7 @@ def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
 
 def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
     """sgl_kernel.gemma_rmsnorm: rmsnorm(x) * (1 + weight) (Gemma's stored norm weights are offsets)."""
-    y = _rms(input, weight.float() + 1.0, eps)
-    if out is not None:
-        out.copy_(y)
-        return out
-    return y
+    return _into(_rms(input, weight.float() + 1.0, eps), out)
 
 
 def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
@@ -62,11 +61,7 @@ def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
 def _gated(act):
     def op(input, out=None, enable_pdl=None):
         d = input.shape[-1] // 2
-        y = act(input[..., :d].float()).to(input.dtype) * input[..., d:]
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y
+        return _into(act(input[..., :d].float()).to(input.dtype) * input[..., d:], out)
 
     return op
 
