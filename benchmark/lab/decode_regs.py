@@ -61,8 +61,11 @@ def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAG
         os.unlink(f.name)
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     reg, stack, shared, local = (int(x) for x in m.groups())
-    return {"reg": reg, "stack": stack, "shared": shared, "local": local,
-            "mma": len(re.findall(r"\bmma\.sync|\bwgmma", kernel.asm["ptx"]))}
+    ptx = kernel.asm["ptx"]
+    # "shared" is the cubin's static shared memory; Triton's pipeline buffers are dynamic
+    # (metadata.shared), and cp.async in the PTX shows whether the K/V loads were pipelined at all
+    return {"reg": reg, "stack": stack, "shared": shared, "dyn_shared": kernel.metadata.shared, "local": local,
+            "mma": len(re.findall(r"\bmma\.sync|\bwgmma", ptx)), "cp_async": len(re.findall(r"\bcp\.async\.(?:ca|cg)", ptx))}
 
 
 def main() -> None:
