@@ -111,29 +111,37 @@ def markdown(res: dict) -> str:
     ref = res["reference"]
     lines = ["# FP8 forward: PTX / SASS per CUTLASS DSL version (cross-compiled for sm_90a on a CPU)", "",
              f"Command: `{res['command']}`", "",
-             "Per version and variant: the PTX's sha256 (kernel symbols renamed), the cubin's sha256 (the "
-             "DSL's own ptxas), its PTX ISA version and line count, the SASS instruction total, and the "
-             "cubin's resource usage per kernel (`cuobjdump -res-usage`: registers, stack, static shared, "
-             f"local). Below: each opcode whose count differs from {ref}'s.", "",
-             "| DSL | variant | PTX sha256 | cubin sha256 | .version | PTX lines | SASS instructions | registers / stack / local bytes per kernel |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Per version and variant (head_dim,causal,local): the PTX's sha256 (kernel symbols renamed), the "
+             "cubin's sha256 (the DSL's own ptxas), its PTX ISA version and line count, the SASS instruction "
+             "total, the cubin's resource usage per kernel (`cuobjdump -res-usage`: registers / stack / local "
+             f"bytes) and how many opcodes' counts differ from {ref}'s (PTX / SASS; the SASS total against "
+             f"{ref}'s). The d=128 variants' "
+             "differing opcodes are listed below the table.", "",
+             "| DSL | variant | PTX sha256 | cubin sha256 | .version | PTX lines | SASS instructions "
+             f"| registers / stack / local | opcodes differing from {ref} |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    base = res["versions"][ref]["variants"]
     for ver, r in res["versions"].items():
         for name, v in r["variants"].items():
             sass_total = sum(v["sass_ops"].values()) if v["sass_ops"] else "—"
+            b = base.get(name)
+            ndiff = (f"{len(differences(b['ptx_ops'], v['ptx_ops']))} / "
+                     f"{len(differences(b['sass_ops'] or {}, v['sass_ops'] or {}))}") if b and ver != ref else "—"
+            if b and ver != ref and v["sass_ops"] and b["sass_ops"]:
+                ndiff += f" (SASS {sum(v['sass_ops'].values()) / sum(b['sass_ops'].values()) - 1:+.1%})"
             lines.append(f"| {ver} | {name} | {(v['ptx_sha256'] or '')[:12]} | {(v['cubin_sha256'] or '')[:12]} "
-                         f"| {v['ptx_version']} | {v['ptx_lines']} "
-                         f"| {sass_total} | {usage(v['registers'])} |")
+                         f"| {v['ptx_version']} | {v['ptx_lines']} | {sass_total} | {usage(v['registers'])} | {ndiff} |")
     for ver, r in res["versions"].items():
         if ver == ref:
             continue
         for name, v in r["variants"].items():
-            base = res["versions"][ref]["variants"].get(name)
-            if not base:
+            b = base.get(name)
+            if not b or name not in VARIANTS:
                 continue
             for kind in ("ptx_ops", "sass_ops"):
-                if not (v[kind] and base[kind]):
+                if not (v[kind] and b[kind]):
                     continue
-                diff = differences(base[kind], v[kind])
+                diff = differences(b[kind], v[kind])
                 lines += ["", f"## {name}: {kind.split('_')[0].upper()} opcodes, {ref} -> {ver} "
                               f"({len(diff)} differ)", ""]
                 if diff:
@@ -146,18 +154,31 @@ def markdown(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="where fp8_dsl_diff.json / .md go (required unless --render)")
     ap.add_argument("--versions", nargs="+", default=["4.6.2", "4.8.0", "4.8.1"])
     ap.add_argument("--reference", default="4.8.1", help="the version the others are compared with")
+    ap.add_argument("--render", type=Path, help="only rewrite the markdown beside this result JSON")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                    help="head_dim,causal,local ... or 'defaults': every kernel the product compiles")
     args = ap.parse_args()
+    if args.render:
+        args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
+        return
+    if args.out is None:
+        ap.error("--out is required")
     if args.reference not in args.versions:
         ap.error("--reference must be one of --versions")
-    res = {"command": "python " + " ".join(sys.argv), "reference": args.reference, "variants": list(VARIANTS),
+    variants = args.variants
+    if variants == ["defaults"]:
+        from sglang_fa4.kernels.fp8_sm90.layout import all_variants
+
+        variants = [f"{v.head_dim},{int(v.causal)},{int(v.local)}" for v in all_variants()]
+    res = {"command": "python " + " ".join(sys.argv), "reference": args.reference, "variants": variants,
            "versions": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for ver in args.versions:
             print(f"[fp8_dsl_diff] DSL {ver}", flush=True)
-            res["versions"][ver] = {"variants": {v: compile_variant(ver, v, Path(tmp)) for v in VARIANTS}}
+            res["versions"][ver] = {"variants": {v: compile_variant(ver, v, Path(tmp)) for v in variants}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fp8_dsl_diff.json").write_text(json.dumps(res, indent=1) + "\n")
     (args.out / "fp8_dsl_diff.md").write_text(markdown(res))
