@@ -13,6 +13,7 @@ from the graph's buffers); free pool memory is E4M3-NaN-poisoned, so a read past
 
     PYTHONPATH=$(bash .sgl/install.sh 0.5.23 $PWD):$PWD python3 benchmark/release/check_fp8_kv_decode_graphs.py --out DIR
     ... --cpu-dry: the same plumbing on the CPU, eager (no graph), the kernel's torch contract
+        (with TRITON_INTERPRET=1: SGLang's own decode-metadata kernels are Triton)
 
 Benchmark code (SGLang private names are used here, not in the package).
 """
@@ -24,8 +25,9 @@ import json
 import time
 from pathlib import Path
 
-#: (q heads, kv heads, head dim) of the layers checked: Llama-3-8B's and a d=256 layer
-LAYERS = {"llama3-8b": (32, 8, 128), "d256": (16, 8, 256)}
+#: (q heads, kv heads, head dim) of the layers checked: Llama-3-8B's, a d=256 layer and Gemma-4 31B's
+#: full-attention layer (d=512: SGLang hands fa4 a bf16 q there, the plugin's hook adds the descales)
+LAYERS = {"llama3-8b": (32, 8, 128), "d256": (16, 8, 256), "gemma4-full": (32, 4, 512)}
 PAGE = 16
 BAR = 2e-2
 
@@ -73,6 +75,7 @@ def check_layer(name, hq, hkv, d, device, graphs: bool, batch_sizes, max_context
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang_fa4.gemma4_selection import SGLANG_FP8_QUERY_MAX_HEAD_DIM
     from sglang_fa4.testing import cu_seqlens, paged_attention_fp32, rel_err
 
     P = PAGE
@@ -174,7 +177,10 @@ def check_layer(name, hq, hkv, d, device, graphs: bool, batch_sizes, max_context
                 else:
                     out = be.forward_decode(q, k_new, v_new, layer, fb)
                 route_calls = len(calls)
-                qf = q.view(bs, hq, d).to(torch.float8_e4m3fn)  # prepare_paged_mha_query's cast
+                # prepare_paged_mha_query's cast, up to its head-dim limit (q stays bf16 above it)
+                qf = q.view(bs, hq, d)
+                if d <= SGLANG_FP8_QUERY_MAX_HEAD_DIM:
+                    qf = qf.to(torch.float8_e4m3fn)
                 key_cache, value_cache = be.get_paged_mha_kv_cache(layer)
                 ref_table = (req_to_token[req, ::P][:, : be.max_num_pages] // P).to(torch.int32)
                 ref = paged_attention_fp32(qf, key_cache, value_cache, ref_table,
@@ -200,8 +206,11 @@ def check_layer(name, hq, hkv, d, device, graphs: bool, batch_sizes, max_context
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--cpu-dry", action="store_true", help="eager on the CPU (plumbing only)")
+    ap.add_argument("--cpu-dry", action="store_true", help="eager on the CPU (plumbing only; TRITON_INTERPRET=1: "
+                                                           "SGLang's own metadata kernels are Triton)")
+    ap.add_argument("--layers", nargs="+", choices=sorted(LAYERS), default=list(LAYERS), help="the layers checked")
     args = ap.parse_args()
+    layers = {n: LAYERS[n] for n in args.layers}
     from benchmark.sglang_on_gpu import cuda_only_stubs
 
     cuda_only_stubs.install_missing()
@@ -224,7 +233,7 @@ def main() -> None:
     res = {"sglang": getattr(sglang, "__version__", "?"), "device": torch.cuda.get_device_name(0) if not args.cpu_dry
            else "cpu (dry run: eager, torch contract)", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     sizes = (1, 3) if args.cpu_dry else (1, 8, 32)
-    for name, (hq, hkv, d) in LAYERS.items():
+    for name, (hq, hkv, d) in layers.items():
         try:
             res[name] = check_layer(name, hq, hkv, d, device, not args.cpu_dry, sizes,
                                     max_context_len=2048 if args.cpu_dry else 131072,
@@ -234,9 +243,9 @@ def main() -> None:
 
             res[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
     res["elapsed_s"] = round(time.time() - t0, 1)
-    checks = [(f"{n} bs{bs} {k}", r) for n in LAYERS for bs in sizes for k in ("long", "short")
+    checks = [(f"{n} bs{bs} {k}", r) for n in layers for bs in sizes for k in ("long", "short")
               for r in [res.get(n, {}).get(f"bs{bs}", {}).get(k)] if r is not None]
-    res["passed"] = bool(checks) and all(r["pass"] for _, r in checks) and len(checks) == len(LAYERS) * len(sizes) * 2
+    res["passed"] = bool(checks) and all(r["pass"] for _, r in checks) and len(checks) == len(layers) * len(sizes) * 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"fp8_kv_decode_graphs-{res['sglang']}" + ("-cpu-dry" if args.cpu_dry else "")
@@ -244,7 +253,7 @@ def main() -> None:
     for label, r in checks:
         print(f"{label:<24} lens {r['lens_min']}-{r['lens_max']} err {r['err']:.2e} finite {r['finite']} "
               f"{'PASS' if r['pass'] else 'FAIL'}")
-    for n in LAYERS:
+    for n in layers:
         if "error" in res.get(n, {}):
             print(n, "ERROR", res[n]["error"])
     print("passed" if res["passed"] else "FAILED", f"({res['elapsed_s']} s)")
