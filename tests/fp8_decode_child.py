@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 
@@ -281,7 +282,8 @@ def main() -> None:
     print("RESULTS " + json.dumps(results))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": args.device, "matrix": args.matrix, "cases": cases, "results": results,
+            json.dump({"command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]),
+                       "device": args.device, "matrix": args.matrix, "cases": cases, "results": results,
                        "passed": {n: passed(r) for n, r in results.items()}}, f, indent=1)
     if args.check:
         failed = [n for n, r in results.items() if not passed(r)]

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -230,7 +232,8 @@ def main() -> None:
     else:
         assert torch.cuda.get_device_capability() == (9, 0), "the FP8 KV route is for SM90"
     t0 = time.time()
-    res = {"sglang": getattr(sglang, "__version__", "?"), "device": torch.cuda.get_device_name(0) if not args.cpu_dry
+    res = {"command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]),
+           "sglang": getattr(sglang, "__version__", "?"), "device": torch.cuda.get_device_name(0) if not args.cpu_dry
            else "cpu (dry run: eager, torch contract)", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     sizes = (1, 3) if args.cpu_dry else (1, 8, 32)
     for name, (hq, hkv, d) in layers.items():
