@@ -21,6 +21,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+# beside this script (sys.path[0] when run): the sha the pinned record, tests/fp8_default_ptx.json, uses
+from fp8_xcompile import ptx_sha256
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,9 +48,6 @@ def fp8(dump: Path, spec: str) -> dict:
     compile_variant(Fp8Variant(d, bool(causal), bool(local)))
     ptx = _new_ptx(dump, before)
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.f32\.(\w+)\.(\w+)", ptx)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fp8_xcompile import ptx_sha256  # the sha the pinned record (tests/fp8_default_ptx.json) uses
-
     return {"wgmma_e4m3": sum(a == b == "e4m3" for a, b in wgmma), "wgmma_other": sum(a != "e4m3" for a, _ in wgmma),
             "cvt_e4m3x2": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
             "target": (re.search(r"^\.target\s+(\S+)", ptx, re.M) or [None, None])[1],

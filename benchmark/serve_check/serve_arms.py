@@ -83,13 +83,13 @@ def arms_that_fit(arms: tuple, need_gib: dict, gpu_gib: float, share: float = 0.
     def total():
         return sum(need_gib[a.name] + SERVER_OVERHEAD_GIB for a in kept)
 
-    while total() > share * gpu_gib:
+    while (need := total()) > share * gpu_gib:
         refs = [a for a in kept if a.name in REFERENCE_ARMS]
         if not refs:
-            raise ValueError(f"the arms {[a.name for a in kept]} need ~{total():.1f} GiB together, over "
+            raise ValueError(f"the arms {[a.name for a in kept]} need ~{need:.1f} GiB together, over "
                              f"{share:.0%} of the GPU's {gpu_gib:.0f} GiB: use fewer --layers or --arms")
         kept.remove(refs[-1])
-        notes.append(f"arm {refs[-1].name} left out: the servers together would need ~{total() + need_gib[refs[-1].name] + SERVER_OVERHEAD_GIB:.1f} GiB "
+        notes.append(f"arm {refs[-1].name} left out: the servers together would need ~{need:.1f} GiB "
                      f"of the GPU's {gpu_gib:.0f} GiB (run it with --arms on a larger card)")
     return tuple(kept), notes
 
