@@ -161,19 +161,62 @@ def test_ratio_math_per_round_and_spread():
     assert t["mean_tpot_ms"]["median"] == 0.5 and t["rounds_left_out"] == 1
 
 
+def _answer(name, ids, lps, margins=None, tf=None):
+    return {"name": name, "ok": True, "ids": ids, "logprobs": lps, "margins": margins or [1.0] * len(ids),
+            "tf": {"ok": True, "logprobs": tf if tf is not None else lps}}
+
+
 def test_token_comparison_and_verdict():
-    base = [{"name": "a", "ok": True, "ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0]},
-            {"name": "b", "ok": True, "ids": [1, 2, 3, 4], "logprobs": [-1.0, -1.0, -1.0, -1.0]}]
-    other = [{"name": "a", "ok": True, "ids": [1, 2, 3, 4], "logprobs": [-1.1, -2.0, -3.0, -4.1]},
-             {"name": "b", "ok": True, "ids": [1, 2, 9, 4], "logprobs": [-1.0, -1.2, -5.0, -1.0]}]
+    base = [_answer("a", [1, 2, 3, 4], [-1.0, -2.0, -3.0, -4.0]),
+            _answer("b", [1, 2, 3, 4], [-1.0, -1.0, -1.0, -1.0], margins=[1.0, 1.0, 0.05, 1.0])]
+    other = [_answer("a", [1, 2, 3, 4], [-1.1, -2.0, -3.0, -4.1], tf=[-1.0, -2.0, -3.0, -4.2]),
+             _answer("b", [1, 2, 9, 4], [-1.0, -1.2, -5.0, -1.0], tf=[-1.0, -1.2, -1.04, -1.0])]
     rows = serve_report.compare_tokens(base, other, 4)
     assert rows[0]["leading_equal"] == 4 and rows[0]["mean_abs_logprob_diff"] == pytest.approx(0.05)
+    assert rows[0]["base_margin_at_divergence"] is None
+    assert rows[0]["tf_mean_abs_diff"] == pytest.approx(0.05) and rows[0]["tf_max_abs_diff"] == pytest.approx(0.2)
+    # the arm's own decode against its own extend, over the leading run: -1.1 vs -1.0 at 0, -4.1 vs -4.2 at 3
+    assert rows[0]["decode_vs_extend_max"] == pytest.approx(0.1)
     assert rows[1]["leading_equal"] == 2 and rows[1]["mean_abs_logprob_diff"] == pytest.approx(0.1)
+    assert rows[1]["base_margin_at_divergence"] == pytest.approx(0.05)  # where it flipped: a near tie
+    assert rows[1]["tf_mean_abs_diff"] == pytest.approx(0.06)
     v = serve_report.accuracy_verdict(rows, 0.5, 0.1)
     assert v["all_leading_equal"] == 1 and v["ok"] and v["mean_abs_logprob_diff"] == pytest.approx(0.075)
-    assert not serve_report.accuracy_verdict(rows, 0.75, 0.1)["ok"]
+    assert v["diverged"] == 1 and v["diverged_at_near_tie"] == 1 and v["tf_mean_abs_diff_max"] == pytest.approx(0.06)
+    # most prompts not all equal, but the one divergence is at a near tie (0.05 <= 2 x 0.1): still ok
+    assert serve_report.accuracy_verdict(rows, 0.75, 0.1)["ok"]
+    # the same flip at a wide margin is not explained by rounding
+    assert not serve_report.accuracy_verdict(rows, 0.75, 0.1, near_tie=0.04)["ok"]
+    # teacher-forced logprobs off by more than the tolerance on one prompt fail it
+    assert not serve_report.accuracy_verdict(rows, 0.5, 0.055)["ok"]
     with pytest.raises(ValueError):
         serve_report.compare_tokens(base, other[:1])
+
+
+def test_verdict_needs_every_answer_and_the_teacher_forced_run():
+    base = [_answer("a", [1, 2], [-1.0, -1.0]), _answer("b", [1, 2], [-1.0, -1.0])]
+    unanswered = [_answer("a", [1, 2], [-1.0, -1.0]), {"name": "b", "ok": False, "error": "HTTP 500"}]
+    v = serve_report.accuracy_verdict(serve_report.compare_tokens(base, unanswered, 2), 0.5, 0.1)
+    assert v["answered"] == 1 and not v["ok"]
+    no_tf = [_answer("a", [1, 2], [-1.0, -1.0]), _answer("b", [1, 2], [-1.0, -1.0])]
+    no_tf[1]["tf"] = {"ok": False, "error": "teacher-forced ids misaligned"}
+    rows = serve_report.compare_tokens(base, no_tf, 2)
+    assert rows[1]["tf_error"] == "teacher-forced ids misaligned"
+    assert not serve_report.accuracy_verdict(rows, 0.5, 0.1)["ok"]
+    # a divergence without a recorded margin is not counted as a near tie
+    flip = [_answer("a", [1, 3], [-1.0, -1.0]), _answer("b", [1, 2], [-1.0, -1.0])]
+    base[0]["margins"] = [1.0]  # no margin at position 1
+    v = serve_report.accuracy_verdict(serve_report.compare_tokens(base, flip, 2), 1.0, 0.1)
+    assert v["diverged"] == 1 and v["diverged_at_near_tie"] == 0 and not v["ok"]
+
+
+def test_accuracy_prompts_are_fixed_token_ids():
+    import serve_llm
+
+    p = serve_llm.accuracy_prompts(9)
+    assert [len(x["ids"]) for x in p] == [16, 64, 200, 500, 1000, 1500, 2200, 3000, 16]
+    assert p == serve_llm.accuracy_prompts(9) and p[0]["ids"] != p[8]["ids"]
+    assert all(1000 <= i < 30000 for x in p for i in x["ids"])
 
 
 def test_profile_analysis():
@@ -262,6 +305,65 @@ def test_bench_serving_takes_the_command_offline(tmp_path):
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["args"]["max_concurrency"] == 2 and res["args"]["random_range_ratio"] == 1.0
     assert len(res["requests"]) == 4 and all(abs(p - 1024) <= 1 and o == 64 for p, o in res["requests"])
+
+
+def test_one_client_process_takes_several_runs(tmp_path):
+    """bench.Client: one ``bench_serving_main.py --stdin`` process (SGLang 0.5.23 imported once)
+    takes two runs' exact arguments (``--parse-only``: offline), then a bad one, then another good
+    one: each answered on its own DONE line, the bad one's error named, the process still alive."""
+    from sglang_harness import require_version
+
+    sgl = require_version("0.5.23")
+    ck.write_checkpoint("llama3_8b", tmp_path / "ck", 2)
+    ds = bench.write_sharegpt(tmp_path / "ds.json")
+    client = bench.Client(sys.executable, {**os.environ, "PYTHONPATH": str(sgl)}, tmp_path)
+    try:
+        for w in (bench.Workload(1024, 64, 4, 2), bench.Workload(512, 8, 3, 3)):
+            cmd = bench.command(sys.executable, 1, str(tmp_path / "ck"), ds, w, 1, tmp_path / "o.jsonl")
+            rc, err, text = client.run(["--parse-only", *cmd[2:]], 240)
+            assert (rc, err) == (0, None), text[-3000:]
+            res = json.loads(text.strip().splitlines()[-1])
+            assert res["args"]["max_concurrency"] == w.concurrency
+            assert len(res["requests"]) == w.num_prompts
+            assert all(abs(p - w.input_len) <= 1 and o == w.output_len for p, o in res["requests"])
+        pid = client.proc.pid
+        rc, err, _ = client.run(["--dataset-name", "no-such-dataset"], 60)
+        assert rc == 1 and "SystemExit" in err  # argparse's refusal, reported, not fatal
+        rc, err, _ = client.run(["--parse-only", *cmd[2:]], 240)
+        assert rc == 0 and client.proc.pid == pid
+    finally:
+        client.close()
+
+
+def test_client_timeout_kills_and_the_next_run_restarts(tmp_path, monkeypatch):
+    """A run that never sends its DONE line: ``(124, "timeout ...")`` and the process killed; the
+    next run starts a new process."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    client = bench.Client(str(fake), dict(os.environ), tmp_path)
+    rc, err, _ = client.run(["x"], 0.5)
+    assert rc == 124 and err.startswith("timeout") and client.proc is None
+    client.close()
+
+
+def test_the_bench_client_gets_the_servers_stand_ins(tmp_path):
+    """On a CUDA machine ``sglang.benchmark.serving`` imports ``sgl_kernel`` (SGLang's quantization
+    registry): the client's path holds the same stand-ins as the servers' (the first H100 call's runs
+    all failed on that import), and not the plugin's entry point."""
+    import serve_llm
+
+    a = type("A", (), {"work": tmp_path, "pythonpath": "/x/sgl"})()
+    client, server = serve_llm.client_pythonpath(a).split(":"), serve_llm.server_pythonpath(a).split(":")
+    assert client[-1] == "/x/sgl" and str(tmp_path / "ep") not in client and str(tmp_path / "ep") in server
+    assert client[:2] == server[:2]
+    out = subprocess.run([sys.executable, "-c", "from sgl_kernel import int8_scaled_mm; print(int8_scaled_mm)"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ":".join(client[:2])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    bare = subprocess.run([sys.executable, "-c", "import sgl_kernel"], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert bare.returncode != 0  # without them the import fails here too
 
 
 def test_datasets_stand_in_only_where_the_package_is_missing(monkeypatch):

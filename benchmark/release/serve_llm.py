@@ -59,7 +59,6 @@ POOL_LINE = re.compile(r"full_layer_tokens=(\d+), swa_layer_tokens=(\d+)")
 BACKEND_ARG = re.compile(r"(?<!\w)attention_backend(?:='|': ')(\w+)'")  # ServerArgs(...) or its dict form
 OVER_PROFILED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
 DECODE_RUNNING = re.compile(r"Decode batch.*#running-req: (\d+)")
-PROMPT_WORDS = 8  # accuracy prompts: lengths below
 
 
 # ---- plan ---------------------------------------------------------------------------------------
@@ -88,19 +87,16 @@ def memory_estimate_gib(model: str, layers: int, arms, opts: serve_arms.ServerOp
     return out
 
 
-def accuracy_prompts(n: int, seed: int = 7) -> list[dict]:
-    """``n`` fixed prompts of 16 to ~3000 tokens (longer than Gemma-4's 1024-token window, so the
-    sliding layers slide), seeded ASCII words."""
+def accuracy_prompts(n: int, seed: int = 7, low: int = 1000, high: int = 30000) -> list[dict]:
+    """``n`` fixed prompts of 16 to 3000 token ids (longer than Gemma-4's 1024-token window, so the
+    sliding layers slide), seeded, drawn from ordinary ids: sent as ``input_ids`` so the
+    teacher-forced request can append the baseline's answer token for token."""
     import random
 
     rng = random.Random(seed)
     sizes = [16, 64, 200, 500, 1000, 1500, 2200, 3000]
-    out = []
-    for i in range(n):
-        words = max(2, sizes[i % len(sizes)] // 6)
-        text = f"Prompt {i}. " + " ".join(rng.choice(bench.WORDS) for _ in range(words))
-        out.append({"name": f"p{i}-{sizes[i % len(sizes)]}", "text": text})
-    return out
+    return [{"name": f"p{i}-{sizes[i % len(sizes)]}", "ids": [rng.randrange(low, high) for _ in range(sizes[i % len(sizes)])]}
+            for i in range(n)]
 
 
 # ---- servers ------------------------------------------------------------------------------------
@@ -179,15 +175,35 @@ class Server:
                 continue
 
 
-def generate(port: int, text: str, max_new_tokens: int) -> dict:
-    """One greedy /generate with the output tokens' logprobs."""
-    body = {"text": text, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-            "return_logprob": True}
+def generate(port: int, ids: list[int], max_new_tokens: int) -> dict:
+    """One greedy /generate with the output tokens' logprobs and the top-1 minus top-2 margin per token."""
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
+                                                  "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": 2}
     try:
         _, raw = http(f"http://127.0.0.1:{port}/generate", body, timeout=300)
         meta = json.loads(raw)["meta_info"]
         lp = meta["output_token_logprobs"]
-        return {"ok": True, "ids": [int(x[1]) for x in lp], "logprobs": [x[0] for x in lp]}
+        top = meta.get("output_top_logprobs") or []
+        margins = [round(t[0][0] - t[1][0], 6) if t and len(t) > 1 and None not in (t[0][0], t[1][0]) else None
+                   for t in top]
+        return {"ok": True, "ids": [int(x[1]) for x in lp], "logprobs": [x[0] for x in lp], "margins": margins}
+    except Exception as exc:  # noqa: BLE001 - recorded per prompt
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def teacher_forced(port: int, prompt: list[int], answer: list[int]) -> dict:
+    """The server's logprobs of ``answer`` after ``prompt``, scored in one extend (the prompt's
+    cached prefix, then the answer's tokens): ``logprob_start_len`` at the first answer token."""
+    body = {"input_ids": prompt + answer, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+            "return_logprob": True, "logprob_start_len": len(prompt)}
+    try:
+        _, raw = http(f"http://127.0.0.1:{port}/generate", body, timeout=300)
+        lp = json.loads(raw)["meta_info"]["input_token_logprobs"]
+        got = [int(x[1]) for x in lp][-len(answer):]
+        if got != answer:
+            return {"ok": False, "error": f"teacher-forced ids misaligned: {got[:4]}... against {answer[:4]}..."}
+        return {"ok": True, "logprobs": [x[0] for x in lp][-len(answer):]}
     except Exception as exc:  # noqa: BLE001 - recorded per prompt
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
 
@@ -231,6 +247,18 @@ def profile_arm(s: Server, model_dir: str, layers: int, prof_dir: Path, steps: i
 
 
 # ---- the run ------------------------------------------------------------------------------------
+
+def client_pythonpath(a) -> str:
+    """bench_serving's path: SGLang's packages behind the same CUDA-only stand-ins the servers get
+    (on a CUDA machine ``sglang.benchmark.serving`` imports ``sgl_kernel`` through SGLang's
+    quantization registry), without the plugin."""
+    return ":".join([str(SERVE / "site"), str(SERVE), a.pythonpath])
+
+
+def server_pythonpath(a) -> str:
+    """The servers' path: the stand-ins, the plugin's entry point (``a.work/ep``), SGLang's packages."""
+    return ":".join([str(SERVE / "site"), str(SERVE), str(a.work / "ep"), a.pythonpath])
+
 
 def build_servers(a, arms, ckpt: Path, pythonpath: str, opts) -> list[Server]:
     servers = []
@@ -296,16 +324,20 @@ def run(a) -> dict:
                               "upgrade": x.upgrade, "expected_backend": x.backend} for x in arms],
                     "server_opts": opts.__dict__, "workloads": [w.__dict__ for w in workloads], "rounds": a.rounds,
                     "seed": a.seed, "memory_estimate_gib": memory_estimate_gib(a.model, a.layers, arms, opts),
-                    "stand_ins": "benchmark/sglang_on_gpu/cuda_only_stubs.py (identical in every arm)"},
+                    "stand_ins": "benchmark/sglang_on_gpu/cuda_only_stubs.py (identical in every arm)",
+                    "bench_client": "one bench_serving_main.py --stdin process for all runs (SGLang imported "
+                                    "once); each run's arguments are its recorded command's"},
            "servers": [], "runs": [], "accuracy": {}, "profiles": {}, "notes": list(fit_notes)}
     a.partial = res  # what main writes if a SIGTERM (the call's time limit) ends the run early
     if a.cpu_dry:
         return dry(a, arms, ckpt, dataset, opts, res)
     t_begin = time.monotonic()
     write_plugin_dist(a.work / "ep")
-    pythonpath = ":".join([str(SERVE / "site"), str(SERVE), str(a.work / "ep"), a.pythonpath])
+    pythonpath = server_pythonpath(a)
     servers = build_servers(a, arms, ckpt, pythonpath, opts)
     signal.signal(signal.SIGTERM, _stop)
+    # bench_serving's one client process (SGLang imported once), started once the pools are sized
+    client = bench.Client(a.python, {**os.environ, "PYTHONPATH": client_pythonpath(a)}, a.work)
     try:
         for i, s in enumerate(servers):  # one after another: each sizes its pool on settled memory
             s.start(a.repo)
@@ -313,6 +345,7 @@ def run(a) -> dict:
             t0 = time.monotonic()
             while not s.pool_sized() and time.monotonic() - t0 < a.start_timeout_s:
                 time.sleep(0.5)
+        client.start()
         t0 = time.monotonic()
         while time.monotonic() - t0 < a.start_timeout_s and not all(s.poll_ready() or s.proc.poll() is not None
                                                                   for s in servers):
@@ -327,14 +360,19 @@ def run(a) -> dict:
             return res
         # accuracy: every arm, the same prompts
         prompts = accuracy_prompts(a.accuracy_prompts)
-        answers = {s.arm.name: [{"name": p["name"], **generate(s.port, p["text"], a.accuracy_tokens)} for p in prompts]
+        answers = {s.arm.name: [{"name": p["name"], **generate(s.port, p["ids"], a.accuracy_tokens)} for p in prompts]
                    for s in live}
+        for s in live:  # every arm scores the baseline's answers, teacher-forced
+            for p, ans, b in zip(prompts, answers[s.arm.name], answers[base.arm.name]):
+                ans["tf"] = (teacher_forced(s.port, p["ids"], b["ids"]) if b.get("ok")
+                             else {"ok": False, "error": "no baseline answer"})
         for s in live:
             if s is base:
                 continue
             rows = serve_report.compare_tokens(answers[base.arm.name], answers[s.arm.name], a.accuracy_tokens)
             res["accuracy"][s.arm.name] = {"per_prompt": rows, "verdict": serve_report.accuracy_verdict(
                 rows, a.min_full_share, a.max_logprob_diff)}
+        res["accuracy_answers"] = answers
         res["accuracy_answers_ok"] = {k: sum(1 for x in v if x.get("ok")) for k, v in answers.items()}
         # profiles
         if a.profile_steps:
@@ -357,13 +395,12 @@ def run(a) -> dict:
                     out_file.unlink(missing_ok=True)
                     cmd = bench.command(a.python, s.port, str(ckpt), dataset, w, a.seed, out_file)
                     t0 = time.monotonic()
-                    p = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": a.pythonpath}, cwd=a.work,
-                                       capture_output=True, text=True, timeout=a.bench_timeout_s)
-                    (a.work / (out_file.stem + ".log")).write_text(p.stdout[-20000:] + p.stderr[-20000:])
+                    rc, err, text = client.run(cmd[2:], a.bench_timeout_s)
+                    (a.work / (out_file.stem + ".log")).write_text(text[-40000:] + (f"\n{err}\n" if err else ""))
                     r = bench.read_result(out_file, w.num_prompts)
                     r["wall_s"] = round(time.monotonic() - t0, 1)
-                    if p.returncode:
-                        r.update(ok=False, error=r.get("error") or f"bench_serving exited {p.returncode}")
+                    if rc:
+                        r.update(ok=False, error=r.get("error") or f"bench_serving failed ({rc}): {err}")
                     res["runs"].append({"workload": w.name, "round": rd, "arm": s.arm.name, "result": r,
                                         "command": " ".join(shlex.quote(x) for x in cmd)})
                     print(f"[serve-llm] r{rd} {w.name} {s.arm.name}: ok={r.get('ok')} "
@@ -371,6 +408,7 @@ def run(a) -> dict:
                     write(res, a)
             per_round_s = time.monotonic() - t_round
     finally:
+        client.close()
         for s in servers:
             s.stop()
         for s in servers:

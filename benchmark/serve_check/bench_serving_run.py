@@ -102,3 +102,63 @@ def read_result(out_file: Path, num_prompts: int) -> dict:
     out["output_lens"] = sorted(set(lens)) if lens else None
     out["ok"] = out["failed"] == 0
     return out
+
+
+class Client:
+    """One ``bench_serving_main.py --stdin`` process for all of a call's runs (SGLang imported once):
+    :meth:`run` hands it one run's arguments and returns ``(rc, error, output)`` once the run's DONE
+    line arrives, or ``(124, "timeout ...", output)`` after ``timeout`` s (the process is then
+    killed; the next run starts a new one)."""
+
+    def __init__(self, python: str, env: dict, cwd: Path):
+        self.python, self.env, self.cwd, self.proc, self.lines = python, env, cwd, None, None
+
+    def start(self) -> None:
+        """Start the process now (it imports SGLang at once: start it while the servers come up)."""
+        import queue
+        import subprocess
+        import threading
+
+        self.proc = subprocess.Popen([self.python, str(Path(__file__).resolve().parent / "bench_serving_main.py"),
+                                      "--stdin"], env=self.env, cwd=self.cwd, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.lines = queue.Queue()
+        proc, lines = self.proc, self.lines
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)  # the process ended
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def run(self, args: list[str], timeout: float) -> tuple[int, str | None, str]:
+        import queue
+        import time
+
+        from bench_serving_main import DONE_MARK
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        out, end = [], time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                return 124, f"timeout after {timeout:.0f} s", "".join(out)
+            if line is None:
+                self.proc = None
+                return 1, "bench_serving_main exited", "".join(out)
+            if line.startswith(DONE_MARK):
+                done = json.loads(line[len(DONE_MARK):])
+                return int(done["rc"]), done.get("error"), "".join(out)
+            out.append(line)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
