@@ -397,3 +397,22 @@ def test_log_facts_of_the_first_h100_servers():
     assert "sglang-fa4: Gemma-4 attention backend fa4" in text["fa4"]
     assert "fp8 split-KV decode d=512 heads=32/4" in text["fa4"] and "d=512" not in text["triton"]
     assert "sgl_kernel.weak_ref_tensor" in fa4["stand_ins_called"]
+
+
+def test_kernels_loaded_after_ready_in_the_third_h100_run():
+    """Run 3's committed logs (both servers ready): every Triton kernel loaded after "ready" is
+    named; the route's own (fp8_*) count 0 in the fa4 server (all compiled by its startup warmup),
+    while SGLang's own kernels (its extend `_fwd_kernel` in the triton arm, the copy kernels in both)
+    still load on the request path."""
+    import tarfile
+
+    import serve_llm
+
+    logs = ROOT / "benchmark" / "results" / "h100" / "serve_llm-gemma4_31b-run3-logs.tgz"
+    with tarfile.open(logs) as tar:
+        text = {arm: tar.extractfile(f"server-gemma4_31b-{arm}.log").read().decode() for arm in ("fa4", "triton")}
+    fa4, triton = serve_llm.log_facts(text["fa4"]), serve_llm.log_facts(text["triton"])
+    assert fa4["route_triton_after_ready"] == 0 and triton["route_triton_after_ready"] == 0
+    assert sum(fa4["triton_after_ready_names"].values()) == fa4["triton_after_ready"] == 10
+    assert triton["triton_after_ready_names"]["_fwd_kernel"] == 2 and "_fwd_kernel" not in fa4["triton_after_ready_names"]
+    assert "fp8_paged_decode_split" in text["fa4"] and fa4["triton_before_ready"] > 0

@@ -34,6 +34,7 @@ import tarfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -289,6 +290,11 @@ def log_facts(text: str) -> dict:
     f["triton_before_ready"] = sum(1 for i in trit if ready_at is not None and i < ready_at)
     # a server that never got ready has no "after ready" (None, not every load)
     f["triton_after_ready"] = None if ready_at is None else sum(1 for i in trit if i > ready_at)
+    after = Counter(lines[i].rsplit("loaded ", 1)[1].rsplit(".", 1)[-1].strip() for i in trit
+                    if ready_at is not None and i > ready_at)
+    f["triton_after_ready_names"] = dict(sorted(after.items()))
+    # the route's own kernels (fp8_paged_*, fp8_forward_*): compiled at startup or it is a bug
+    f["route_triton_after_ready"] = None if ready_at is None else sum(n for k, n in after.items() if k.startswith("fp8_"))
     f["fa3_seam"] = sorted({line.split("fa3 seam", 1)[1].split(";")[0].strip() for line in lines if "fa3 seam" in line})
     f["route_lines"] = [line[-300:] for line in lines if "sglang-fa4:" in line and "backend" in line][:5]
     return f

@@ -160,7 +160,8 @@ def markdown(res: dict) -> str:
         lines.append(f"- **{s['arm']}**: ready {s.get('ready')} in {s.get('startup_s')} s; backend in log "
                      f"{f.get('attention_backends')}; KV {f.get('kv_alloc')}; full/SWA tokens {f.get('pool_tokens')}; "
                      f"after ready: FA4 compiles {f.get('after_ready', {}).get('fa4_compiles')}, Triton kernels loaded "
-                     f"{f.get('triton_after_ready')}; stand-ins called {f.get('stand_ins_called')}; tracebacks "
+                     f"{f.get('triton_after_ready')} (the route's own {f.get('route_triton_after_ready')}; "
+                     f"{f.get('triton_after_ready_names')}); stand-ins called {f.get('stand_ins_called')}; tracebacks "
                      f"{f.get('tracebacks')}; {s.get('error', '')}")
     lines += ["", "## Decode profile", ""]
     for arm, p in res.get("profiles", {}).items():
