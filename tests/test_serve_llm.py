@@ -210,6 +210,28 @@ def test_verdict_needs_every_answer_and_the_teacher_forced_run():
     assert v["diverged"] == 1 and v["diverged_at_near_tie"] == 0 and not v["ok"]
 
 
+def test_verdict_is_inconclusive_where_the_baseline_disagrees_with_itself():
+    """H200 run 4: SGLang's own triton server scored its greedy tokens in a prefill 1.6-4.7 nats
+    away from its decode logprobs: the teacher-forced comparison then says nothing about the arm."""
+    base = [_answer("a", [1, 2], [-1.0, -1.0], tf=[-1.05, -1.0]), _answer("b", [1, 2], [-1.0, -1.0], tf=[-3.0, -4.0])]
+    other = [_answer("a", [1, 2], [-1.0, -1.0], tf=[-1.05, -1.0]), _answer("b", [1, 2], [-1.0, -1.0], tf=[-3.0, -4.0])]
+    rows = serve_report.compare_tokens(base, other, 2)
+    assert rows[0]["base_decode_vs_extend_mean"] == pytest.approx(0.025) and rows[1]["base_decode_vs_extend_mean"] == 2.5
+    v = serve_report.accuracy_verdict(rows, 0.5, 0.1)
+    assert not v["ok"] and "2.5 nats" in v["inconclusive"] and v["base_decode_vs_extend_mean_max"] == 2.5
+    assert "INCONCLUSIVE" in serve_report.markdown(_report_with_accuracy(v, rows))
+    base[1]["tf"]["logprobs"] = [-1.0, -1.0]
+    v = serve_report.accuracy_verdict(serve_report.compare_tokens(base, other, 2), 0.5, 0.1)
+    assert v["inconclusive"] is None
+
+
+def _report_with_accuracy(verdict, rows):
+    return {"command": "c", "meta": {"model": "m", "gpu": "g", "date": "d", "layers_note": "n", "arms": [],
+                                     "baseline": "b", "server_opts": {}},
+            "runs": [], "ratios": {}, "accuracy": {"x": {"verdict": verdict, "per_prompt": rows}}, "servers": [],
+            "profiles": {}, "notes": []}
+
+
 def test_accuracy_prompts_are_fixed_token_ids():
     import serve_llm
 
@@ -305,6 +327,46 @@ def test_bench_serving_takes_the_command_offline(tmp_path):
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["args"]["max_concurrency"] == 2 and res["args"]["random_range_ratio"] == 1.0
     assert len(res["requests"]) == 4 and all(abs(p - 1024) <= 1 and o == 64 for p, o in res["requests"])
+
+
+def test_profile_and_accuracy_requests_send_token_ids():
+    """Every /generate the harness sends carries token ids (H200 run 4's profile sent text through
+    the ids path and its 16 requests never decoded): the profile's prompts are ``n`` distinct id
+    lists of the context length, and ``generate`` refuses anything but a non-empty id list before
+    any request goes out."""
+    import serve_llm
+
+    p = serve_llm.profile_prompts(16, 8192)
+    assert len(p) == 16 and {len(x) for x in p} == {8192} and len({tuple(x[:8]) for x in p}) == 16
+    for bad in ("some text", [], [1.5, 2], None):
+        with pytest.raises(TypeError, match="token ids"):
+            serve_llm.generate(1, bad, 4)
+
+
+def test_teacher_forced_request_and_reading(monkeypatch):
+    """The teacher-forced request scores the answer from the prompt's last token on (SGLang reports
+    the first position of the range as None), and its reading keeps the answer's logprobs in order;
+    ids that do not line up, or a missing logprob, are errors, not numbers."""
+    import serve_llm
+
+    sent = []
+
+    def fake_http(url, body, timeout):
+        sent.append(body)
+        ids = body["input_ids"][body["logprob_start_len"]:]
+        lp = [[None, ids[0], None]] + [[-1.0 - i, t, None] for i, t in enumerate(ids[1:])]
+        return 200, json.dumps({"meta_info": {"input_token_logprobs": lp}}).encode()
+
+    monkeypatch.setattr(serve_llm, "http", fake_http)
+    r = serve_llm.teacher_forced(1, [5, 6, 7], [8, 9])
+    assert sent[0]["input_ids"] == [5, 6, 7, 8, 9] and sent[0]["logprob_start_len"] == 2
+    assert r == {"ok": True, "logprobs": [-1.0, -2.0]}
+    monkeypatch.setattr(serve_llm, "http", lambda url, body, timeout: (200, json.dumps(
+        {"meta_info": {"input_token_logprobs": [[None, 7, None], [-1.0, 9, None], [-2.0, 8, None]]}}).encode()))
+    assert "misaligned" in serve_llm.teacher_forced(1, [5, 6, 7], [8, 9])["error"]
+    monkeypatch.setattr(serve_llm, "http", lambda url, body, timeout: (200, json.dumps(
+        {"meta_info": {"input_token_logprobs": [[None, 8, None], [-1.0, 9, None]]}}).encode()))
+    assert "missing" in serve_llm.teacher_forced(1, [5, 6, 7], [8, 9])["error"]
 
 
 def test_one_client_process_takes_several_runs(tmp_path):

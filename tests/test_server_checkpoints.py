@@ -108,11 +108,41 @@ def test_redraw_is_deterministic_per_parameter_name():
     torch.nn.init.zeros_(b[1].weight)
     counts = check_plugin.redraw_(a)
     check_plugin.redraw_(b)
-    assert counts == {"normal": 2, "ones": 0, "zeros": 2}
+    assert counts == {"normal": 2, "ones": 0, "zeros": 2, "qk_norm": 0}
     assert torch.equal(a[0].weight, b[0].weight) and torch.equal(a[1].weight, b[1].weight)
     assert not torch.equal(a[0].weight, a[1].weight)  # seeded by name, not one stream reused
     assert check_plugin._is_norm("visual.merger.ln_q.weight") and check_plugin._is_norm("model.layers.0.self_attn.q_norm.weight")
     assert not check_plugin._is_norm("model.layers.0.mlp.down_proj.weight")
+
+
+def test_redraw_scales_qk_norms_only_where_attention_does_not():
+    """Gemma-4 (q.k unscaled after the q/k norms): q_norm / k_norm weights head_dim**-0.25, so the
+    attention logits of unit-RMS q and k spread ~1; the same module tree under another model class
+    keeps them 1, and Gemma-4's other norms stay 1."""
+    import torch
+
+    import check_plugin
+
+    def tree(cls_name, d):
+        attn = torch.nn.Module()
+        attn.q_norm, attn.k_norm, attn.o_proj = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+        layer = torch.nn.Module()
+        layer.self_attn, layer.input_layernorm = attn, torch.nn.LayerNorm(d)
+        return type(cls_name, (torch.nn.Module,), {})(), layer
+
+    for cls_name, d, want in (("Gemma4ForConditionalGeneration", 256, 0.25), ("Gemma4ForCausalLM", 512, 512 ** -0.25),
+                              ("Qwen3ForCausalLM", 256, 1.0)):
+        model, layer = tree(cls_name, d)
+        model.layer = layer
+        counts = check_plugin.redraw_(model)
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+            assert torch.allclose(norm.weight, torch.full((d,), want)) and torch.equal(norm.bias, torch.zeros(d))
+        assert torch.equal(layer.input_layernorm.weight, torch.ones(d))
+        assert counts["qk_norm"] == (2 if want != 1.0 else 0)
+    # the logits' spread the fill gives: unit-RMS q and k over d dims, weighted, dot product std ~1
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4096, 256, generator=g), torch.randn(4096, 256, generator=g)
+    assert 0.9 < ((q * 0.25) * (k * 0.25)).sum(-1).std().item() < 1.1
 
 
 def test_vit_call_line_holds_hashes_and_call_context():

@@ -60,6 +60,7 @@ POOL_LINE = re.compile(r"full_layer_tokens=(\d+), swa_layer_tokens=(\d+)")
 BACKEND_ARG = re.compile(r"(?<!\w)attention_backend(?:='|': ')(\w+)'")  # ServerArgs(...) or its dict form
 OVER_PROFILED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
 DECODE_RUNNING = re.compile(r"Decode batch.*#running-req: (\d+)")
+PROFILE_RESERVE_S = 45.0  # what one arm's profile takes (16 x 8k prefills, the steps, the trace)
 
 
 # ---- plan ---------------------------------------------------------------------------------------
@@ -177,7 +178,10 @@ class Server:
 
 
 def generate(port: int, ids: list[int], max_new_tokens: int) -> dict:
-    """One greedy /generate with the output tokens' logprobs and the top-1 minus top-2 margin per token."""
+    """One greedy /generate of token ``ids`` with the output tokens' logprobs and the top-1 minus top-2
+    margin per token."""
+    if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
+        raise TypeError(f"generate takes a non-empty list of token ids, not {type(ids).__name__}")
     body = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                                   "ignore_eos": True},
             "return_logprob": True, "top_logprobs_num": 2}
@@ -194,28 +198,43 @@ def generate(port: int, ids: list[int], max_new_tokens: int) -> dict:
 
 
 def teacher_forced(port: int, prompt: list[int], answer: list[int]) -> dict:
-    """The server's logprobs of ``answer`` after ``prompt``, scored in one extend (the prompt's
-    cached prefix, then the answer's tokens): ``logprob_start_len`` at the first answer token."""
+    """The server's logprobs of ``answer`` after ``prompt``, all scored in one prefill of
+    ``prompt + answer``. SGLang reports position ``logprob_start_len`` as None (its logprob would
+    come from the position before), so the range starts at the prompt's last token: every answer
+    token gets its logprob."""
     body = {"input_ids": prompt + answer, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-            "return_logprob": True, "logprob_start_len": len(prompt)}
+            "return_logprob": True, "logprob_start_len": len(prompt) - 1}
     try:
         _, raw = http(f"http://127.0.0.1:{port}/generate", body, timeout=300)
         lp = json.loads(raw)["meta_info"]["input_token_logprobs"]
         got = [int(x[1]) for x in lp][-len(answer):]
+        vals = [x[0] for x in lp][-len(answer):]
         if got != answer:
             return {"ok": False, "error": f"teacher-forced ids misaligned: {got[:4]}... against {answer[:4]}..."}
-        return {"ok": True, "logprobs": [x[0] for x in lp][-len(answer):]}
+        if any(v is None for v in vals):
+            return {"ok": False, "error": f"teacher-forced logprobs missing at {[i for i, v in enumerate(vals) if v is None][:4]}"}
+        return {"ok": True, "logprobs": vals}
     except Exception as exc:  # noqa: BLE001 - recorded per prompt
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def profile_prompts(n: int, context: int, seed: int = 11) -> list[list[int]]:
+    """``n`` different prompts of ``context`` token ids (no shared prefix) for the profiled decode."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, 30000) for _ in range(context)] for _ in range(n)]
 
 
 def profile_arm(s: Server, model_dir: str, layers: int, prof_dir: Path, steps: int, context: int) -> dict:
     """16 requests at ~``context`` tokens decoding; once the log shows them all running, SGLang's
     profiler over ``steps`` decode steps; the trace analysed."""
     n = 16
-    prompts = [f"Profile {i}. " + ("river stone " * (context // 12))[: context - 20] for i in range(n)]
+    prompts = profile_prompts(n, context)
     mark = len(s.text())
-    threads = [threading.Thread(target=generate, args=(s.port, p, 160), daemon=True) for p in prompts]
+    answers = []
+    threads = [threading.Thread(target=lambda p=p: answers.append(generate(s.port, p, 160)), daemon=True)
+               for p in prompts]
     for t in threads:
         t.start()
     t0 = time.monotonic()
@@ -223,6 +242,9 @@ def profile_arm(s: Server, model_dir: str, layers: int, prof_dir: Path, steps: i
         runs = [int(m[1]) for m in DECODE_RUNNING.finditer(s.text()[mark:])]
         if runs and max(runs) >= n:
             break
+        if not any(t.is_alive() for t in threads):  # all answered or failed before n ran at once
+            errors = [x.get("error") for x in answers if not x.get("ok")]
+            return {"ok": False, "error": f"the {n} requests ended before all decoded at once; errors {errors[:2]}"}
         time.sleep(0.2)
     out_dir = prof_dir / s.arm.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -380,19 +402,15 @@ def run(a) -> dict:
                 rows, a.min_full_share, a.max_logprob_diff)}
         res["accuracy_answers"] = answers
         res["accuracy_answers_ok"] = {k: sum(1 for x in v if x.get("ok")) for k, v in answers.items()}
-        # profiles
-        if a.profile_steps:
-            for s in live:
-                print(f"[serve-llm] profile {s.arm.name}", flush=True)
-                res["profiles"][s.arm.name] = profile_arm(s, str(ckpt), a.layers, a.work / "profiles", a.profile_steps,
-                                                          a.profile_context)
-        # rounds, interleaved
+        # rounds, interleaved; the profiles' time kept back from them (the profiles run after)
+        reserve_s = PROFILE_RESERVE_S * len(live) if a.profile_steps else 0.0
         per_round_s = None
         for rd in range(1, a.rounds + 1):
             elapsed = time.monotonic() - t_begin
-            if a.time_budget_s and per_round_s and elapsed + per_round_s > a.time_budget_s:
+            if a.time_budget_s and per_round_s and elapsed + per_round_s > a.time_budget_s - reserve_s:
                 res["notes"].append(f"rounds {rd}..{a.rounds} not run: {elapsed:.0f} s used, a round takes "
-                                    f"~{per_round_s:.0f} s, budget {a.time_budget_s:.0f} s")
+                                    f"~{per_round_s:.0f} s, budget {a.time_budget_s:.0f} s "
+                                    f"({reserve_s:.0f} s of it kept for the profiles)")
                 break
             t_round = time.monotonic()
             for w in workloads:
@@ -413,6 +431,13 @@ def run(a) -> dict:
                           f"{r.get('output_throughput')} tok/s in {r['wall_s']} s", flush=True)
                     write(res, a)
             per_round_s = time.monotonic() - t_round
+        # profiles (after the rounds: a stuck profile cannot cost them)
+        if a.profile_steps:
+            for s in live:
+                print(f"[serve-llm] profile {s.arm.name}", flush=True)
+                res["profiles"][s.arm.name] = profile_arm(s, str(ckpt), a.layers, a.work / "profiles", a.profile_steps,
+                                                          a.profile_context)
+                write(res, a)
     finally:
         client.close()
         for s in servers:

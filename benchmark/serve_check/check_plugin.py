@@ -11,7 +11,12 @@ Two things, both in the process that loads the model (the scheduler):
    so before sglang_fa4's warmup and budget capture), the parameters are redrawn in place as
    transformers initialises such models: norm weights 1, biases 0, every other weight
    N(0, 0.02), each from a generator seeded by the parameter's name (the same weights in every
-   server of a model).
+   server of a model). One exception (:data:`UNSCALED_QK_MODELS`): where attention does not scale
+   q.k (Gemma-4: q and k RMS-normed, then scaling 1.0), the q_norm / k_norm weights are
+   head_dim**-0.25, so the attention logits spread ~1 as a trained model's do; with weights 1 they
+   spread sqrt(head_dim) (16 at d256) and attention is nearly an argmax that FP8 rounding of K can
+   move (H200 run 4: SGLang's own triton server's prefill and decode logprobs of the same tokens were
+   1.6-4.7 nats apart on average; this cause is reasoned, not yet measured).
 2. Evidence. One log line (logged after SGLang configured the scheduler's logging) with the process
    title, pid, the hooks SGLang's HookRegistry applied per plugin, and sglang_fa4's plan:
    ``serve-check: hooks in <title> pid N: {...}``.
@@ -58,18 +63,34 @@ def _is_norm(name: str) -> bool:
     return "norm" in owner or owner == "ln_q"
 
 
+#: model classes (name prefixes) whose attention takes q.k unscaled after RMS-normed q and k
+UNSCALED_QK_MODELS = ("Gemma4",)
+
+
+def _qk_norm_fill(model, name: str, p) -> float | None:
+    """The q_norm / k_norm weight of an :data:`UNSCALED_QK_MODELS` model: head_dim**-0.25 (the
+    weight's length is the head dim); None for every other parameter and model."""
+    if not type(model).__name__.startswith(UNSCALED_QK_MODELS) or not name.endswith(("q_norm.weight", "k_norm.weight")):
+        return None
+    return float(p.shape[-1]) ** -0.25
+
+
 def redraw_(model) -> dict:
     """Redraw ``model``'s floating-point parameters in place (see the module docstring); returns
     counts for the log."""
     import torch
 
-    counts = {"normal": 0, "ones": 0, "zeros": 0}
+    counts = {"normal": 0, "ones": 0, "zeros": 0, "qk_norm": 0}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if not torch.is_floating_point(p):
                 continue
             leaf = name.rsplit(".", 1)[-1]
-            if _is_norm(name):
+            qk = _qk_norm_fill(model, name, p)
+            if qk is not None:
+                p.fill_(qk)
+                counts["qk_norm"] += 1
+            elif _is_norm(name):
                 p.fill_(1.0 if leaf == "weight" else 0.0)
                 counts["ones" if leaf == "weight" else "zeros"] += 1
             elif leaf == "bias":
