@@ -478,3 +478,78 @@ def test_kernels_loaded_after_ready_in_the_third_h100_run():
     assert sum(fa4["triton_after_ready_names"].values()) == fa4["triton_after_ready"] == 10
     assert triton["triton_after_ready_names"]["_fwd_kernel"] == 2 and "_fwd_kernel" not in fa4["triton_after_ready_names"]
     assert "fp8_paged_decode_split" in text["fa4"] and fa4["triton_before_ready"] > 0
+
+
+def test_the_whole_run_against_fake_servers(tmp_path, monkeypatch):
+    """serve_llm.run end to end on the CPU: real server processes (tests/fake_sglang_server.py, which
+    speaks SGLang's /generate conventions and takes token ids only), the accuracy prompts and their
+    teacher-forced scoring, three interleaved rounds through the bench client (a stand-in writing
+    bench_serving's result line), the profiles after the rounds, the report and exit code. Both
+    H200/H100 harness failures of 2026-12-07 (client without stand-ins, profile prompts sent as text)
+    stopped a whole device call; this runs every step of such a call here first."""
+    import serve_llm
+
+    fake = ROOT / "tests" / "fake_sglang_server.py"
+
+    def build_servers(a, arms, ckpt, pythonpath, opts):
+        out = []
+        for arm in arms:
+            port = serve_llm.free_port()
+            argv = [sys.executable, str(fake), "--port", str(port), "--attention-backend", arm.backend]
+            env = {**os.environ, **serve_arms.server_env(arm)}
+            out.append(serve_llm.Server(arm, argv, env, a.work / f"server-{a.model}-{arm.name}.log", port))
+        return out
+
+    class Client:
+        def __init__(self, python, env, cwd):
+            self.started = False
+
+        def start(self):
+            self.started = True
+
+        def run(self, args, timeout):
+            assert self.started  # started while the servers came up
+            port, out = int(args[args.index("--port") + 1]), Path(args[args.index("--output-file") + 1])
+            n = int(args[args.index("--num-prompts") + 1])
+            tput = 1000.0 * (1.2 if port == ports["fa4"] else 1.0)
+            out.write_text(json.dumps({"completed": n, "duration": 1.0, "output_throughput": tput,
+                                       "mean_tpot_ms": 10.0, "median_tpot_ms": 10.0, "median_itl_ms": 9.0,
+                                       "mean_itl_ms": 9.0, "mean_ttft_ms": 100.0, "median_ttft_ms": 100.0,
+                                       "errors": [""] * n, "output_lens": [8] * n}) + "\n")
+            return 0, None, "fake bench\n"
+
+        def close(self):
+            pass
+
+    ports = {}
+    real_build = build_servers
+
+    def build_and_note(a, arms, ckpt, pythonpath, opts):
+        servers = real_build(a, arms, ckpt, pythonpath, opts)
+        ports.update({s.arm.name: s.port for s in servers})
+        return servers
+
+    monkeypatch.setattr(serve_llm, "build_servers", build_and_note)
+    monkeypatch.setattr(serve_llm.bench, "Client", Client)
+    rc = serve_llm.main(["--model", "gemma4_31b", "--arms", "triton,fa4", "--out", str(tmp_path / "out"),
+                         "--work", str(tmp_path / "work"), "--workloads", "64:8:4:4", "--rounds", "3",
+                         "--accuracy-prompts", "3", "--profile-steps", "2", "--start-timeout-s", "60",
+                         "--time-budget-s", "400"])
+    res = json.loads((tmp_path / "out" / "serve_llm-gemma4_31b.json").read_text())
+    assert rc == 0, res["notes"]
+    assert [s["ready"] for s in res["servers"]] == [True, True]
+    assert [x["resolved_backend"] for x in res["meta"]["arms"]] == [["triton"], ["fa4"]]  # read from each log
+    assert all(s["log_facts"]["triton_after_ready"] == 0 for s in res["servers"])
+    assert [(r["round"], r["arm"]) for r in res["runs"]] == [(1, "triton"), (1, "fa4"), (2, "triton"), (2, "fa4"),
+                                                            (3, "triton"), (3, "fa4")]
+    assert all(r["result"]["ok"] for r in res["runs"])
+    assert res["ratios"]["in64-out8-c4"]["fa4"]["output_throughput"]["per_round"] == [1.2, 1.2, 1.2]
+    v = res["accuracy"]["fa4"]["verdict"]
+    # the same "model" in both arms: every token equal, prefill scores equal decode, nothing inconclusive
+    assert v["ok"] and v["all_leading_equal"] == 3 and v["tf_mean_abs_diff_max"] == 0.0
+    assert v["base_decode_vs_extend_mean_max"] == 0.0 and v["inconclusive"] is None
+    for arm in ("triton", "fa4"):
+        p = res["profiles"][arm]
+        assert p["ok"] and p["gpu_us_per_step"] == 500.0 and p["attention_us_per_layer"] == round(100.0 / 12, 3)
+    md = (tmp_path / "out" / "serve_llm-gemma4_31b.md").read_text()
+    assert "PASS" in md and "| in64-out8-c4 | fa4 | output_throughput | 1.200 |" in md

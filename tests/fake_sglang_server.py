@@ -1,0 +1,131 @@
+"""A stand-in for ``python -m sglang.launch_server`` that speaks just enough of SGLang 0.5.23's HTTP
+API and log for ``benchmark/release/serve_llm.py``'s orchestration to run end to end on a CPU
+(tests/test_serve_llm.py): the log lines the harness waits for (the KV pool, "ready"), ``/v1/models``,
+``/generate`` with ``input_ids`` only (text is refused, as the harness must never send it), greedy
+logprobs with SGLang's conventions (``output_top_logprobs``; ``input_token_logprobs`` from
+``logprob_start_len`` with None at that first position), a "Decode batch ... #running-req: N" line
+while requests decode at once, and ``/start_profile`` writing a torch-profiler-like trace.
+
+The "model" is a hash: the next token and its logprob depend only on the ids before it, so the
+same ids get the same answer in every arm and a prefill scores a greedy answer exactly as the
+decode did. ``--skew`` (nats) shifts every logprob of one arm, to make a run's arms differ.
+
+usage: fake_sglang_server.py --port P [--attention-backend B] [--skew X] [...ignored SGLang args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+READY = "The server is fired up and ready to roll!"
+
+
+def next_token(ids: list[int]) -> tuple[int, float, float]:
+    """(token, its logprob, the runner-up's logprob) after ``ids``."""
+    h = hashlib.sha256(json.dumps(ids[-64:]).encode() + str(len(ids)).encode()).digest()
+    tok = 1000 + int.from_bytes(h[:4], "little") % 29000
+    lp = -8.0 - h[4] / 255.0
+    return tok, lp, lp - 0.05 - h[5] / 255.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+
+
+class State:
+    def __init__(self, skew: float):
+        self.skew, self.running, self.lock = skew, 0, threading.Lock()
+
+
+def handler(state: State):
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code: int, body: dict) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self.reply(200, {"data": [{"id": "fake"}]} if self.path == "/v1/models" else {})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path == "/start_profile":
+                threading.Thread(target=write_trace, args=(Path(body["output_dir"]), body.get("num_steps", 5)),
+                                 daemon=True).start()
+                return self.reply(200, {})
+            if self.path != "/generate":
+                return self.reply(404, {"error": self.path})
+            ids = body.get("input_ids")
+            if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
+                return self.reply(400, {"error": "the fake server takes input_ids only"})
+            n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+            with state.lock:
+                state.running += 1
+                log(f"Decode batch, #running-req: {state.running}, #token: {len(ids)}")
+            try:
+                seq, out, top = list(ids), [], []
+                for _ in range(n):
+                    tok, lp, lp2 = next_token(seq)
+                    out.append([lp + state.skew, tok, None])
+                    top.append([[lp + state.skew, tok, None], [lp2 + state.skew, tok + 1, None]])
+                    seq.append(tok)
+                    time.sleep(0.002)
+                meta = {"output_token_logprobs": out, "output_top_logprobs": top}
+                start = body.get("logprob_start_len")
+                if start is not None:  # SGLang: position ``start`` gets None, then each token's logprob
+                    meta["input_token_logprobs"] = [[None, ids[start], None]] + [
+                        [next_token(ids[:i])[1] + state.skew if next_token(ids[:i])[0] == ids[i] else -20.0, ids[i], None]
+                        for i in range(start + 1, len(ids))]
+                time.sleep(0.3)  # long enough for concurrent requests to overlap
+                return self.reply(200, {"text": "", "meta_info": meta})
+            finally:
+                with state.lock:
+                    state.running -= 1
+
+    return H
+
+
+def write_trace(out_dir: Path, steps: int) -> None:
+    time.sleep(0.2)
+    events = []
+    for _ in range(steps):
+        events += [{"ph": "X", "cat": "kernel", "name": "fp8_paged_decode_split", "dur": 100.0},
+                   {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_192x16_64x8_2x1_v_bz_TNT", "dur": 400.0}]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "fake.trace.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--skew", type=float, default=0.0)
+    a, _ = ap.parse_known_args()
+    log(f"server_args=ServerArgs(attention_backend='{a.attention_backend}', fake=True)")
+    server = ThreadingHTTPServer(("127.0.0.1", a.port), handler(State(a.skew)))
+    log("Full KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 1000")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log(READY)
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
