@@ -102,9 +102,10 @@ def handler(state: State):
 def write_trace(out_dir: Path, steps: int) -> None:
     time.sleep(0.2)
     events = []
-    for _ in range(steps):
-        events += [{"ph": "X", "cat": "kernel", "name": "fp8_paged_decode_split", "dur": 100.0},
-                   {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_192x16_64x8_2x1_v_bz_TNT", "dur": 400.0}]
+    for _ in range(steps):  # a 12-layer step: per layer attention and a GEMM, the LM head once
+        events += [{"ph": "X", "cat": "kernel", "name": "fp8_paged_decode_split", "dur": 10.0},
+                   {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_192x16_64x8_2x1_v_bz_TNT", "dur": 30.0}] * 12
+        events.append({"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_512x16_64x3_2x1_v_bz_TNT", "dur": 20.0})
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "fake.trace.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
 

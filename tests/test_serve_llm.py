@@ -252,8 +252,26 @@ def test_profile_analysis():
     assert r["gpu_us_per_step"] == 100.0 and r["attention_us_per_layer"] == 10.0 and r["attention_share"] == 0.2
     assert r["us_per_step_by_kind"] == {"attention": 20.0, "gemm": 50.0, "other": 10.0, "torch_native": 20.0}
     assert r["graph_launches"] == 1 and r["top_kernels"][0]["kind"] == "gemm"
+    # every kernel above ran once in 2 steps: none once a step
+    assert r["us_per_step_once"] == 0.0
     assert not decode_profile.analyse({"traceEvents": []}, 1, 1)["ok"]
     assert decode_profile.kind_of("fused_rmsnorm_attn_kernel") != "attention"
+
+
+def test_profile_projection_to_full_depth():
+    """Two steps of a 2-layer cut: the LM head (once a step) stays, the per-layer kernels scale with
+    depth; a kernel launched twice a step is a per-layer one."""
+    ev = []
+    for _ in range(2):
+        ev += [{"ph": "X", "cat": "kernel", "name": "lm_head_nvjet_gemm", "dur": 50.0}]
+        ev += [{"ph": "X", "cat": "kernel", "name": "fp8_paged_decode_split", "dur": 10.0}] * 2
+        ev += [{"ph": "X", "cat": "kernel", "name": "nvjet_layer_gemm", "dur": 20.0}] * 2
+    r = decode_profile.analyse({"traceEvents": ev}, steps=2, layers=2)
+    assert r["gpu_us_per_step"] == 110.0 and r["us_per_step_once"] == 50.0
+    assert decode_profile.project(r, 2, 2) == 110.0
+    assert decode_profile.project(r, 2, 10) == 50.0 + 60.0 * 5
+    with pytest.raises(ValueError):
+        decode_profile.project(r, 0, 10)
 
 
 def test_cpu_dry_run_resolves_every_arm(tmp_path):
@@ -550,6 +568,9 @@ def test_the_whole_run_against_fake_servers(tmp_path, monkeypatch):
     assert v["base_decode_vs_extend_mean_max"] == 0.0 and v["inconclusive"] is None
     for arm in ("triton", "fa4"):
         p = res["profiles"][arm]
-        assert p["ok"] and p["gpu_us_per_step"] == 500.0 and p["attention_us_per_layer"] == round(100.0 / 12, 3)
+        assert p["ok"] and p["gpu_us_per_step"] == 500.0 and p["attention_us_per_layer"] == 10.0
+        assert p["us_per_step_once"] == 20.0
     md = (tmp_path / "out" / "serve_llm-gemma4_31b.md").read_text()
+    # the fake trace's LM head (20 us) once a step, the other 480 us x 60/12 at full depth, the arms alike
+    assert "- **fa4**: 2420.0 us a decode step (20.0 us of it once a step); baseline / arm 1.000" in md
     assert "PASS" in md and "| in64-out8-c4 | fa4 | output_throughput | 1.200 |" in md

@@ -347,7 +347,8 @@ def run(a) -> dict:
                       f": reduced so {len(arms)} servers fit the one GPU at once ({a.layers_reason})"))
     res = {"command": "python3 " + " ".join(shlex.quote(x) for x in sys.argv),
            "meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "gpu": gpu_name(),
-                    "model": a.model, "layers": a.layers, "layers_note": layers_note, "baseline": plan.baseline,
+                    "model": a.model, "layers": a.layers, "full_layers": llm_checkpoints.FULL_LAYERS[a.model],
+                    "layers_note": layers_note, "baseline": plan.baseline,
                     "arms": [{"name": x.name, "what": x.what, "kv_cache_dtype": x.kv_cache_dtype,
                               "upgrade": x.upgrade, "expected_backend": x.backend} for x in arms],
                     "server_opts": opts.__dict__, "workloads": [w.__dict__ for w in workloads], "rounds": a.rounds,

@@ -125,6 +125,26 @@ def accuracy_verdict(rows: list[dict], min_full_share: float, max_mean_diff: flo
                                     "near_tie_margin": near_tie}}
 
 
+def projection_lines(res: dict) -> list[str]:
+    """Each profiled arm's decode step projected to the model's full depth (decode_profile.project),
+    and its ratio to the baseline's: a projection from the cut model, not a measurement."""
+    from decode_profile import project
+
+    meta, profiles = res["meta"], res.get("profiles", {})
+    layers, full = meta.get("layers"), meta.get("full_layers")
+    ok = {a: p for a, p in profiles.items() if p.get("ok") and "us_per_step_once" in p}
+    if not (layers and full and ok) or layers == full:
+        return []
+    steps = {a: project(p, layers, full) for a, p in ok.items()}
+    base = steps.get(meta.get("baseline"))
+    out = ["", f"Projected to the full {full} layers (once-a-step kernels kept, the rest x {full}/{layers}; "
+               "a projection, not a measurement):"]
+    for a, us in steps.items():
+        ratio = f"; baseline / arm {base / us:.3f}" if base and a != meta.get("baseline") else ""
+        out.append(f"- **{a}**: {us} us a decode step ({ok[a]['us_per_step_once']} us of it once a step){ratio}")
+    return out
+
+
 def _f(v, nd=2):
     return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
@@ -187,5 +207,6 @@ def markdown(res: dict) -> str:
                      f"{p['attention_us_per_layer']} us per layer, {100 * p['attention_share']:.1f}% of the step; by kind "
                      f"{p['us_per_step_by_kind']}; top: "
                      + "; ".join(f"{k['name'][:60]} ({k['kind']}) {k['us_per_step']} us" for k in p["top_kernels"][:6]))
+    lines += projection_lines(res)
     lines += ["", "## Notes", ""] + [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
