@@ -36,45 +36,62 @@ def next_token(ids: list[int]) -> tuple[int, float, float]:
     return tok, lp, lp - 0.05 - h[5] / 255.0
 
 
+def scored(before: list[int], tok: int) -> float:
+    """A prefill's logprob of ``tok`` after ``before``: the decode's where it is the greedy token."""
+    greedy, lp, _ = next_token(before)
+    return lp if greedy == tok else -20.0
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler that answers JSON (this fake's, and tests/test_server_client.py's)."""
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, body: dict, code: int = 200) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+#: a request answers only once no other arrived for this long (at most HOLD_S in all), so requests
+#: sent together (the profile's 16) decode together however slowly a loaded machine starts them
+QUIET_S, HOLD_S = 0.3, 5.0
+
+
 class State:
     def __init__(self, skew: float):
-        self.skew, self.running, self.lock = skew, 0, threading.Lock()
+        self.skew, self.running, self.lock, self.last_arrival = skew, 0, threading.Lock(), 0.0
 
 
 def handler(state: State):
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def reply(self, code: int, body: dict) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
+    class H(JsonHandler):
         def do_GET(self):
-            self.reply(200, {"data": [{"id": "fake"}]} if self.path == "/v1/models" else {})
+            self.reply({"data": [{"id": "fake"}]} if self.path == "/v1/models" else {})
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path == "/start_profile":
                 threading.Thread(target=write_trace, args=(Path(body["output_dir"]), body.get("num_steps", 5)),
                                  daemon=True).start()
-                return self.reply(200, {})
+                return self.reply({})
             if self.path != "/generate":
-                return self.reply(404, {"error": self.path})
+                return self.reply({"error": self.path}, 404)
             ids = body.get("input_ids")
             if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
-                return self.reply(400, {"error": "the fake server takes input_ids only"})
+                return self.reply({"error": "the fake server takes input_ids only"}, 400)
             n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+            t0 = time.monotonic()
             with state.lock:
                 state.running += 1
+                state.last_arrival = t0
                 log(f"Decode batch, #running-req: {state.running}, #token: {len(ids)}")
             try:
                 seq, out, top = list(ids), [], []
@@ -88,10 +105,10 @@ def handler(state: State):
                 start = body.get("logprob_start_len")
                 if start is not None:  # SGLang: position ``start`` gets None, then each token's logprob
                     meta["input_token_logprobs"] = [[None, ids[start], None]] + [
-                        [next_token(ids[:i])[1] + state.skew if next_token(ids[:i])[0] == ids[i] else -20.0, ids[i], None]
-                        for i in range(start + 1, len(ids))]
-                time.sleep(0.3)  # long enough for concurrent requests to overlap
-                return self.reply(200, {"text": "", "meta_info": meta})
+                        [scored(ids[:i], ids[i]) + state.skew, ids[i], None] for i in range(start + 1, len(ids))]
+                while time.monotonic() - state.last_arrival < QUIET_S and time.monotonic() - t0 < HOLD_S:
+                    time.sleep(0.02)
+                return self.reply({"text": "", "meta_info": meta})
             finally:
                 with state.lock:
                     state.running -= 1

@@ -508,11 +508,12 @@ def test_the_whole_run_against_fake_servers(tmp_path, monkeypatch):
     import serve_llm
 
     fake = ROOT / "tests" / "fake_sglang_server.py"
+    ports = {}
 
     def build_servers(a, arms, ckpt, pythonpath, opts):
         out = []
         for arm in arms:
-            port = serve_llm.free_port()
+            ports[arm.name] = port = serve_llm.free_port()
             argv = [sys.executable, str(fake), "--port", str(port), "--attention-backend", arm.backend]
             env = {**os.environ, **serve_arms.server_env(arm)}
             out.append(serve_llm.Server(arm, argv, env, a.work / f"server-{a.model}-{arm.name}.log", port))
@@ -539,15 +540,7 @@ def test_the_whole_run_against_fake_servers(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    ports = {}
-    real_build = build_servers
-
-    def build_and_note(a, arms, ckpt, pythonpath, opts):
-        servers = real_build(a, arms, ckpt, pythonpath, opts)
-        ports.update({s.arm.name: s.port for s in servers})
-        return servers
-
-    monkeypatch.setattr(serve_llm, "build_servers", build_and_note)
+    monkeypatch.setattr(serve_llm, "build_servers", build_servers)
     monkeypatch.setattr(serve_llm.bench, "Client", Client)
     rc = serve_llm.main(["--model", "gemma4_31b", "--arms", "triton,fa4", "--out", str(tmp_path / "out"),
                          "--work", str(tmp_path / "work"), "--workloads", "64:8:4:4", "--rounds", "3",

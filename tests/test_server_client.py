@@ -10,7 +10,7 @@ import json
 import re
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ sys.path[:0] = [str(ROOT / "benchmark" / "serve_check"), str(ROOT / "benchmark" 
 import check_server  # noqa: E402
 import client  # noqa: E402
 import logcheck  # noqa: E402
+from fake_sglang_server import JsonHandler  # noqa: E402
 
 try:
     import openai  # noqa: F401
@@ -31,7 +32,7 @@ except ImportError:  # .venv has no openai: each SGLang target dir carries the v
 pytest.importorskip("openai")
 
 
-class FakeSGLang(BaseHTTPRequestHandler):
+class FakeSGLang(JsonHandler):
     """Chat completions: output ids derived from the request's content (so equal requests get
     equal ids), one <|image_pad|> per image in the prompt ids; ``corrupt`` names requests whose
     n-th answer is altered (a stand-in for cross-request corruption)."""
@@ -40,19 +41,8 @@ class FakeSGLang(BaseHTTPRequestHandler):
     corrupt: set = set()
     requests: list = []
 
-    def log_message(self, *a):
-        pass
-
-    def _json(self, obj, code=200):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self):
-        self._json({"object": "list", "data": [{"id": "m", "object": "model"}]})
+        self.reply({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -74,7 +64,7 @@ class FakeSGLang(BaseHTTPRequestHandler):
             choice["response_token_ids"] = ids
             choice["prompt_token_ids"] = [151644] + [client.IMAGE_PAD] * (7 * len(images)) \
                 + [client.VIDEO_PAD] * (1196 * len(videos)) + [151645]
-        self._json({"id": "c", "object": "chat.completion", "created": 0, "model": req["model"],
+        self.reply({"id": "c", "object": "chat.completion", "created": 0, "model": req["model"],
                     "choices": [choice], "usage": {"prompt_tokens": 9, "completion_tokens": len(ids), "total_tokens": 9}})
 
 

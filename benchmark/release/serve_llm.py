@@ -4,12 +4,15 @@ Gemma-4), with real SGLang ``launch_server`` processes on one GPU.
 One invocation, one model: each arm's server (benchmark/serve_check/serve_arms.py) started ONCE,
 one after another (the next when the previous has sized its KV pool), all alive together with the
 same ``--max-total-tokens`` (equal KV pools in tokens) and ``--mem-fraction-static``; then, against
-the live servers, one serving at a time: the accuracy prompts (greedy, 32 tokens, logprobs) on
-every arm, one decode profile per arm (torch.profiler through ``/start_profile``, 16 requests at
-~8k context), then SGLang's own ``bench_serving`` per workload in rounds A B C A B C A B C; the
-servers stopped, their logs read (0 FA4 compiles / Triton kernel loads after ready, the backend
-each resolved, the pools). Dummy weights redrawn N(0, 0.02) per parameter name
-(serve_check/check_plugin.py) so greedy tokens mean something and are the same in every arm.
+the live servers, one serving at a time: the accuracy prompts (token ids, greedy, 32 tokens, logprobs
+and top-2 margins) on every arm, and every arm scoring the baseline's answers teacher-forced; then
+SGLang's own ``bench_serving`` (one client process, serve_check/bench_serving_run.Client) per
+workload in rounds A B C A B C A B C; then one decode profile per arm (torch.profiler through
+``/start_profile``, 16 requests at ~8k context; its time kept back from the rounds); the servers
+stopped, their logs read (0 FA4 compiles / Triton kernel loads after ready, the backend each
+resolved, the pools). Dummy weights redrawn N(0, 0.02) per parameter name, Gemma-4's q/k norms at
+head_dim**-0.25 (serve_check/check_plugin.py), so greedy tokens mean something and are the same in
+every arm.
 
 Writes OUT/serve_llm-MODEL.json and .md and OUT/serve_llm-MODEL-logs.tgz (the servers' logs, the
 bench_serving outputs, the profiles' summaries). ``--cpu-dry`` runs what a CPU can: checkpoint
@@ -89,16 +92,20 @@ def memory_estimate_gib(model: str, layers: int, arms, opts: serve_arms.ServerOp
     return out
 
 
-def accuracy_prompts(n: int, seed: int = 7, low: int = 1000, high: int = 30000) -> list[dict]:
+def token_ids(rng, n: int, low: int = 1000, high: int = 30000) -> list[int]:
+    """``n`` ordinary token ids (below every served model's vocabulary, above its special ids)."""
+    return [rng.randrange(low, high) for _ in range(n)]
+
+
+def accuracy_prompts(n: int, seed: int = 7) -> list[dict]:
     """``n`` fixed prompts of 16 to 3000 token ids (longer than Gemma-4's 1024-token window, so the
-    sliding layers slide), seeded, drawn from ordinary ids: sent as ``input_ids`` so the
-    teacher-forced request can append the baseline's answer token for token."""
+    sliding layers slide), seeded: sent as ``input_ids`` so the teacher-forced request can append
+    the baseline's answer token for token."""
     import random
 
     rng = random.Random(seed)
     sizes = [16, 64, 200, 500, 1000, 1500, 2200, 3000]
-    return [{"name": f"p{i}-{sizes[i % len(sizes)]}", "ids": [rng.randrange(low, high) for _ in range(sizes[i % len(sizes)])]}
-            for i in range(n)]
+    return [{"name": f"p{i}-{sizes[i % len(sizes)]}", "ids": token_ids(rng, sizes[i % len(sizes)])} for i in range(n)]
 
 
 # ---- servers ------------------------------------------------------------------------------------
@@ -177,6 +184,17 @@ class Server:
                 continue
 
 
+def post_generate(port: int, body: dict) -> dict:
+    """SGLang's ``/generate``: the answer's ``meta_info``."""
+    _, raw = http(f"http://127.0.0.1:{port}/generate", body, timeout=300)
+    return json.loads(raw)["meta_info"]
+
+
+def failed(exc: Exception) -> dict:
+    """A request's failure, recorded per prompt."""
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def generate(port: int, ids: list[int], max_new_tokens: int) -> dict:
     """One greedy /generate of token ``ids`` with the output tokens' logprobs and the top-1 minus top-2
     margin per token."""
@@ -186,15 +204,14 @@ def generate(port: int, ids: list[int], max_new_tokens: int) -> dict:
                                                   "ignore_eos": True},
             "return_logprob": True, "top_logprobs_num": 2}
     try:
-        _, raw = http(f"http://127.0.0.1:{port}/generate", body, timeout=300)
-        meta = json.loads(raw)["meta_info"]
+        meta = post_generate(port, body)
         lp = meta["output_token_logprobs"]
         top = meta.get("output_top_logprobs") or []
         margins = [round(t[0][0] - t[1][0], 6) if t and len(t) > 1 and None not in (t[0][0], t[1][0]) else None
                    for t in top]
         return {"ok": True, "ids": [int(x[1]) for x in lp], "logprobs": [x[0] for x in lp], "margins": margins}
     except Exception as exc:  # noqa: BLE001 - recorded per prompt
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        return failed(exc)
 
 
 def teacher_forced(port: int, prompt: list[int], answer: list[int]) -> dict:
@@ -205,8 +222,7 @@ def teacher_forced(port: int, prompt: list[int], answer: list[int]) -> dict:
     body = {"input_ids": prompt + answer, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
             "return_logprob": True, "logprob_start_len": len(prompt) - 1}
     try:
-        _, raw = http(f"http://127.0.0.1:{port}/generate", body, timeout=300)
-        lp = json.loads(raw)["meta_info"]["input_token_logprobs"]
+        lp = post_generate(port, body)["input_token_logprobs"]
         got = [int(x[1]) for x in lp][-len(answer):]
         vals = [x[0] for x in lp][-len(answer):]
         if got != answer:
@@ -215,7 +231,7 @@ def teacher_forced(port: int, prompt: list[int], answer: list[int]) -> dict:
             return {"ok": False, "error": f"teacher-forced logprobs missing at {[i for i, v in enumerate(vals) if v is None][:4]}"}
         return {"ok": True, "logprobs": vals}
     except Exception as exc:  # noqa: BLE001 - recorded per prompt
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        return failed(exc)
 
 
 def profile_prompts(n: int, context: int, seed: int = 11) -> list[list[int]]:
@@ -223,10 +239,10 @@ def profile_prompts(n: int, context: int, seed: int = 11) -> list[list[int]]:
     import random
 
     rng = random.Random(seed)
-    return [[rng.randrange(1000, 30000) for _ in range(context)] for _ in range(n)]
+    return [token_ids(rng, context) for _ in range(n)]
 
 
-def profile_arm(s: Server, model_dir: str, layers: int, prof_dir: Path, steps: int, context: int) -> dict:
+def profile_arm(s: Server, layers: int, prof_dir: Path, steps: int, context: int) -> dict:
     """16 requests at ~``context`` tokens decoding; once the log shows them all running, SGLang's
     profiler over ``steps`` decode steps; the trace analysed."""
     n = 16
@@ -271,16 +287,20 @@ def profile_arm(s: Server, model_dir: str, layers: int, prof_dir: Path, steps: i
 
 # ---- the run ------------------------------------------------------------------------------------
 
+#: the CUDA-only stand-ins (site/sitecustomize.py installs them) and the serve-check modules
+STAND_IN_PATHS = (str(SERVE / "site"), str(SERVE))
+
+
 def client_pythonpath(a) -> str:
     """bench_serving's path: SGLang's packages behind the same CUDA-only stand-ins the servers get
     (on a CUDA machine ``sglang.benchmark.serving`` imports ``sgl_kernel`` through SGLang's
     quantization registry), without the plugin."""
-    return ":".join([str(SERVE / "site"), str(SERVE), a.pythonpath])
+    return ":".join([*STAND_IN_PATHS, a.pythonpath])
 
 
 def server_pythonpath(a) -> str:
     """The servers' path: the stand-ins, the plugin's entry point (``a.work/ep``), SGLang's packages."""
-    return ":".join([str(SERVE / "site"), str(SERVE), str(a.work / "ep"), a.pythonpath])
+    return ":".join([*STAND_IN_PATHS, str(a.work / "ep"), a.pythonpath])
 
 
 def build_servers(a, arms, ckpt: Path, pythonpath: str, opts) -> list[Server]:
@@ -310,12 +330,12 @@ def log_facts(text: str) -> dict:
     f["pool_below_max_total_tokens"] = {"asked": int(over[0][1]), "profiled": int(over[0][2])} if over else None
     trit = [i for i, line in enumerate(lines) if "serve-llm: triton kernel loaded" in line]
     f["triton_before_ready"] = sum(1 for i in trit if ready_at is not None and i < ready_at)
-    # a server that never got ready has no "after ready" (None, not every load)
-    f["triton_after_ready"] = None if ready_at is None else sum(1 for i in trit if i > ready_at)
     after = Counter(lines[i].rsplit("loaded ", 1)[1].rsplit(".", 1)[-1].strip() for i in trit
                     if ready_at is not None and i > ready_at)
     f["triton_after_ready_names"] = dict(sorted(after.items()))
-    # the route's own kernels (fp8_paged_*, fp8_forward_*): compiled at startup or it is a bug
+    # a server that never got ready has no "after ready" (None, not every load); the route's own
+    # kernels (fp8_paged_*, fp8_forward_*) must all have compiled at startup
+    f["triton_after_ready"] = None if ready_at is None else sum(after.values())
     f["route_triton_after_ready"] = None if ready_at is None else sum(n for k, n in after.items() if k.startswith("fp8_"))
     f["fa3_seam"] = sorted({line.split("fa3 seam", 1)[1].split(";")[0].strip() for line in lines if "fa3 seam" in line})
     f["route_lines"] = [line[-300:] for line in lines if "sglang-fa4:" in line and "backend" in line][:5]
@@ -436,7 +456,7 @@ def run(a) -> dict:
         if a.profile_steps:
             for s in live:
                 print(f"[serve-llm] profile {s.arm.name}", flush=True)
-                res["profiles"][s.arm.name] = profile_arm(s, str(ckpt), a.layers, a.work / "profiles", a.profile_steps,
+                res["profiles"][s.arm.name] = profile_arm(s, a.layers, a.work / "profiles", a.profile_steps,
                                                           a.profile_context)
                 write(res, a)
     finally:

@@ -14,9 +14,15 @@ checkpoint directory (no /model_info lookup, no hub).
 from __future__ import annotations
 
 import json
+import queue
 import random
+import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench_serving_main import DONE_MARK
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone cloud field light "
@@ -115,10 +121,6 @@ class Client:
 
     def start(self) -> None:
         """Start the process now (it imports SGLang at once: start it while the servers come up)."""
-        import queue
-        import subprocess
-        import threading
-
         self.proc = subprocess.Popen([self.python, str(Path(__file__).resolve().parent / "bench_serving_main.py"),
                                       "--stdin"], env=self.env, cwd=self.cwd, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -133,11 +135,6 @@ class Client:
         threading.Thread(target=pump, daemon=True).start()
 
     def run(self, args: list[str], timeout: float) -> tuple[int, str | None, str]:
-        import queue
-        import time
-
-        from bench_serving_main import DONE_MARK
-
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         self.proc.stdin.write(json.dumps(args) + "\n")

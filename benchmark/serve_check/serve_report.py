@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import statistics
 
+from decode_profile import project
+
 RATIO_METRICS = ("output_throughput", "mean_tpot_ms", "median_itl_ms", "mean_ttft_ms", "median_ttft_ms")
 
 
@@ -128,8 +130,6 @@ def accuracy_verdict(rows: list[dict], min_full_share: float, max_mean_diff: flo
 def projection_lines(res: dict) -> list[str]:
     """Each profiled arm's decode step projected to the model's full depth (decode_profile.project),
     and its ratio to the baseline's: a projection from the cut model, not a measurement."""
-    from decode_profile import project
-
     meta, profiles = res["meta"], res.get("profiles", {})
     layers, full = meta.get("layers"), meta.get("full_layers")
     ok = {a: p for a, p in profiles.items() if p.get("ok") and "us_per_step_once" in p}
