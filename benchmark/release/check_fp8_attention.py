@@ -425,6 +425,10 @@ def section_speed():
         ("1x16384", [16384], 16, 64, False),
         ("1x16384", [16384], 16, 96, False),
         ("8x4096", [4096] * 8, 16, 64, False),
+        # the head dims above 128 (Gemma-4's sliding layers run d256 with a causal window)
+        ("1x16384", [16384], 16, 192, False),
+        ("1x16384", [16384], 16, 256, False),
+        ("1x16384", [16384], 16, 256, True),
     ]
     for name, lens, h, d, causal in shapes:
         cu = make_cu(lens)
