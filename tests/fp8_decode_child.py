@@ -128,7 +128,7 @@ def run_case(c: dict, device: str) -> dict:
         got, lse = paged_kv_attention(*args, **kw), None
     else:
         got, lse = paged_decode_attention(*args, **kw, return_lse=True, num_splits=c.get("splits"),
-                                          sms=c.get("sms", 132 if device == "cpu" else None))
+                                          sms=c.get("sms", 132 if device == "cpu" else None), launch=c.get("launch"))
     # the reference takes the ranges within each sequence's keys (absolute positions: the same)
     ref, ref_lse = reference(q.float(), k, v, table, seqlens, cu_q, kd, vd, scale, causal, window, ranges)
     into_out = got is out
@@ -160,13 +160,13 @@ def run_decode_vs_extend(c: dict, device: str) -> dict:
     ext = paged_decode_attention(dev(q), dev(k), dev(v), dev(table), dev(torch.tensor([L], dtype=torch.int32)),
                                  dev(cu_seqlens([n])), n, k_descale=dev(kd), v_descale=dev(vd),
                                  causal=True, window_size=window, num_splits=c.get("extend_splits"),
-                                 sms=132 if device == "cpu" else None)
+                                 sms=132 if device == "cpu" else None, launch=c.get("launch"))
     lens = torch.arange(L - n + 1, L + 1, dtype=torch.int32)
     dec = paged_decode_attention(dev(q), dev(k), dev(v), dev(table.expand(n, -1).contiguous()), dev(lens),
                                  dev(torch.arange(n + 1, dtype=torch.int32)), 1,
                                  k_descale=dev(kd.expand(n, hkv)), v_descale=dev(vd.expand(n, hkv)), causal=True,
                                  window_size=window, num_splits=c.get("decode_splits"),
-                                 sms=132 if device == "cpu" else None)
+                                 sms=132 if device == "cpu" else None, launch=c.get("launch"))
     ref, _ = reference(q.float(), k, v, table, torch.tensor([L], dtype=torch.int32), cu_seqlens([n]), kd, vd,
                        d ** -0.5, True, window)
     e, dd = ext.float().cpu().double(), dec.float().cpu().double()
@@ -255,6 +255,8 @@ def main() -> None:
                          "d512: tests/test_fp8_paged_d512.py's cases + GPU_D512_CASES")
     ap.add_argument("--only", nargs="+", default=None, metavar="SUBSTRING",
                     help="run only the cases whose name contains one of these")
+    ap.add_argument("--launch", type=json.loads, default=None, metavar="JSON",
+                    help='launch-plan overrides for every case (e.g. \'{"v_words": true}\': the kernel variant to check)')
     ap.add_argument("--out", default=None, help="also write the results (JSON) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
     args = ap.parse_args()
@@ -270,6 +272,8 @@ def main() -> None:
         cases = {**CASES, **(GPU_CASES if args.matrix == "gpu" else {})}
     if args.only:
         cases = {n: c for n, c in cases.items() if any(part in n for part in args.only)}
+    if args.launch:
+        cases = {n: {**c, "launch": {**c.get("launch", {}), **args.launch}} for n, c in cases.items()}
     results = {}
     for name, c in cases.items():
         try:

@@ -6,8 +6,9 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness refusals fa3 kernel tune tune-splits wide ncu matrix-first matrix-short
-# matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
+# STEPS (in the order given): env correctness correctness-other-v refusals fa3 kernel vread tune tune-splits wide
+# ncu matrix-first matrix-short matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time
+# budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
 set -uo pipefail
@@ -37,6 +38,13 @@ for arg in "$@"; do
     correctness)
       step ${t:-240} correctness python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
           --out "$OUT/fp8_decode_correctness.json" ;;
+    correctness-other-v)  # the same matrix with V read the other way (decode_plan.V_WORDS), before it is timed
+      step ${t:-240} correctness-other-v python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
+          --launch "{\"v_words\": $(python3 -c 'from sglang_fa4.kernels.fp8_paged_kv.decode_plan import V_WORDS; print(str(not V_WORDS).lower())')}" \
+          --out "$OUT/fp8_decode_correctness-other-v.json" ;;
+    vread)
+      t=${t:-200}; step $t vread python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep vread --tag vread \
+          --budget-s $((t - 25)) ;;
     refusals)  # the bad-input checks on CUDA tensors (issue #42: refused on the GPU too)
       step ${t:-90} refusals python3 -m pytest -q -p no:cacheprovider tests/test_fp8_paged_decode.py \
           tests/test_fp8_paged_d512.py -k refused --device cuda ;;
