@@ -256,7 +256,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=None, metavar="SUBSTRING",
                     help="run only the cases whose name contains one of these")
     ap.add_argument("--launch", type=json.loads, default=None, metavar="JSON",
-                    help='launch-plan overrides for every case (e.g. \'{"v_words": true}\': the kernel variant to check)')
+                    help='launch-plan overrides for every case (e.g. \'{"block_n": 32}\': a launch candidate to check)')
     ap.add_argument("--out", default=None, help="also write the results (JSON) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
     args = ap.parse_args()

@@ -79,13 +79,6 @@ def _matrix_cases() -> dict:
     # decode == extend for one cache: its last rows (window off / on, different split structures)
     cases["decode-vs-extend"] = dict(L=200, n=24, page=16, hq=7, hkv=1, d=128, decode_splits=2)
     cases["decode-vs-extend-window"] = dict(L=160, n=16, page=1, hq=4, hkv=1, d=64, window=(50, 0), extend_splits=2)
-    # the other way of reading V (decode_plan.V_WORDS: 32-bit words made fp16 in registers, or bytes;
-    # the interpreter runs the words' shift-and-mask form, a GPU its inline cvt): every head dim
-    # (96 and 192 padded: the words past the head masked) at GQA 7, NaN-poisoned pools, descale
-    # layouts, windows, an extend, a zero-length sequence, decode == extend
-    for name in [n for n in cases if "-g7-" in n] + ["edge-window-narrower-than-rows-d256",
-                                                      "edge-zero-length-sequence", "decode-vs-extend-window"]:
-        cases[f"other-v-read-{name}"] = {**cases[name], "launch": {"v_words": not S.V_WORDS}}
     return cases
 
 
@@ -308,15 +301,12 @@ def test_route_threshold_variable_is_bounded_and_read_once(monkeypatch, reload_s
             var.get()
 
 
-@pytest.mark.parametrize("v_words", [False, True])
 @pytest.mark.parametrize("d,single", [(128, False), (192, True), (512, False)])
-def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single, v_words):
+def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d, single):
     """Cross-compiled for sm_90 (no GPU needed) with the specialization a real launch gets (16-byte
     aligned pointers and strides): the E4M3 K/V tiles are read as 16-byte vectors (no byte-wise
     global access), both products run on the tensor cores (mma), and the page arithmetic of the
-    key loop is shifts (no integer division: page sizes are powers of two). V read as bytes is
-    fetched from shared memory one byte a load (what the 32-bit words remove: decode_plan.V_WORDS);
-    read as words, no shared load is narrower than 32 bits."""
+    key loop is shifts (no integer division: page sizes are powers of two)."""
     import re
 
     from triton_ptx import sm90_ptx
@@ -327,7 +317,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": False, "V_WORDS": v_words, "CVT_ASM": v_words}
+              "WRITE_LSE": False, "IMAGE": False}
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -343,11 +333,6 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     blocks = re.split(r"\n\$L__BB0_\d+:", ptx)
     loop = [b for b in blocks[1:] if "mma.sync" in b]
     assert loop and not any(re.search(r"\b(div|rem)\.[su]\d+", b) for b in loop), "a division per key"
-    byte_shared = len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx))
-    if v_words:
-        assert byte_shared == 0 and re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)
-    else:  # V's tile (block_n x d bytes over the CTA's threads) one byte a load
-        assert byte_shared >= S.block_n(d) * d // (32 * 4), byte_shared
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):

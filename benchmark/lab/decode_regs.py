@@ -4,8 +4,7 @@ ptxas) and ``cuobjdump -res-usage`` reads the cubin.
 
 Not a product path: the block sizes it informs live in
 ``sglang_fa4/kernels/fp8_paged_kv/decode_plan.py`` (their docstrings quote its numbers). One config
-a line, ``key=value`` pairs (defaults: d=512 bm=16 bn=16 w=8 s=3 q=bf16 single=1 g=8 image=0; v=1 reads V
-as 32-bit words, v=0 as bytes, default the plan's)::
+a line, ``key=value`` pairs (defaults: d=512 bm=16 bn=16 w=8 s=3 q=bf16 single=1 g=8 image=0)::
 
     python benchmark/lab/decode_regs.py d=512,bm=16,bn=16 d=512,bm=32,bn=16 d=256,bm=16,bn=32,q=fp8
     python benchmark/lab/decode_regs.py --plan 512                 # the plan's own decode/prefill configs
@@ -33,9 +32,9 @@ ALIGNED = ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t", "o_stride_h",
 
 
 def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
-                  single: bool = True, g: int = 8, maxnreg=None, image: bool = False, v_words: bool = S.V_WORDS):
+                  single: bool = True, g: int = 8, maxnreg=None, image: bool = False):
     """The split kernel compiled for sm_90a with a real launch's specialization (Triton's
-    CompiledKernel: ``asm["ptx"]``, ``asm["cubin"]``); ``v_words`` as the GPU runs it (inline cvt)."""
+    CompiledKernel: ``asm["ptx"]``, ``asm["cubin"]``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -43,7 +42,7 @@ def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_
     fn = D._make_split_kernel()
     names = [p.name for p in fn.params]
     consts = {"G": g, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": bm, "BLOCK_N": bn, "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": image, "V_WORDS": v_words, "CVT_ASM": v_words}
+              "WRITE_LSE": False, "IMAGE": image}
     ptrs = {"Q": Q_TYPES[q], "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "*i32" if n.isupper() else
@@ -63,9 +62,9 @@ def tool(name: str) -> str:
 
 
 def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
-              single: bool = True, g: int = 8, maxnreg=None, image: bool = False, v_words: bool = S.V_WORDS) -> dict:
+              single: bool = True, g: int = 8, maxnreg=None, image: bool = False) -> dict:
     """{"reg", "stack", "shared", "local", "mma"} of the split kernel compiled for sm_90a."""
-    kernel = compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, v_words)
+    kernel = compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image)
     cuobjdump = tool("cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
@@ -85,7 +84,7 @@ def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAG
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("configs", nargs="*", help="key=value,... (d bm bn w s q single g maxnreg image v)")
+    ap.add_argument("configs", nargs="*", help="key=value,... (d bm bn w s q single g maxnreg image)")
     ap.add_argument("--plan", type=int, default=None, help="the plan's configs for this head dim (decode, prefill)")
     args = ap.parse_args()
     configs = []
@@ -94,8 +93,7 @@ def main() -> None:
         configs.append(dict(d=int(a.get("d", 512)), bm=int(a.get("bm", 16)), bn=int(a.get("bn", 16)),
                             warps=int(a.get("w", 8)), stages=int(a.get("s", S.NUM_STAGES)), q=a.get("q", "bf16"),
                             single=a.get("single", "1") == "1", g=int(a.get("g", 8)),
-                            maxnreg=int(a["maxnreg"]) if "maxnreg" in a else None, image=a.get("image") == "1",
-                            v_words=a.get("v", "1" if S.V_WORDS else "0") == "1"))
+                            maxnreg=int(a["maxnreg"]) if "maxnreg" in a else None, image=a.get("image") == "1"))
     if args.plan:
         for rows in (8, 10 ** 6):  # a decode step of GQA 8, a long prefill
             p = S.plan(1, 1, 8, args.plan, max(1, rows // 8), 4096, 132)

@@ -3,16 +3,17 @@
 The kernel is compiled for sm_90a as a real launch specializes it (``decode_regs.compile_split``),
 ``cuobjdump -sass`` disassembles it, and the key loop (the longest backward branch) is counted by
 opcode: its shared-memory loads (LDS.U8 is one byte a load), conversions (F2FP), tensor-core MMAs
-(HMMA), byte permutes (PRMT) and the rest. On the H100 the kernel issued an instruction every
-2.2 cycles per scheduler with 2 warps a scheduler at d256 (``benchmark/results/h100/ncu_decode.md``):
-instructions, not only bytes, bound it. Each config runs twice: V read as bytes (Triton stages
-the fp8 tile in shared memory and, since P @ V reduces over V's rows and ldmatrix cannot transpose
-8-bit data on SM90, fetches it one byte a thread-load) and as 32-bit words made fp16 in
-registers (``decode_plan.V_WORDS``). Static counts: they say what a GPU must issue, not how fast
-it runs (a GPU times it: ``decode_tune.py --sweep vread``).
+(HMMA), byte permutes (PRMT), register moves and the rest, at each model shape's own launch plan.
 
-    python benchmark/lab/decode_sass.py --out benchmark/results/cpu     # -> decode_sass-tritonX.Y.Z.{json,md}
-    PYTHONPATH=/tmp/triton36 python benchmark/lab/decode_sass.py --out benchmark/results/cpu   # the GPU image's 3.6.0
+Static counts say what a GPU must issue, not how fast it runs. The committed
+``benchmark/results/cpu/decode_sass-triton*.md`` compare V read as bytes (P @ V reduces over V's
+rows and ldmatrix cannot transpose 8-bit data on SM90, so Triton fetches the staged fp8 V tile one
+byte a load) with V read as 32-bit words made fp16 in registers (commit deb21cf's ``V_WORDS``
+candidate): the words cut the loop's instructions to 0.79-0.83x under Triton 3.6.0, yet took
+1.03-1.05x the time at d128 on an H100 (``benchmark/results/h100/decode-other-v.md``), so the
+kernel is not bound by what it issues, and the candidate left the kernel.
+
+    python benchmark/lab/decode_sass.py [--out DIR]     # -> DIR/decode_sass-tritonX.Y.Z.{json,md}
 
 Triton's code generation differs between versions; run it under the Triton a GPU run uses.
 """
@@ -80,11 +81,10 @@ def classify(op: str) -> str:
     return base if base in CLASSES else "other"
 
 
-def count(cfg: tuple, v_words: bool) -> dict:
+def count(cfg: tuple) -> dict:
     label, d, g, q = cfg
     p = S.plan(1, 1, g, d, 1, 8192, 132)
-    kernel = R.compile_split(d, p.block_m, p.block_n, p.num_warps, p.num_stages, q, True, g, p.maxnreg, False,
-                             v_words)
+    kernel = R.compile_split(d, p.block_m, p.block_n, p.num_warps, p.num_stages, q, True, g, p.maxnreg, False)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -92,7 +92,7 @@ def count(cfg: tuple, v_words: bool) -> dict:
                               check=True).stdout
     loop = key_loop(instructions(sass))
     by = collections.Counter(classify(t.split()[0]) for t in loop)
-    return {"config": label, "head_dim": d, "group": g, "q": q, "v_words": v_words,
+    return {"config": label, "head_dim": d, "group": g, "q": q,
             "launch": {"block_m": p.block_m, "block_n": p.block_n, "num_warps": p.num_warps,
                        "num_stages": p.num_stages, "maxnreg": p.maxnreg},
             "loop_instructions": len(loop), "by_class": {c: by.get(c, 0) for c in (*CLASSES, "other")},
@@ -100,20 +100,17 @@ def count(cfg: tuple, v_words: bool) -> dict:
 
 
 def render(rows: list[dict], meta: dict) -> str:
-    out = ["# The decode kernel's key loop in SASS: V read as bytes or as 32-bit words (sm_90a, on a CPU)", "",
+    out = ["# The decode kernel's key loop in SASS (sm_90a, on a CPU)", "",
            f"Triton {meta['triton']}, `{meta['command']}`. One iteration of the key loop (one key block) per "
            "thread, counted by opcode in the cubin Triton builds for sm_90a; static counts, not timings.", "",
-           "| config | launch (bm, bn, warps, stages) | V read as | loop instructions | per key | "
+           "| config | launch (bm, bn, warps, stages) | loop instructions | per key | "
            + " | ".join(CLASSES) + " | other |",
-           "|---|---|---|---|---|" + "---|" * (len(CLASSES) + 1)]
+           "|---|---|---|---|" + "---|" * (len(CLASSES) + 1)]
     for r in rows:
         la = r["launch"]
         out.append(f"| {r['config']} | {la['block_m']}, {la['block_n']}, {la['num_warps']}, {la['num_stages']} | "
-                   f"{'words' if r['v_words'] else 'bytes'} | {r['loop_instructions']} | {r['per_key']} | "
+                   f"{r['loop_instructions']} | {r['per_key']} | "
                    + " | ".join(str(r["by_class"][c]) for c in (*CLASSES, "other")) + " |")
-    out += ["", "| config | words / bytes (loop instructions) |", "|---|---|"]
-    for a, b in zip(rows[::2], rows[1::2]):
-        out.append(f"| {a['config']} | {b['loop_instructions'] / a['loop_instructions']:.3f} |")
     return "\n".join(out) + "\n"
 
 
@@ -123,7 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="write decode_sass-tritonVERSION.{json,md} here")
     args = ap.parse_args()
-    rows = [count(cfg, v) for cfg in CONFIGS for v in (False, True)]
+    rows = [count(cfg) for cfg in CONFIGS]
     meta = {"triton": triton.__version__, "command": "python benchmark/lab/decode_sass.py --out DIR"}
     md = render(rows, meta)
     print(md)

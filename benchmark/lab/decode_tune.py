@@ -57,8 +57,6 @@ WIDE_TOKENS = 131072
 LAUNCH_SHAPES = ("llama b1 32k P16", "llama b32 8k P16", "qwen b1 32k P16", "d256 b16 8k P16")
 #: the kernel sweep's: those, a mid and a large batch, and batch 1 at d256
 KERNEL_SHAPES = LAUNCH_SHAPES + ("llama b8 8k P16", "llama b128 4k P16", "d256 b1 32k P16")
-#: the V-read sweep's: the kernel sweep's, Qwen's GQA 7, and Gemma-4's d512 layers
-VREAD_SHAPES = KERNEL_SHAPES + ("qwen b16 8k P16", "gemma d512 b8 8k P16", "gemma d512 b1 32k P16")
 #: the d512 sweep's (--sweep kernel --shapes gemma)
 GEMMA_SHAPES = ("gemma d512 b1 32k P16", "gemma d512 b8 8k P16", "gemma d512 b64 8k P16")
 #: bytes the layers of one shape span at least (several times the 50-60 MB L2)
@@ -168,15 +166,6 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"
             variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
-    elif sweep == "vread":  # V read as bytes or as 32-bit words (decode_plan.V_WORDS; the key loop's
-        # instructions: benchmark/results/cpu/decode_sass.md), with the stages / key block it may shift
-        variants = {"product {}": ({}, None, "tight")}
-        other = not S.V_WORDS
-        cands = [{"v_words": other}, {"v_words": other, "num_stages": 4}, {"v_words": other, "block_n": 32}]
-        if d <= 128:
-            cands.append({"v_words": other, "block_n": 128})
-        variants.update({f"product {json.dumps(c, sort_keys=True)}": (c, None, "tight")
-                         for c in (cands[:1] if smoke else cands)})
     elif sweep == "splits":
         variants = {"{}": ({}, None, "tight")}  # the heuristic's count
         variants.update({f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS})
@@ -286,7 +275,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=400)
-    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "vread", "both"], default="both")
+    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "both"], default="both")
     ap.add_argument("--shapes", nargs="*", default=None, help="names (substrings) of SHAPES to run")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
@@ -316,8 +305,7 @@ def main() -> None:
     for sweep in sweeps:
         for i, shape in enumerate(shapes):
             if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES,
-                                              "kernel": KERNEL_SHAPES + GEMMA_SHAPES,
-                                              "vread": VREAD_SHAPES}.get(sweep, (shape[0],)):
+                                              "kernel": KERNEL_SHAPES + GEMMA_SHAPES}.get(sweep, (shape[0],)):
                 continue
             if time.monotonic() - t0 > args.budget_s:
                 meta["truncated"] = f"budget reached before {sweep} {shape[0]}"

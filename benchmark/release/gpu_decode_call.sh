@@ -6,9 +6,8 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness correctness-other-v refusals fa3 kernel vread tune tune-splits wide
-# ncu matrix-first matrix-short matrix-long matrix-other-v matrix-gemma (see the case statement); STEP=SECONDS sets a step's time
-# budget (e.g. tune=150).
+# STEPS (in the order given): env correctness refusals fa3 kernel tune tune-splits wide ncu matrix-first matrix-short
+# matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
 set -uo pipefail
@@ -38,13 +37,6 @@ for arg in "$@"; do
     correctness)
       step ${t:-240} correctness python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
           --out "$OUT/fp8_decode_correctness.json" ;;
-    correctness-other-v)  # the same matrix with V read the other way (decode_plan.V_WORDS), before it is timed
-      step ${t:-240} correctness-other-v python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
-          --launch "{\"v_words\": $(python3 -c 'from sglang_fa4.kernels.fp8_paged_kv.decode_plan import V_WORDS; print(str(not V_WORDS).lower())')}" \
-          --out "$OUT/fp8_decode_correctness-other-v.json" ;;
-    vread)
-      t=${t:-200}; step $t vread python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep vread --tag vread \
-          --budget-s $((t - 25)) ;;
     refusals)  # the bad-input checks on CUDA tensors (issue #42: refused on the GPU too)
       step ${t:-90} refusals python3 -m pytest -q -p no:cacheprovider tests/test_fp8_paged_decode.py \
           tests/test_fp8_paged_d512.py -k refused --device cuda ;;
@@ -67,10 +59,6 @@ for arg in "$@"; do
     matrix-first)
       t=${t:-240}; step $t matrix-first python3 -m sglang_fa4.cli bench decode $B --batches 1 8 64 256 \
           --contexts 8192 32768 --no-extra-pages --out-dir "$OUT" --tag first --time-budget-s $((t - 25)) ;;
-    matrix-other-v)  # both V reads beside FA3-FP8 in one process, where the default was below it
-      t=${t:-200}; step $t matrix-other-v python3 -m sglang_fa4.cli bench decode \
-          --backends fa4_fp8_split_kv fa4_fp8_split_kv_other_v fa3_fp8 --batches 1 8 32 64 --contexts 8192 32768 \
-          --no-extra-pages --out-dir "$OUT" --tag other-v --time-budget-s $((t - 25)) ;;
     matrix-gemma)
       t=${t:-150}; step $t matrix-gemma python3 -m sglang_fa4.cli bench decode --models gemma4-31b-full gemma4-31b-swa \
           --backends fa4_fp8_split_kv triton_fp8 fa3_fp8 --batches 1 8 16 32 64 --contexts 8192 32768 \

@@ -47,7 +47,7 @@ import torch
 
 from sglang_fa4.kernels.fp8_paged_kv.decode_plan import MAX_SPLITS, pow2_at_least
 from sglang_fa4.kernels.fp8_paged_kv.gather import _need
-from sglang_fa4.kernels.triton_handles import KernelHandles, interpreting
+from sglang_fa4.kernels.triton_handles import KernelHandles
 
 FP8 = torch.float8_e4m3fn
 HEAD_DIMS = (64, 96, 128, 192, 256, 512)
@@ -106,7 +106,6 @@ def _make_split_kernel():
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, IMAGE: tl.constexpr,
-        V_WORDS: tl.constexpr, CVT_ASM: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)
@@ -154,10 +153,6 @@ def _make_split_kernel():
             scale = qk_scale_log2 * kd
             pt_row = PAGE_TABLE + b.to(tl.int64) * pt_stride
             head_off = h * D + dd
-            if V_WORDS:
-                w4 = tl.arange(0, D_POW2 // 4)
-                word_off = h * (D // 4) + w4
-                word_ok = w4 < D // 4
 
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -185,28 +180,7 @@ def _make_split_kernel():
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                if V_WORDS:
-                    # V as 32-bit words, 4 fp8 of one key each, made fp16 in registers before the
-                    # product: read as bytes, V's tile comes out of shared memory one byte a load,
-                    # since P @ V reduces over keys (V's rows) and ldmatrix cannot transpose 8-bit
-                    # data on SM90 (benchmark/lab/decode_sass.py counts the loop's instructions)
-                    vw = tl.load(V_CACHE.to(tl.pointer_type(tl.int32)) + (src // 4)[:, None] + word_off[None, :],
-                                 mask=k_ok[:, None] & word_ok[None, :], other=0)
-                    if CVT_ASM:
-                        b0, b1, b2, b3 = tl.inline_asm_elementwise(
-                            "{ .reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; cvt.rn.f16x2.e4m3x2 a, lo; "
-                            "cvt.rn.f16x2.e4m3x2 b, hi; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
-                            "=h,=h,=h,=h,r", [vw], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-                            is_pure=True, pack=1)
-                    else:  # Triton's interpreter has no inline assembly: the same bytes, in the same order
-                        b0 = (vw & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                        b1 = ((vw >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                        b2 = ((vw >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                        b3 = ((vw >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                    # element 4 w + j of a key's row is byte j of its word w (little-endian)
-                    vt = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (BLOCK_N, D_POW2))
-                else:
-                    vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
+                vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
                 acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
                 m_i = m_new
             seen = l_i > 0.0
@@ -341,8 +315,7 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
                 p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
                 plan.right,
-                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image, p.v_words,
-                p.v_words and not interpreting())
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
                      num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))

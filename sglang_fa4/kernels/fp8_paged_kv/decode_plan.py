@@ -111,24 +111,16 @@ def maxnreg(head_dim: int, warps: int) -> Optional[int]:
 NUM_STAGES = 3
 
 
-#: how the kernel reads V: as 32-bit words made fp16 in registers (True), or as bytes that Triton
-#: fetches from shared memory one at a time (False: the default timed on the H100). The words cut the
-#: key loop's instructions to 0.79-0.83x (Triton 3.6.0) / 0.65-0.67x (3.8.0) on sm_90a
-#: (benchmark/results/cpu/decode_sass-triton*.md); they have not yet been timed on a GPU
-#: (``decode_tune.py --sweep vread``), so the default stays
-V_WORDS = False
-
-
 class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg, v_words):
-    the launch's host facts (tests read them)."""
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg): the
+    launch's host facts (tests read them)."""
 
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, v_words=V_WORDS):
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None):
         return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
-                                     maxnreg, bool(v_words)))
+                                     maxnreg))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
@@ -142,15 +134,13 @@ class DecodePlan(tuple):
     #: a register cap per thread (Triton's maxnreg; None: the compiler's choice): the CTAs an SM
     #: holds at once are bounded by registers, and decode needs many in flight
     maxnreg = property(lambda s: s[7])
-    #: V read as 32-bit words (:data:`V_WORDS`)
-    v_words = property(lambda s: s[8])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
     ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
-    maxnreg / v_words, for the tuning sweep)."""
+    maxnreg, for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
     bm = launch.get("block_m", block_m(rows, head_dim))
@@ -171,4 +161,4 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     bn = launch.get("block_n", block_n(head_dim, bm))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
-                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None, launch.get("v_words", V_WORDS))
+                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None)
