@@ -6,8 +6,8 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness refusals fa3 kernel tune tune-splits wide ncu matrix-first matrix-short
-# matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
+# STEPS (in the order given): env correctness refusals fa3 kernel occupancy tune tune-splits wide ncu matrix-first
+# matrix-short matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
 set -uo pipefail
@@ -46,6 +46,9 @@ for arg in "$@"; do
       t=${t:-260}; step $t tune python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep launch --budget-s $((t - 30)) ;;
     kernel)
       t=${t:-200}; step $t kernel python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep kernel --tag kernel \
+          --budget-s $((t - 25)) ;;
+    occupancy)
+      t=${t:-120}; step $t occupancy python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep occupancy --tag occupancy \
           --budget-s $((t - 25)) ;;
     tune-splits)
       t=${t:-200}; step $t tune-splits python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep splits --tag splits \
