@@ -143,3 +143,28 @@ def test_cpu_smoke_runs_the_command_end_to_end(tmp_path):
             assert r["error"] == "RuntimeError: needs a CUDA GPU" and "median_us" not in r, r
     md = (tmp_path / "decode.md").read_text()
     assert all(f"| {c.name} |" in md for c in smoke)
+
+
+def test_cpu_smoke_times_the_launch_candidate_beside_the_default(tmp_path):
+    """``fa4_fp8_split_kv_candidate``: the kernel with decode_plan.CANDIDATE (the launch change under
+    evaluation), checked against fp32 and timed in the same rounds as the default, with its own ratio
+    columns."""
+    pytest.importorskip("triton")
+    from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE, PREFETCH_PAGES
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "sglang_fa4.cli", "bench", "decode", "--cpu-smoke", "--backends",
+                        "fa4_fp8_split_kv", decode.CANDIDATE, "fa3_fp8", "--out-dir", str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    ours = {(r["name"], r["backend"]): r for r in rows if r["backend"] in decode.OURS}
+    assert len(ours) == 2 * len(decode.cases(**decode.SMOKE))
+    for (name, backend), r in ours.items():
+        assert "error" not in r and r["finite"] and r["rel_err"] < 1e-2 and len(r["per_round_us"]) == 2, r
+        want = CANDIDATE.get("prefetch_pages", PREFETCH_PAGES) if backend == decode.CANDIDATE else PREFETCH_PAGES
+        assert r["splits"]["prefetch_pages"] is want
+        # the same keys in the same order: the same error against fp32
+        assert r["rel_err"] == pytest.approx(ours[(name, "fa4_fp8_split_kv")]["rel_err"], rel=1e-6)
+    md = (tmp_path / "decode.md").read_text()
+    assert "| ours vs fa3_fp8 | candidate vs fa3_fp8 |" in md

@@ -79,6 +79,14 @@ def _matrix_cases() -> dict:
     # decode == extend for one cache: its last rows (window off / on, different split structures)
     cases["decode-vs-extend"] = dict(L=200, n=24, page=16, hq=7, hkv=1, d=128, decode_splits=2)
     cases["decode-vs-extend-window"] = dict(L=160, n=16, page=1, hq=4, hkv=1, d=64, window=(50, 0), extend_splits=2)
+    # the launch candidate (decode_plan.CANDIDATE: page indices loaded a key block ahead) on every
+    # head dim at GQA 7 and every page size, the kernel's edges (windows narrower than the rows,
+    # empty splits, a column-sliced table, a zero-length sequence), an extend and decode == extend
+    for name in [n for n in cases if "-g7-" in n or "-g1-" in n] + [
+            "edge-window-narrower-than-rows-d256", "edge-last-split-shorter-than-rows", "ctx3-splits8",
+            "wide-table-empty-splits", "edge-column-sliced-table", "edge-zero-length-sequence", "extend-few-rows",
+            "decode-vs-extend", "decode-vs-extend-window"]:
+        cases[f"candidate-{name}"] = {**cases[name], "launch": dict(S.CANDIDATE)}
     return cases
 
 
@@ -317,7 +325,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": False}
+              "WRITE_LSE": False, "IMAGE": False, "PREFETCH_PAGES": S.PREFETCH_PAGES}
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -333,6 +341,28 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     blocks = re.split(r"\n\$L__BB0_\d+:", ptx)
     loop = [b for b in blocks[1:] if "mma.sync" in b]
     assert loop and not any(re.search(r"\b(div|rem)\.[su]\d+", b) for b in loop), "a division per key"
+
+
+@pytest.mark.parametrize("d,rows", [(128, 4), (256, 2), (256, 64), (512, 8)])
+def test_page_indices_a_block_ahead_let_triton_keep_kv_loads_in_flight(d, rows):
+    """Compiled for sm_90a: with the page-table load inside each key block, Triton's pipeliner keeps
+    one K/V buffer and waits for every copy before a tile is used (no load in flight under the
+    products); with the indices loaded a block ahead (decode_plan.CANDIDATE) it double-buffers K and
+    V and leaves the next tiles' copies outstanding. What the candidate is for, as the compiler sees
+    it (its speed is a GPU's to measure)."""
+    pytest.importorskip("triton")
+    from benchmark.lab import decode_pipeline, decode_regs
+
+    g = rows if rows <= 8 else 2
+    p = S.plan(1, 1, g, d, max(1, rows // g), 8192, 132)
+    facts = {}
+    for prefetch in (False, True):
+        k = decode_regs.compile_split(d, p.block_m, p.block_n, p.num_warps, p.num_stages, "bf16" if d == 512 else "fp8",
+                                      True, g, p.maxnreg, False, prefetch_pages=prefetch)
+        facts[prefetch] = decode_pipeline.pipeline_facts(k.asm["ttgir"])
+    assert not decode_pipeline.in_flight(facts[False]) and f"1x{p.block_n}x{d}" in facts[False]["kv_buffers"], facts
+    assert decode_pipeline.in_flight(facts[True]) and f"2x{p.block_n}x{d}" in facts[True]["kv_buffers"], facts
+    assert S.CANDIDATE == {"prefetch_pages": not S.PREFETCH_PAGES}
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):

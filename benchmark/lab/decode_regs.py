@@ -32,9 +32,10 @@ ALIGNED = ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t", "o_stride_h",
 
 
 def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
-                  single: bool = True, g: int = 8, maxnreg=None, image: bool = False):
+                  single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
+                  prefetch_pages: bool = S.PREFETCH_PAGES):
     """The split kernel compiled for sm_90a with a real launch's specialization (Triton's
-    CompiledKernel: ``asm["ptx"]``, ``asm["cubin"]``)."""
+    CompiledKernel: ``asm["ptx"]``, ``asm["cubin"]``, ``asm["ttgir"]``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -42,7 +43,7 @@ def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_
     fn = D._make_split_kernel()
     names = [p.name for p in fn.params]
     consts = {"G": g, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": bm, "BLOCK_N": bn, "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": image}
+              "WRITE_LSE": False, "IMAGE": image, "PREFETCH_PAGES": prefetch_pages}
     ptrs = {"Q": Q_TYPES[q], "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "*i32" if n.isupper() else
@@ -61,10 +62,24 @@ def tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
+def write_per_triton(out_dir, name: str, meta: dict, rows: list, md: str) -> None:
+    """``out_dir/NAME-tritonVERSION.{json,md}``: a static count depends on the Triton that compiled it."""
+    import json
+
+    import triton
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}-triton{triton.__version__}"
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(md)
+
+
 def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
-              single: bool = True, g: int = 8, maxnreg=None, image: bool = False) -> dict:
+              single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
+              prefetch_pages: bool = S.PREFETCH_PAGES) -> dict:
     """{"reg", "stack", "shared", "local", "mma"} of the split kernel compiled for sm_90a."""
-    kernel = compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image)
+    kernel = compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, prefetch_pages)
     cuobjdump = tool("cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import subprocess
 import sys
@@ -125,11 +124,7 @@ def main() -> None:
     md = render(rows, meta)
     print(md)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"decode_sass-triton{triton.__version__}"
-        (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-        (out / f"{stem}.md").write_text(md)
+        R.write_per_triton(args.out, "decode_sass", meta, rows, md)
 
 
 if __name__ == "__main__":

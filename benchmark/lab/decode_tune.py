@@ -166,6 +166,14 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"
             variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
+    elif sweep == "candidate":  # decode_plan.CANDIDATE (page indices a key block ahead: K/V double-
+        # buffered, benchmark/results/cpu/decode_pipeline-triton*.md), alone and with what it may shift
+        variants = {"product {}": ({}, None, "tight")}
+        cands = [dict(S.CANDIDATE), {**S.CANDIDATE, "num_stages": 4}, {**S.CANDIDATE, "block_n": 32}]
+        if d <= 128:
+            cands.append({**S.CANDIDATE, "block_n": 128})
+        variants.update({f"product {json.dumps(c, sort_keys=True)}": (c, None, "tight")
+                         for c in (cands[:1] if smoke else cands)})
     elif sweep == "occupancy":  # more CTAs an SM by a register cap, the one-wave split rule told so
         # (registers a thread / spill, ptxas sm_90a under Triton 3.6.0: d256 bn64 255 / 64 B, bn32
         # capped at 168 16 B (3 CTAs), at 128 128 B (4); d128 bn64 at 128 32 B (4), bn32 at 96 32 B (5))
@@ -291,7 +299,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=400)
-    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "occupancy", "both"], default="both")
+    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "occupancy", "candidate", "both"],
+                    default="both")
     ap.add_argument("--shapes", nargs="*", default=None, help="names (substrings) of SHAPES to run")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
@@ -322,7 +331,9 @@ def main() -> None:
         for i, shape in enumerate(shapes):
             if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES,
                                               "kernel": KERNEL_SHAPES + GEMMA_SHAPES,
-                                              "occupancy": KERNEL_SHAPES + ("d256 b16 8k P16",)}.get(sweep, (shape[0],)):
+                                              "occupancy": KERNEL_SHAPES + ("d256 b16 8k P16",),
+                                              "candidate": KERNEL_SHAPES + ("d256 b16 8k P16",) + GEMMA_SHAPES,
+                                              }.get(sweep, (shape[0],)):
                 continue
             if time.monotonic() - t0 > args.budget_s:
                 meta["truncated"] = f"budget reached before {sweep} {shape[0]}"

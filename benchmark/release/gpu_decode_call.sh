@@ -6,8 +6,9 @@
 #
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
-# STEPS (in the order given): env correctness refusals fa3 kernel occupancy tune tune-splits wide ncu matrix-first
-# matrix-short matrix-long matrix-gemma (see the case statement); STEP=SECONDS sets a step's time budget (e.g. tune=150).
+# STEPS (in the order given): env correctness correctness-candidate refusals fa3 kernel candidate occupancy tune
+# tune-splits wide ncu matrix-first matrix-short matrix-long matrix-candidate matrix-gemma (see the case statement);
+# STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
 set -uo pipefail
@@ -47,6 +48,17 @@ for arg in "$@"; do
     kernel)
       t=${t:-200}; step $t kernel python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep kernel --tag kernel \
           --budget-s $((t - 25)) ;;
+    correctness-candidate)  # the same matrix with decode_plan.CANDIDATE, before it is timed
+      step ${t:-120} correctness-candidate python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
+          --launch "$(python3 -c 'import json; from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE; print(json.dumps(CANDIDATE))')" \
+          --out "$OUT/fp8_decode_correctness-candidate.json" ;;
+    candidate)
+      t=${t:-120}; step $t candidate python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep candidate --tag candidate \
+          --budget-s $((t - 25)) ;;
+    matrix-candidate)  # the candidate beside the default and FA3-FP8 in one process
+      t=${t:-240}; step $t matrix-candidate python3 -m sglang_fa4.cli bench decode \
+          --backends fa4_fp8_split_kv fa4_fp8_split_kv_candidate fa3_fp8 --batches 1 8 32 64 --contexts 8192 32768 \
+          --no-extra-pages --out-dir "$OUT" --tag candidate --time-budget-s $((t - 25)) ;;
     occupancy)
       t=${t:-120}; step $t occupancy python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep occupancy --tag occupancy \
           --budget-s $((t - 25)) ;;

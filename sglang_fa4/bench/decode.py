@@ -21,7 +21,8 @@ picks its split count and runs its combine; bench/fa3.py), ``triton_fp8`` (SGLan
 decode kernel on the same pool, its split heuristic ``get_num_kv_splits_triton`` with SGLang's
 default 8 splits at most, q bf16 as SGLang's triton backend keeps it), ``fa3_bf16`` (FA3 on a bf16
 pool of the same values: what FP8 halves), and, on request, ``fa4_bf16`` (FA4 b36 on the bf16
-pool).  A backend that is missing, fails a shape or does not fit is recorded with its reason, the
+pool) and ``fa4_fp8_split_kv_candidate`` (our kernel with ``decode_plan.CANDIDATE``, the launch
+change under evaluation, timed beside the default and FA3-FP8 before it may become the default).  A backend that is missing, fails a shape or does not fit is recorded with its reason, the
 others go on.  Results are written after every case.
 
 ``--cpu-smoke`` (CI): tiny shapes on the CPU with the kernel in Triton's interpreter
@@ -49,7 +50,11 @@ PAGES = (16,)
 #: page sizes measured beyond PAGES, for one model shape
 EXTRA_PAGES = {"llama3-8b": (1, 64)}
 BACKENDS = ("fa4_fp8_split_kv", "fa3_fp8", "triton_fp8", "fa3_bf16")
-OPTIONAL_BACKENDS = ("fa4_bf16",)
+#: our kernel with the launch change under evaluation (``decode_plan.CANDIDATE``)
+CANDIDATE = "fa4_fp8_split_kv_candidate"
+OPTIONAL_BACKENDS = ("fa4_bf16", CANDIDATE)
+#: our kernels, each given its ratios to the baselines
+OURS = ("fa4_fp8_split_kv", CANDIDATE)
 K_SCALE, V_SCALE = 0.05, 0.04
 #: SGLang's default --triton-attention-num-kv-splits
 TRITON_KV_SPLITS = 8
@@ -189,21 +194,24 @@ def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tup
     for name in backends:
         try:
             out = torch.empty(case.batch, case.hq, case.head_dim, dtype=torch.bfloat16, device=x["q8"].device)
-            if name == "fa4_fp8_split_kv":
+            if name in OURS:
                 from sglang_fa4.integration.llm_fp8_kv import BF16_QUERY_HEAD_DIMS
                 from sglang_fa4.kernels.fp8_paged_kv import decode_launch_plan, paged_decode_attention, sm_count
+                from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE as CANDIDATE_LAUNCH
 
                 # the q the route gets: bf16 where SGLang leaves it so (the same values: q8 in bf16)
                 q = x["q8"].to(torch.bfloat16) if case.head_dim in BF16_QUERY_HEAD_DIMS else x["q8"]
+                launch = dict(CANDIDATE_LAUNCH) if name == CANDIDATE else None
 
-                def one(k, v, o=out, q=q):
+                def one(k, v, o=out, q=q, launch=launch):
                     paged_decode_attention(q, k, v, x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],
                                            v_descale=x["vd"], softmax_scale=scale, causal=True, out=o,
-                                           num_splits=num_splits)
+                                           num_splits=num_splits, launch=launch)
                 p = decode_launch_plan(case.batch, case.hkv, case.hq // case.hkv, case.head_dim, 1,
-                                       x["table"].shape[1] * case.page, sm_count(x["q8"].device), num_splits)
+                                       x["table"].shape[1] * case.page, sm_count(x["q8"].device), num_splits,
+                                       launch=launch)
                 splits[name] = {"num_splits": p.num_splits, "block_n": p.block_n, "num_warps": p.num_warps,
-                                "num_stages": p.num_stages}
+                                "num_stages": p.num_stages, "prefetch_pages": p.prefetch_pages}
                 fn = _over_layers(one, x["pools"])
             elif not x["q8"].is_cuda:
                 raise RuntimeError("needs a CUDA GPU")
@@ -418,8 +426,11 @@ def markdown(result: dict) -> str:
     backends = meta["settings"]["backends"]
     ratios = [(b, k) for b, k in (("fa3_fp8", "speedup_vs_fa3_fp8"), ("fa3_bf16", "speedup_vs_fa3_bf16"),
                                   ("triton_fp8", "speedup_vs_triton_fp8")) if b in backends]
-    head = "| case | " + " | ".join(backends) + "".join(f" | ours vs {b}" for b, _ in ratios) + " |"
-    lines += [head, "|" + "---|" * (len(backends) + 1 + len(ratios))]
+    ours = [b for b in OURS if b in backends]
+    label = {"fa4_fp8_split_kv": "ours", CANDIDATE: "candidate"}
+    head = ("| case | " + " | ".join(backends)
+            + "".join(f" | {label[o]} vs {b}" for o in ours for b, _ in ratios) + " |")
+    lines += [head, "|" + "---|" * (len(backends) + 1 + len(ours) * len(ratios))]
     by_case: dict = {}
     for r in result["rows"]:
         by_case.setdefault(r["name"], {})[r["backend"]] = r
@@ -433,9 +444,10 @@ def markdown(result: dict) -> str:
                              f"{r.get('rel_err', float('nan')):.1e}")
             else:
                 cells.append("— " + (r.get("error", "")[:40]))
-        ours = per.get("fa4_fp8_split_kv", {})
-        cells += ["—" if ours.get(k) is None else
-                  f"{ours[k]:.2f}x ({ours[k + '_range'][0]:.2f}-{ours[k + '_range'][1]:.2f})" for _, k in ratios]
+        for o in ours:
+            mine = per.get(o, {})
+            cells += ["—" if mine.get(k) is None else
+                      f"{mine[k]:.2f}x ({mine[k + '_range'][0]:.2f}-{mine[k + '_range'][1]:.2f})" for _, k in ratios]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

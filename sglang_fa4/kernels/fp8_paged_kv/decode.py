@@ -106,6 +106,7 @@ def _make_split_kernel():
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, IMAGE: tl.constexpr,
+        PREFETCH_PAGES: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)
@@ -157,12 +158,26 @@ def _make_split_kernel():
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, D_POW2], tl.float32)
+            if PREFETCH_PAGES:
+                # each key block's page indices loaded one block ahead, into registers: with the
+                # page-table load inside the block, Triton's pipeliner keeps one K/V buffer and waits
+                # for every copy at each step, so no K/V load is in flight under the products; loaded
+                # ahead, K and V are double-buffered (benchmark/lab/decode_pipeline.py)
+                kn = k_start + tl.arange(0, BLOCK_N)
+                page_next = tl.load(pt_row + (kn >> page_shift), mask=(kn < k_end) & ((kn >> page_shift) < width),
+                                    other=0)
             for start in range(k_start, k_end, BLOCK_N):
                 kk = start + tl.arange(0, BLOCK_N)
                 # page sizes are powers of two: shifts, not integer divisions, per key
                 col = kk >> page_shift
                 k_ok = (kk < k_end) & (col < width)
-                page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
+                if PREFETCH_PAGES:
+                    page = page_next.to(tl.int64)
+                    kn = kk + BLOCK_N
+                    page_next = tl.load(pt_row + (kn >> page_shift), mask=(kn < k_end) & ((kn >> page_shift) < width),
+                                        other=0)
+                else:
+                    page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
                 src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
                 kv_mask = k_ok[:, None] & d_ok[None, :]
                 # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
@@ -315,7 +330,7 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
                 p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
                 plan.right,
-                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image)
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image, p.prefetch_pages)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
                      num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))

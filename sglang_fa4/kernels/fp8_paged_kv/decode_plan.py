@@ -111,16 +111,26 @@ def maxnreg(head_dim: int, warps: int) -> Optional[int]:
 NUM_STAGES = 3
 
 
+#: whether the key loop loads each block's page indices one block ahead (True) or inside the block
+#: (False). Inside, Triton 3.6-3.8's pipeliner keeps a single K/V buffer and waits for every copy
+#: at each step; ahead, it double-buffers K and V (results/cpu/decode_pipeline-triton*.md, on a
+#: CPU). Not yet timed on a GPU: the default stays until it is.
+PREFETCH_PAGES = False
+#: the launch change under evaluation: ``bench decode``'s ``fa4_fp8_split_kv_candidate`` and
+#: ``decode_tune.py --sweep candidate`` time it beside the default
+CANDIDATE = {"prefetch_pages": True}
+
+
 class DecodePlan(tuple):
-    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg): the
-    launch's host facts (tests read them)."""
+    """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg,
+    prefetch_pages): the launch's host facts (tests read them)."""
 
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None):
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch_pages=PREFETCH_PAGES):
         return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
-                                     maxnreg))
+                                     maxnreg, bool(prefetch_pages)))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
@@ -134,13 +144,15 @@ class DecodePlan(tuple):
     #: a register cap per thread (Triton's maxnreg; None: the compiler's choice): the CTAs an SM
     #: holds at once are bounded by registers, and decode needs many in flight
     maxnreg = property(lambda s: s[7])
+    #: page indices loaded a key block ahead (:data:`PREFETCH_PAGES`)
+    prefetch_pages = property(lambda s: s[8])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
     ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
-    maxnreg, for the tuning sweep)."""
+    maxnreg / prefetch_pages, for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
     bm = launch.get("block_m", block_m(rows, head_dim))
@@ -161,4 +173,5 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     bn = launch.get("block_n", block_n(head_dim, bm))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
-                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None)
+                      launch.get("maxnreg", maxnreg(head_dim, warps)) or None,
+                      launch.get("prefetch_pages", PREFETCH_PAGES))
