@@ -170,8 +170,10 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         # buffered, benchmark/results/cpu/decode_pipeline-triton*.md), alone and with what it may shift
         variants = {"product {}": ({}, None, "tight")}
         cands = [dict(S.CANDIDATE), {**S.CANDIDATE, "num_stages": 4}, {**S.CANDIDATE, "block_n": 32}]
-        if d <= 128:
-            cands.append({**S.CANDIDATE, "block_n": 128})
+        if d <= 128:  # and with the occupancy sweep's 5 CTAs an SM
+            cands += [{**S.CANDIDATE, "block_n": 128}, {**S.CANDIDATE, "block_n": 32, "maxnreg": 96, "programs_per_sm": 5}]
+        elif d <= 256:  # 3 CTAs an SM
+            cands.append({**S.CANDIDATE, "block_n": 32, "maxnreg": 168, "programs_per_sm": 3})
         variants.update({f"product {json.dumps(c, sort_keys=True)}": (c, None, "tight")
                          for c in (cands[:1] if smoke else cands)})
     elif sweep == "occupancy":  # more CTAs an SM by a register cap, the one-wave split rule told so
