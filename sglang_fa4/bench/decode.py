@@ -22,8 +22,9 @@ decode kernel on the same pool, its split heuristic ``get_num_kv_splits_triton``
 default 8 splits at most, q bf16 as SGLang's triton backend keeps it), ``fa3_bf16`` (FA3 on a bf16
 pool of the same values: what FP8 halves), and, on request, ``fa4_bf16`` (FA4 b36 on the bf16
 pool) and ``fa4_fp8_split_kv_candidate`` (our kernel with ``decode_plan.CANDIDATE``, the launch
-change under evaluation, timed beside the default and FA3-FP8 before it may become the default).  A backend that is missing, fails a shape or does not fit is recorded with its reason, the
-others go on.  Results are written after every case.
+change under evaluation, timed beside the default and FA3-FP8 before it may become the default).
+A backend that is missing, fails a shape or does not fit is recorded with its reason, the others
+go on.  Results are written after every case.
 
 ``--cpu-smoke`` (CI): tiny shapes on the CPU with the kernel in Triton's interpreter
 (TRITON_INTERPRET=1 must be set before the process starts), wall-clock rounds, one layer, the
