@@ -197,12 +197,12 @@ def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tup
             out = torch.empty(case.batch, case.hq, case.head_dim, dtype=torch.bfloat16, device=x["q8"].device)
             if name in OURS:
                 from sglang_fa4.integration.llm_fp8_kv import BF16_QUERY_HEAD_DIMS
-                from sglang_fa4.kernels.fp8_paged_kv import decode_launch_plan, paged_decode_attention, sm_count
-                from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE as CANDIDATE_LAUNCH
+                from sglang_fa4.kernels.fp8_paged_kv import (DECODE_CANDIDATE, decode_launch_plan,
+                                                             paged_decode_attention, sm_count)
 
                 # the q the route gets: bf16 where SGLang leaves it so (the same values: q8 in bf16)
                 q = x["q8"].to(torch.bfloat16) if case.head_dim in BF16_QUERY_HEAD_DIMS else x["q8"]
-                launch = dict(CANDIDATE_LAUNCH) if name == CANDIDATE else None
+                launch = dict(DECODE_CANDIDATE) if name == CANDIDATE else None
 
                 def one(k, v, o=out, q=q, launch=launch):
                     paged_decode_attention(q, k, v, x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],

@@ -25,6 +25,7 @@ from sglang_fa4.kernels.fp8_paged_kv.attention import (
     run,
 )
 from sglang_fa4.kernels.fp8_paged_kv.decode import DEFAULT_SM_COUNT, HEAD_DIMS, kv_bytes_read, sm_count
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE as DECODE_CANDIDATE
 from sglang_fa4.kernels.fp8_paged_kv.decode_plan import DecodePlan, choose_splits
 from sglang_fa4.kernels.fp8_paged_kv.decode_plan import plan as decode_launch_plan
 from sglang_fa4.kernels.fp8_paged_kv.gather import (
@@ -40,7 +41,7 @@ from sglang_fa4.kernels.fp8_paged_kv.warmup import FAMILIES, SplitKvShape
 
 __all__ = [
     "paged_kv_attention", "plan", "run", "PagedPlan", "SPLIT_KV", "GATHER", "paged_decode_attention",
-    "DecodePlan", "choose_splits", "decode_launch_plan", "sm_count", "DEFAULT_SM_COUNT", "HEAD_DIMS", "kv_bytes_read", "PagedKVError",
+    "DecodePlan", "DECODE_CANDIDATE", "choose_splits", "decode_launch_plan", "sm_count", "DEFAULT_SM_COUNT", "HEAD_DIMS", "kv_bytes_read", "PagedKVError",
     "GatherShape", "gather_paged_kv", "gather_paged_kv_vt", "exact_sizes", "bytes_moved", "Kernels",
     "install_kernels", "installed_kernels", "SplitKvShape", "FAMILIES",
 ]
