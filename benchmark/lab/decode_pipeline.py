@@ -10,7 +10,7 @@ memory with compute; ptxas's registers and spill (stack bytes) and the dynamic s
 what it costs. Static facts about the compiled code, not timings (a GPU times the candidate:
 ``bench decode --backends fa4_fp8_split_kv fa4_fp8_split_kv_candidate fa3_fp8``).
 
-    python benchmark/lab/decode_pipeline.py [--out DIR]    # -> DIR/decode_pipeline-tritonX.Y.Z.{json,md}
+    python benchmark/lab/decode_pipeline.py [--out DIR]    # -> DIR/decode_pipeline-tritonX.Y.Z.md
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def in_flight(facts: dict) -> bool:
 def one(cfg: tuple, prefetch: bool) -> dict:
     label, d, g, q, rows = cfg
     p = S.plan(1, 1, g, d, max(1, rows // g), 8192, 132)
-    args = (d, p.block_m, p.block_n, p.num_warps, p.num_stages, q, True, g, p.maxnreg, False)
-    kernel = R.compile_split(*args, prefetch_pages=prefetch)
+    kernel = R.compile_split(d, p.block_m, p.block_n, p.num_warps, p.num_stages, q, True, g, p.maxnreg, False,
+                             prefetch_pages=prefetch)
     facts = pipeline_facts(kernel.asm["ttgir"])
-    res = R.resources(*args[:-1], prefetch_pages=prefetch)
+    res = R.kernel_resources(kernel)
     return {"config": label, "prefetch_pages": prefetch,
             "launch": {"block_m": p.block_m, "block_n": p.block_n, "num_warps": p.num_warps,
                        "num_stages": p.num_stages, "maxnreg": p.maxnreg},
@@ -83,17 +83,10 @@ def render(rows: list[dict], meta: dict) -> str:
 
 
 def main() -> None:
-    import triton
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None, help="write decode_pipeline-tritonVERSION.{json,md} here")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None, help="write decode_pipeline-tritonVERSION.md here")
     rows = [one(cfg, prefetch) for cfg in CONFIGS for prefetch in (False, True)]
-    meta = {"triton": triton.__version__, "command": "python benchmark/lab/decode_pipeline.py --out DIR"}
-    md = render(rows, meta)
-    print(md)
-    if args.out:
-        R.write_per_triton(args.out, "decode_pipeline", meta, rows, md)
+    R.report("decode_pipeline", rows, render, ap.parse_args().out)
 
 
 if __name__ == "__main__":

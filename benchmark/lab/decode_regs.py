@@ -13,7 +13,6 @@ a line, ``key=value`` pairs (defaults: d=512 bm=16 bn=16 w=8 s=3 q=bf16 single=1
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -62,39 +61,45 @@ def tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def write_per_triton(out_dir, name: str, meta: dict, rows: list, md: str) -> None:
-    """``out_dir/NAME-tritonVERSION.{json,md}``: a static count depends on the Triton that compiled it."""
-    import json
-
-    import triton
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}-triton{triton.__version__}"
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(md)
-
-
-def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
-              single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
-              prefetch_pages: bool = S.PREFETCH_PAGES) -> dict:
-    """{"reg", "stack", "shared", "local", "mma"} of the split kernel compiled for sm_90a."""
-    kernel = compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, prefetch_pages)
-    cuobjdump = tool("cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+def cuobjdump(kernel, flag: str) -> str:
+    """``cuobjdump FLAG`` (``-res-usage``, ``-sass``) of a compiled kernel's cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
-    try:
-        usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    finally:
-        os.unlink(f.name)
-    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+        f.flush()
+        return subprocess.run([tool("cuobjdump"), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def kernel_resources(kernel) -> dict:
+    """{"reg", "stack", "shared", "dyn_shared", "local", "mma", "cp_async"} of a compiled kernel."""
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", cuobjdump(kernel, "-res-usage"))
     reg, stack, shared, local = (int(x) for x in m.groups())
     ptx = kernel.asm["ptx"]
     # "shared" is the cubin's static shared memory; Triton's pipeline buffers are dynamic
     # (metadata.shared), and cp.async in the PTX shows whether the K/V loads were pipelined at all
     return {"reg": reg, "stack": stack, "shared": shared, "dyn_shared": kernel.metadata.shared, "local": local,
             "mma": len(re.findall(r"\bmma\.sync|\bwgmma", ptx)), "cp_async": len(re.findall(r"\bcp\.async\.(?:ca|cg)", ptx))}
+
+
+def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
+              single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
+              prefetch_pages: bool = S.PREFETCH_PAGES) -> dict:
+    """:func:`kernel_resources` of the split kernel compiled for sm_90a."""
+    return kernel_resources(compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, prefetch_pages))
+
+
+def report(name: str, rows: list, render, out_dir=None) -> str:
+    """A static count's markdown (``render(rows, meta)``), printed and, with ``out_dir``, written to
+    ``out_dir/NAME-tritonVERSION.md``: the count depends on the Triton that compiled the kernel."""
+    import triton
+
+    meta = {"triton": triton.__version__, "command": f"python benchmark/lab/{name}.py --out DIR"}
+    md = render(rows, meta)
+    print(md)
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}-triton{triton.__version__}.md").write_text(md)
+    return md
 
 
 def main() -> None:

@@ -6,14 +6,14 @@ opcode: its shared-memory loads (LDS.U8 is one byte a load), conversions (F2FP),
 (HMMA), byte permutes (PRMT), register moves and the rest, at each model shape's own launch plan.
 
 Static counts say what a GPU must issue, not how fast it runs. The committed
-``benchmark/results/cpu/decode_sass-triton*.md`` compare V read as bytes (P @ V reduces over V's
+``benchmark/results/cpu/decode_sass-triton3.6.0.md`` compares V read as bytes (P @ V reduces over V's
 rows and ldmatrix cannot transpose 8-bit data on SM90, so Triton fetches the staged fp8 V tile one
 byte a load) with V read as 32-bit words made fp16 in registers (commit deb21cf's ``V_WORDS``
 candidate): the words cut the loop's instructions to 0.79-0.83x under Triton 3.6.0, yet took
 1.03-1.05x the time at d128 on an H100 (``benchmark/results/h100/decode-other-v.md``), so the
 kernel is not bound by what it issues, and the candidate left the kernel.
 
-    python benchmark/lab/decode_sass.py [--out DIR]     # -> DIR/decode_sass-tritonX.Y.Z.{json,md}
+    python benchmark/lab/decode_sass.py [--out DIR]     # -> DIR/decode_sass-tritonX.Y.Z.md
 
 Triton's code generation differs between versions; run it under the Triton a GPU run uses.
 """
@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -84,12 +82,7 @@ def count(cfg: tuple) -> dict:
     label, d, g, q = cfg
     p = S.plan(1, 1, g, d, 1, 8192, 132)
     kernel = R.compile_split(d, p.block_m, p.block_n, p.num_warps, p.num_stages, q, True, g, p.maxnreg, False)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([R.tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    loop = key_loop(instructions(sass))
+    loop = key_loop(instructions(R.cuobjdump(kernel, "-sass")))
     by = collections.Counter(classify(t.split()[0]) for t in loop)
     return {"config": label, "head_dim": d, "group": g, "q": q,
             "launch": {"block_m": p.block_m, "block_n": p.block_n, "num_warps": p.num_warps,
@@ -114,17 +107,9 @@ def render(rows: list[dict], meta: dict) -> str:
 
 
 def main() -> None:
-    import triton
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None, help="write decode_sass-tritonVERSION.{json,md} here")
-    args = ap.parse_args()
-    rows = [count(cfg) for cfg in CONFIGS]
-    meta = {"triton": triton.__version__, "command": "python benchmark/lab/decode_sass.py --out DIR"}
-    md = render(rows, meta)
-    print(md)
-    if args.out:
-        R.write_per_triton(args.out, "decode_sass", meta, rows, md)
+    ap.add_argument("--out", default=None, help="write decode_sass-tritonVERSION.md here")
+    R.report("decode_sass", [count(cfg) for cfg in CONFIGS], render, ap.parse_args().out)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,22 @@ def candidates(d: int, smoke: bool) -> list[dict]:
     return out
 
 
+#: a register cap per thread that lets more CTAs share an SM, with the one-wave split rule told the
+#: count (registers / spill, ptxas sm_90a under Triton 3.6.0: d256 block 64 uncapped 255 / 64 B, block
+#: 32 capped at 168 16 B (3 CTAs), at 128 128 B (4); d128 block 64 at 128 32 B (4), block 32 at 96 32 B (5))
+OCCUPANCY_CAP = {128: {"block_n": 32, "maxnreg": 96, "programs_per_sm": 5},
+                 256: {"block_n": 32, "maxnreg": 168, "programs_per_sm": 3}}
+
+
+def product_variants(cands: list[dict], smoke: bool) -> dict:
+    """The plan's default and launch overrides of the product kernel, labelled as the sweeps label them
+    (the first override only in the CPU smoke)."""
+    variants = {"product {}": ({}, None, "tight")}
+    variants.update({f"product {json.dumps(c, sort_keys=True)}": (c, None, "tight")
+                     for c in (cands[:1] if smoke else cands)})
+    return variants
+
+
 def split_candidates(smoke: bool) -> list[int]:
     return [1, 2] if smoke else [1, 2, 4, 8, 16, 32, 64]
 
@@ -168,30 +184,21 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
             variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
     elif sweep == "candidate":  # decode_plan.CANDIDATE (page indices a key block ahead: K/V double-
         # buffered, benchmark/results/cpu/decode_pipeline-triton*.md), alone and with what it may shift
-        variants = {"product {}": ({}, None, "tight")}
         cands = [dict(S.CANDIDATE), {**S.CANDIDATE, "num_stages": 4}, {**S.CANDIDATE, "block_n": 32}]
-        if d <= 128:  # and with the occupancy sweep's 5 CTAs an SM
-            cands += [{**S.CANDIDATE, "block_n": 128}, {**S.CANDIDATE, "block_n": 32, "maxnreg": 96, "programs_per_sm": 5}]
-        elif d <= 256:  # 3 CTAs an SM
-            cands.append({**S.CANDIDATE, "block_n": 32, "maxnreg": 168, "programs_per_sm": 3})
-        variants.update({f"product {json.dumps(c, sort_keys=True)}": (c, None, "tight")
-                         for c in (cands[:1] if smoke else cands)})
-    elif sweep == "occupancy":  # more CTAs an SM by a register cap, the one-wave split rule told so
-        # (registers a thread / spill, ptxas sm_90a under Triton 3.6.0: d256 bn64 255 / 64 B, bn32
-        # capped at 168 16 B (3 CTAs), at 128 128 B (4); d128 bn64 at 128 32 B (4), bn32 at 96 32 B (5))
-        variants = {"product {}": ({}, None, "tight")}
+        if d <= 128:
+            cands.append({**S.CANDIDATE, "block_n": 128})
+        if d <= 256:  # and with the occupancy sweep's register cap
+            cands.append({**S.CANDIDATE, **OCCUPANCY_CAP[128 if d <= 128 else 256]})
+        variants = product_variants(cands, smoke)
+    elif sweep == "occupancy":  # more CTAs an SM by a register cap (OCCUPANCY_CAP and its neighbours)
+        cap = OCCUPANCY_CAP[128 if d <= 128 else 256]
         if d > 256:
             cands = []
         elif d > 128:
-            cands = [{"block_n": 32}, {"block_n": 32, "maxnreg": 168, "programs_per_sm": 3},
-                     {"block_n": 32, "maxnreg": 168, "programs_per_sm": 3, "num_stages": 4},
-                     {"block_n": 32, "maxnreg": 128, "programs_per_sm": 4}]
+            cands = [{"block_n": 32}, cap, {**cap, "num_stages": 4}, {**cap, "maxnreg": 128, "programs_per_sm": 4}]
         else:
-            cands = [{"block_n": 32, "maxnreg": 96, "programs_per_sm": 5},
-                     {"block_n": 32, "maxnreg": 96, "programs_per_sm": 5, "num_stages": 4},
-                     {"block_n": 32, "programs_per_sm": 4}]
-        variants.update({f"product {json.dumps(c, sort_keys=True)}": (c, None, "tight")
-                         for c in (cands[:1] if smoke else cands)})
+            cands = [cap, {**cap, "num_stages": 4}, {"block_n": 32, "programs_per_sm": 4}]
+        variants = product_variants(cands, smoke)
     elif sweep == "splits":
         variants = {"{}": ({}, None, "tight")}  # the heuristic's count
         variants.update({f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS})
