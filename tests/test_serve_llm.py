@@ -544,8 +544,8 @@ def test_the_whole_run_against_fake_servers(tmp_path, monkeypatch):
     monkeypatch.setattr(serve_llm.bench, "Client", Client)
     rc = serve_llm.main(["--model", "gemma4_31b", "--arms", "triton,fa4", "--out", str(tmp_path / "out"),
                          "--work", str(tmp_path / "work"), "--workloads", "64:8:4:4", "--rounds", "3",
-                         "--accuracy-prompts", "3", "--profile-steps", "2", "--start-timeout-s", "60",
-                         "--time-budget-s", "400"])
+                         "--accuracy-prompts", "3", "--profile-steps", "2", "--profile-context", "512",
+                         "--start-timeout-s", "60", "--time-budget-s", "400"])
     res = json.loads((tmp_path / "out" / "serve_llm-gemma4_31b.json").read_text())
     assert rc == 0, res["notes"]
     assert [s["ready"] for s in res["servers"]] == [True, True]
