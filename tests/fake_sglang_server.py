@@ -10,7 +10,8 @@ The "model" is a hash: the next token and its logprob depend only on the ids bef
 same ids get the same answer in every arm and a prefill scores a greedy answer exactly as the
 decode did. ``--skew`` (nats) shifts every logprob of one arm, to make a run's arms differ.
 
-usage: fake_sglang_server.py --port P [--attention-backend B] [--skew X] [...ignored SGLang args]
+usage: fake_sglang_server.py --port P [--attention-backend B] [--skew X] [--gather N --gather-new-tokens T]
+       [...ignored SGLang args]
 """
 
 from __future__ import annotations
@@ -61,15 +62,18 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
 
-#: a request answers only once no other arrived for this long (at most HOLD_S in all), so requests
-#: sent together (the profile's 16) decode together however slowly a loaded machine starts them
-#: (0.3 s was too short once: a clean-clone CI run saw the 16 arrivals spread wider and failed)
-QUIET_S, HOLD_S = 1.0, 8.0
+#: a request asking ``--gather-new-tokens`` new tokens answers only once ``--gather`` requests ran at
+#: once (at most HOLD_S), so the profile's requests decode together however slowly a loaded machine
+#: starts them: a timed quiet window (0.3 s, then 1.0 s) let a loaded clean-clone CI run see them
+#: spread wider and end apart. Other requests answer at once.
+HOLD_S = 60.0
 
 
 class State:
-    def __init__(self, skew: float):
-        self.skew, self.running, self.lock, self.last_arrival = skew, 0, threading.Lock(), 0.0
+    def __init__(self, skew: float, gather: int, gather_new_tokens: int):
+        self.skew, self.running, self.most_running = skew, 0, 0
+        self.gather, self.gather_new_tokens = gather, gather_new_tokens
+        self.cond = threading.Condition()
 
 
 def handler(state: State):
@@ -89,11 +93,11 @@ def handler(state: State):
             if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
                 return self.reply({"error": "the fake server takes input_ids only"}, 400)
             n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
-            t0 = time.monotonic()
-            with state.lock:
+            with state.cond:
                 state.running += 1
-                state.last_arrival = t0
+                state.most_running = max(state.most_running, state.running)
                 log(f"Decode batch, #running-req: {state.running}, #token: {len(ids)}")
+                state.cond.notify_all()
             try:
                 seq, out, top = list(ids), [], []
                 for _ in range(n):
@@ -107,11 +111,12 @@ def handler(state: State):
                 if start is not None:  # SGLang: position ``start`` gets None, then each token's logprob
                     meta["input_token_logprobs"] = [[None, ids[start], None]] + [
                         [scored(ids[:i], ids[i]) + state.skew, ids[i], None] for i in range(start + 1, len(ids))]
-                while time.monotonic() - state.last_arrival < QUIET_S and time.monotonic() - t0 < HOLD_S:
-                    time.sleep(0.02)
+                if n == state.gather_new_tokens:
+                    with state.cond:
+                        state.cond.wait_for(lambda: state.most_running >= state.gather, timeout=HOLD_S)
                 return self.reply({"text": "", "meta_info": meta})
             finally:
-                with state.lock:
+                with state.cond:
                     state.running -= 1
 
     return H
@@ -133,9 +138,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--skew", type=float, default=0.0)
+    ap.add_argument("--gather", type=int, default=0, help="requests that must run at once ...")
+    ap.add_argument("--gather-new-tokens", type=int, default=-1, help="... before ones of this size answer")
     a, _ = ap.parse_known_args()
     log(f"server_args=ServerArgs(attention_backend='{a.attention_backend}', fake=True)")
-    server = ThreadingHTTPServer(("127.0.0.1", a.port), handler(State(a.skew)))
+    server = ThreadingHTTPServer(("127.0.0.1", a.port), handler(State(a.skew, a.gather, a.gather_new_tokens)))
     log("Full KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 1000")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log(READY)

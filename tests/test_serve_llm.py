@@ -514,7 +514,9 @@ def test_the_whole_run_against_fake_servers(tmp_path, monkeypatch):
         out = []
         for arm in arms:
             ports[arm.name] = port = serve_llm.free_port()
-            argv = [sys.executable, str(fake), "--port", str(port), "--attention-backend", arm.backend]
+            argv = [sys.executable, str(fake), "--port", str(port), "--attention-backend", arm.backend,
+                    "--gather", str(serve_llm.PROFILE_REQUESTS),
+                    "--gather-new-tokens", str(serve_llm.PROFILE_NEW_TOKENS)]
             env = {**os.environ, **serve_arms.server_env(arm)}
             out.append(serve_llm.Server(arm, argv, env, a.work / f"server-{a.model}-{arm.name}.log", port))
         return out

@@ -242,15 +242,19 @@ def profile_prompts(n: int, context: int, seed: int = 11) -> list[list[int]]:
     return [token_ids(rng, context) for _ in range(n)]
 
 
+#: the profiled decode: this many requests at once, each asking this many new tokens
+PROFILE_REQUESTS, PROFILE_NEW_TOKENS = 16, 160
+
+
 def profile_arm(s: Server, layers: int, prof_dir: Path, steps: int, context: int) -> dict:
-    """16 requests at ~``context`` tokens decoding; once the log shows them all running, SGLang's
-    profiler over ``steps`` decode steps; the trace analysed."""
-    n = 16
+    """PROFILE_REQUESTS requests at ~``context`` tokens decoding; once the log shows them all running,
+    SGLang's profiler over ``steps`` decode steps; the trace analysed."""
+    n = PROFILE_REQUESTS
     prompts = profile_prompts(n, context)
     mark = len(s.text())
     answers = []
-    threads = [threading.Thread(target=lambda p=p: answers.append(generate(s.port, p, 160)), daemon=True)
-               for p in prompts]
+    threads = [threading.Thread(target=lambda p=p: answers.append(generate(s.port, p, PROFILE_NEW_TOKENS)),
+                                daemon=True) for p in prompts]
     for t in threads:
         t.start()
     t0 = time.monotonic()
