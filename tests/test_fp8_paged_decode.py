@@ -87,6 +87,12 @@ def _matrix_cases() -> dict:
             "wide-table-empty-splits", "edge-column-sliced-table", "edge-zero-length-sequence", "extend-few-rows",
             "decode-vs-extend", "decode-vs-extend-window"]:
         cases[f"candidate-{name}"] = {**cases[name], "launch": dict(S.CANDIDATE)}
+    # the head dim in two column pieces (launch d_pieces=2, a candidate of decode_tune's sweep): every
+    # head dim at GQA 7 (96 and 192 with a padded, masked second piece), the edges, decode == extend
+    for name in [n for n in cases if "-g7-" in n] + [
+            "edge-window-narrower-than-rows-d256", "edge-last-split-shorter-than-rows", "ctx3-splits8",
+            "edge-descales-wide-k-none-v", "edge-zero-length-sequence", "decode-vs-extend", "decode-vs-extend-window"]:
+        cases[f"pieces-{name}"] = {**cases[name], "launch": {"d_pieces": 2}}
     return cases
 
 
@@ -325,7 +331,7 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": False, "PREFETCH_PAGES": S.PREFETCH_PAGES}
+              "WRITE_LSE": False, "IMAGE": False, "PREFETCH_PAGES": S.PREFETCH_PAGES, "D_PIECES": S.D_PIECES}
     aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
                                                          "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
     ptx = sm90_ptx(fn, sig, consts, aligned)
@@ -363,6 +369,28 @@ def test_page_indices_a_block_ahead_let_triton_keep_kv_loads_in_flight(d, rows):
     assert not decode_pipeline.in_flight(facts[False]) and f"1x{p.block_n}x{d}" in facts[False]["kv_buffers"], facts
     assert decode_pipeline.in_flight(facts[True]) and f"2x{p.block_n}x{d}" in facts[True]["kv_buffers"], facts
     assert S.CANDIDATE == {"prefetch_pages": not S.PREFETCH_PAGES}
+
+
+def test_two_head_dim_pieces_spill_less_under_a_register_cap():
+    """Compiled for sm_90a at the d256 decode plan (64 keys a step) capped at 168 registers (3 CTAs an
+    SM instead of 2): with the head dim as two column pieces (launch d_pieces=2) half a K/V tile is
+    live at once, and ptxas spills at most a third of what the one-piece kernel spills. What the
+    pieces are for, as the compiler sees it (benchmark/lab/decode_pieces.py; their speed is a GPU's
+    to measure)."""
+    pytest.importorskip("triton")
+    from benchmark.lab import decode_regs
+
+    p = S.plan(1, 1, 2, 256, 1, 8192, 132)
+    stack = {pieces: decode_regs.resources(256, p.block_m, p.block_n, p.num_warps, p.num_stages, "fp8", True, 2, 168,
+                                           d_pieces=pieces) for pieces in (1, 2)}
+    assert stack[1]["reg"] <= 168 and stack[2]["reg"] <= 168, stack
+    assert stack[1]["stack"] >= 64 and 3 * stack[2]["stack"] <= stack[1]["stack"], stack
+    with pytest.raises(PagedKVError, match="d_pieces must be 1 or 2, got 3"):
+        S.plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_pieces": 3})
+    with pytest.raises(PagedKVError, match="d_pieces must be 1 or 2, got True"):
+        S.plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_pieces": True})
+    assert S.plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_pieces": 2}).d_pieces == 2
+    assert S.plan(1, 1, 2, 256, 1, 8192, 132).d_pieces == S.D_PIECES == 1
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):

@@ -32,7 +32,7 @@ ALIGNED = ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t", "o_stride_h",
 
 def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
                   single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
-                  prefetch_pages: bool = S.PREFETCH_PAGES):
+                  prefetch_pages: bool = S.PREFETCH_PAGES, d_pieces: int = S.D_PIECES):
     """The split kernel compiled for sm_90a with a real launch's specialization (Triton's
     CompiledKernel: ``asm["ptx"]``, ``asm["cubin"]``, ``asm["ttgir"]``)."""
     import triton
@@ -42,7 +42,8 @@ def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_
     fn = D._make_split_kernel()
     names = [p.name for p in fn.params]
     consts = {"G": g, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": bm, "BLOCK_N": bn, "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": image, "PREFETCH_PAGES": prefetch_pages}
+              "WRITE_LSE": False, "IMAGE": image, "PREFETCH_PAGES": prefetch_pages,
+              "D_PIECES": d_pieces}
     ptrs = {"Q": Q_TYPES[q], "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
             "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "*i32" if n.isupper() else
@@ -82,9 +83,10 @@ def kernel_resources(kernel) -> dict:
 
 def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
               single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
-              prefetch_pages: bool = S.PREFETCH_PAGES) -> dict:
+              prefetch_pages: bool = S.PREFETCH_PAGES, d_pieces: int = S.D_PIECES) -> dict:
     """:func:`kernel_resources` of the split kernel compiled for sm_90a."""
-    return kernel_resources(compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, prefetch_pages))
+    return kernel_resources(compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, prefetch_pages,
+                                          d_pieces))
 
 
 def report(name: str, rows: list, render, out_dir=None) -> str:

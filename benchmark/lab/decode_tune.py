@@ -124,6 +124,13 @@ def candidates(d: int, smoke: bool) -> list[dict]:
 #: 32 capped at 168 16 B (3 CTAs), at 128 128 B (4); d128 block 64 at 128 32 B (4), block 32 at 96 32 B (5))
 OCCUPANCY_CAP = {128: {"block_n": 32, "maxnreg": 96, "programs_per_sm": 5},
                  256: {"block_n": 32, "maxnreg": 168, "programs_per_sm": 3}}
+#: the head dim in two column pieces (decode_plan launch ``d_pieces``) under register caps for more
+#: CTAs an SM, 64 keys a step kept (32 at d512): with half a K/V tile live at once the capped kernel
+#: spills far less (benchmark/results/cpu/decode_pieces-triton*.md)
+PIECES_CAPS = {128: [{"d_pieces": 2, "maxnreg": 96, "programs_per_sm": 5}],
+               256: [{"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3},
+                     {"d_pieces": 2, "maxnreg": 128, "programs_per_sm": 4}],
+               512: [{"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3}]}
 
 
 def product_variants(cands: list[dict], smoke: bool) -> dict:
@@ -189,6 +196,9 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
             cands.append({**S.CANDIDATE, "block_n": 128})
         if d <= 256:  # and with the occupancy sweep's register cap
             cands.append({**S.CANDIDATE, **OCCUPANCY_CAP[128 if d <= 128 else 256]})
+        # the head dim in two pieces under a cap, alone and with the candidate
+        pieces = PIECES_CAPS[128 if d <= 128 else 256 if d <= 256 else 512]
+        cands += pieces + [{**S.CANDIDATE, **pieces[0]}]
         variants = product_variants(cands, smoke)
     elif sweep == "occupancy":  # more CTAs an SM by a register cap (OCCUPANCY_CAP and its neighbours)
         cap = OCCUPANCY_CAP[128 if d <= 128 else 256]

@@ -212,7 +212,8 @@ def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tup
                                        x["table"].shape[1] * case.page, sm_count(x["q8"].device), num_splits,
                                        launch=launch)
                 splits[name] = {"num_splits": p.num_splits, "block_n": p.block_n, "num_warps": p.num_warps,
-                                "num_stages": p.num_stages, "prefetch_pages": p.prefetch_pages}
+                                "num_stages": p.num_stages, "prefetch_pages": p.prefetch_pages, "d_pieces": p.d_pieces,
+                                "maxnreg": p.maxnreg}
                 fn = _over_layers(one, x["pools"])
             elif not x["q8"].is_cuda:
                 raise RuntimeError("needs a CUDA GPU")

@@ -22,6 +22,9 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
   (:func:`.decode_plan.choose_splits`), one program each; each writes its
   normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
   them weighted by exp(lse - max).  With one split the first kernel writes the output itself.
+* **Head-dim pieces.** With launch ``d_pieces=2`` the key loop takes the head dim as two column
+  pieces, each its own pair of products, so half a K/V tile is live in registers at once (a
+  candidate under register caps: :data:`.decode_plan.D_PIECES`).
 * **Host side.** :func:`launch` runs one layer from the route's plan (:mod:`.batch_plan`: the arguments
   checked, the launch plan and scratch sizes chosen once per batch shape): descale strides, the
   output and scratch allocations, the two launches. CUDA or Triton's interpreter only; the CPU
@@ -106,7 +109,7 @@ def _make_split_kernel():
         num_splits, min_chunk, width, page_shift, tok_stride, hkv, qk_scale_log2, left, right,
         G: tl.constexpr, D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, WRITE_LSE: tl.constexpr, IMAGE: tl.constexpr,
-        PREFETCH_PAGES: tl.constexpr,
+        PREFETCH_PAGES: tl.constexpr, D_PIECES: tl.constexpr,
     ):
         rb = tl.program_id(0)
         bh = tl.program_id(1)
@@ -121,8 +124,12 @@ def _make_split_kernel():
             row_ok = r < n_q * G
             tok = r // G
             head = h * G + r % G
-            dd = tl.arange(0, D_POW2)
-            d_ok = dd < D
+            # the head dim in D_PIECES column pieces of DP, each its own pair of products (QK summed
+            # over the pieces, P @ V per piece): a piece's K/V tile in registers, not the whole row
+            DP: tl.constexpr = D_POW2 // D_PIECES
+            dd = tl.arange(0, DP)
+            d_ok0 = dd < D
+            d_ok1 = DP + dd < D
             # each row's visible keys [lo_row, hi_row): bottom-right causal position, window around it
             pos = seqlen - n_q + tok
             lo_row = tl.maximum(pos - left, 0)
@@ -148,7 +155,10 @@ def _make_split_kernel():
             k_end = tl.minimum(hi, k_start + chunk)
 
             q_ptr = Q + (q_start + tok).to(tl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h + dd[None, :]
-            q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float16)
+            q0 = tl.load(q_ptr, mask=row_ok[:, None] & d_ok0[None, :], other=0.0).to(tl.float16)
+            q1 = q0
+            if D_PIECES == 2:
+                q1 = tl.load(q_ptr + DP, mask=row_ok[:, None] & d_ok1[None, :], other=0.0).to(tl.float16)
             kd = tl.load(K_DESC + b * kd_stride_b + h * kd_stride_h)
             vd = tl.load(V_DESC + b * vd_stride_b + h * vd_stride_h)
             scale = qk_scale_log2 * kd
@@ -157,7 +167,8 @@ def _make_split_kernel():
 
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, D_POW2], tl.float32)
+            acc0 = tl.zeros([BLOCK_M, DP], tl.float32)
+            acc1 = tl.zeros([BLOCK_M, DP], tl.float32)
             if PREFETCH_PAGES:
                 # each key block's page indices loaded one block ahead, into registers: with the
                 # page-table load inside the block, Triton's pipeliner keeps one K/V buffer and waits
@@ -179,10 +190,16 @@ def _make_split_kernel():
                 else:
                     page = tl.load(pt_row + col, mask=k_ok, other=0).to(tl.int64)
                 src = ((page << page_shift) + (kk & ((1 << page_shift) - 1))) * tok_stride
-                kv_mask = k_ok[:, None] & d_ok[None, :]
+                kv_ptr = src[:, None] + head_off[None, :]
+                kv_mask0 = k_ok[:, None] & d_ok0[None, :]
+                kv_mask1 = k_ok[:, None] & d_ok1[None, :]
                 # masked loads: free pool memory (NaN-poisoned in the tests) never reaches a register
-                kt = tl.load(K_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
-                s = tl.dot(q, tl.trans(kt)) * scale
+                kt = tl.load(K_CACHE + kv_ptr, mask=kv_mask0, other=0.0).to(tl.float16)
+                s = tl.dot(q0, tl.trans(kt))
+                if D_PIECES == 2:
+                    kt = tl.load(K_CACHE + DP + kv_ptr, mask=kv_mask1, other=0.0).to(tl.float16)
+                    s = tl.dot(q1, tl.trans(kt), s)
+                s = s * scale
                 if IMAGE:
                     seen_key = (kk[None, :] < hi_row[:, None]) | ((kk[None, :] >= img_lo[:, None])
                                                                  & (kk[None, :] <= img_hi[:, None]))
@@ -195,23 +212,32 @@ def _make_split_kernel():
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                vt = tl.load(V_CACHE + src[:, None] + head_off[None, :], mask=kv_mask, other=0.0).to(tl.float16)
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vt)
+                p = p.to(tl.float16)
+                vt = tl.load(V_CACHE + kv_ptr, mask=kv_mask0, other=0.0).to(tl.float16)
+                acc0 = acc0 * alpha[:, None] + tl.dot(p, vt)
+                if D_PIECES == 2:
+                    vt = tl.load(V_CACHE + DP + kv_ptr, mask=kv_mask1, other=0.0).to(tl.float16)
+                    acc1 = acc1 * alpha[:, None] + tl.dot(p, vt)
                 m_i = m_new
             seen = l_i > 0.0
-            o = acc * (vd / tl.where(seen, l_i, 1.0))[:, None]
+            o_scale = (vd / tl.where(seen, l_i, 1.0))[:, None]
             lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))  # log2 units
             t64 = (q_start + tok).to(tl.int64)
             if SINGLE:
                 o_ptr = OUT + t64[:, None] * o_stride_t + head[:, None] * o_stride_h + dd[None, :]
-                tl.store(o_ptr, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+                tl.store(o_ptr, (acc0 * o_scale).to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok0[None, :])
+                if D_PIECES == 2:
+                    tl.store(o_ptr + DP, (acc1 * o_scale).to(OUT.dtype.element_ty),
+                             mask=row_ok[:, None] & d_ok1[None, :])
                 if WRITE_LSE:
                     tl.store(LSE + head * lse_stride_h + t64, lse2 * 0.6931471805599453, mask=row_ok)
             else:
                 # an empty split writes only its -inf LSE: the combine reads no partial for it
                 p_ptr = (O_PART + split.to(tl.int64) * part_stride_s + t64[:, None] * part_stride_t
                          + head[:, None] * D_POW2 + dd[None, :])
-                tl.store(p_ptr, o, mask=row_ok[:, None] & (k_start < k_end))
+                tl.store(p_ptr, acc0 * o_scale, mask=row_ok[:, None] & (k_start < k_end))
+                if D_PIECES == 2:
+                    tl.store(p_ptr + DP, acc1 * o_scale, mask=row_ok[:, None] & (k_start < k_end))
                 tl.store(LSE_PART + split.to(tl.int64) * lpart_stride_s + t64 * (hkv * G) + head, lse2, mask=row_ok)
 
     return fp8_paged_decode_split
@@ -330,7 +356,8 @@ def launch(plan, q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, k
                 o.stride(0), o.stride(1), lse_h, part_s, part_t, lpart_s,
                 p.num_splits, p.min_chunk, width, page_size.bit_length() - 1, hkv * d, hkv, scale * LOG2E, plan.left,
                 plan.right,
-                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image, p.prefetch_pages)
+                group, d, d_pow2, p.block_m, p.block_n, single, return_lse, plan.image, p.prefetch_pages,
+                p.d_pieces)
         index = device.index or 0
         SPLIT.launch((p.row_blocks, batch * hkv, p.num_splits), args, index, num_warps=p.num_warps,
                      num_stages=p.num_stages, **({"maxnreg": p.maxnreg} if p.maxnreg else {}))

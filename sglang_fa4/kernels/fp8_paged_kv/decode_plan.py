@@ -116,6 +116,13 @@ NUM_STAGES = 3
 #: at each step; ahead, it double-buffers K and V (results/cpu/decode_pipeline-triton*.md, on a
 #: CPU). Not yet timed on a GPU: the default stays until it is.
 PREFETCH_PAGES = False
+#: the head dim in how many column pieces the key loop takes (1 or 2), each piece's K/V tile its own
+#: pair of products: two pieces keep half a tile in registers at once, so a register cap that lets
+#: more CTAs share an SM spills less (ptxas sm_90a, results/cpu/decode_pieces-triton*.md: d256 with
+#: 64 keys a step capped at 168 registers, 3 CTAs an SM: 312 stack bytes whole, 24 in two pieces,
+#: under Triton 3.6.0).
+#: Not yet timed on a GPU (``decode_tune.py --sweep candidate``): the default stays.
+D_PIECES = 1
 #: the launch change under evaluation: ``bench decode``'s ``fa4_fp8_split_kv_candidate`` and
 #: ``decode_tune.py --sweep candidate`` time it beside the default
 CANDIDATE = {"prefetch_pages": True}
@@ -123,14 +130,14 @@ CANDIDATE = {"prefetch_pages": True}
 
 class DecodePlan(tuple):
     """(block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk, maxnreg,
-    prefetch_pages): the launch's host facts (tests read them)."""
+    prefetch_pages, d_pieces): the launch's host facts (tests read them)."""
 
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch_pages=PREFETCH_PAGES):
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch_pages=PREFETCH_PAGES, d_pieces=D_PIECES):
         return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
-                                     maxnreg, bool(prefetch_pages)))
+                                     maxnreg, bool(prefetch_pages), d_pieces))
 
     block_m = property(lambda s: s[0])
     row_blocks = property(lambda s: s[1])
@@ -146,13 +153,15 @@ class DecodePlan(tuple):
     maxnreg = property(lambda s: s[7])
     #: page indices loaded a key block ahead (:data:`PREFETCH_PAGES`)
     prefetch_pages = property(lambda s: s[8])
+    #: column pieces of the head dim (:data:`D_PIECES`)
+    d_pieces = property(lambda s: s[9])
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
     ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
-    maxnreg / prefetch_pages, for the tuning sweep)."""
+    maxnreg / prefetch_pages / d_pieces, for the tuning sweep)."""
     launch = launch or {}
     rows = max_seqlen_q * group
     bm = launch.get("block_m", block_m(rows, head_dim))
@@ -170,8 +179,13 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
         from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
 
         raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
+    pieces = launch.get("d_pieces", D_PIECES)
+    if pieces not in (1, 2) or isinstance(pieces, bool):
+        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
+
+        raise PagedKVError(f"launch d_pieces must be 1 or 2, got {pieces!r}")
     bn = launch.get("block_n", block_n(head_dim, bm))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
                       launch.get("maxnreg", maxnreg(head_dim, warps)) or None,
-                      launch.get("prefetch_pages", PREFETCH_PAGES))
+                      launch.get("prefetch_pages", PREFETCH_PAGES), pieces)
