@@ -168,3 +168,50 @@ def test_cpu_smoke_times_the_launch_candidate_beside_the_default(tmp_path):
         assert r["rel_err"] == pytest.approx(ours[(name, "fa4_fp8_split_kv")]["rel_err"], rel=1e-6)
     md = (tmp_path / "decode.md").read_text()
     assert "| ours vs fa3_fp8 | candidate vs fa3_fp8 |" in md
+
+
+def test_the_candidate_launch_per_head_dim_and_its_refusals():
+    """``--candidate``: one launch for every head dim, or one per head dim (a head dim left out runs the
+    default launch); default decode_plan.CANDIDATE. A malformed one is refused by name."""
+    from sglang_fa4.kernels.fp8_paged_kv import PagedKVError
+    from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE, plan
+
+    assert decode.candidate_launch(None, 256) == CANDIDATE
+    assert decode.candidate_launch({"d_pieces": 2}, 128) == {"d_pieces": 2}
+    per = {"256": {"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3}, "512": {"block_n": 16}}
+    assert decode.candidate_launch(per, 256) == per["256"] and decode.candidate_launch(per, 512) == per["512"]
+    assert decode.candidate_launch(per, 128) == {}
+    with pytest.raises(ValueError, match="must be a JSON object, got 3"):
+        decode.candidate_launch(3, 128)
+    with pytest.raises(ValueError, match="mixes head-dim keys and launch keys"):
+        decode.candidate_launch({"128": {}, "block_n": 32}, 128)
+    with pytest.raises(ValueError, match="for head dim 128 must be a JSON object, got 32"):
+        decode.candidate_launch({"128": 32}, 128)
+    with pytest.raises(PagedKVError, match=r"launch overrides \['d_piece'\] are not among"):
+        plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_piece": 2})
+
+
+@pytest.mark.parametrize("candidate,message", [('{"d_piece": 2}', "launch overrides ['d_piece']"),
+                                               ('{"256": {"d_pieces": 3}}', "d_pieces must be 1 or 2, got 3"),
+                                               ("[1]", "must be a JSON object")])
+def test_a_malformed_candidate_stops_the_command_before_any_case(tmp_path, candidate, message):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "sglang_fa4.cli", "bench", "decode", "--cpu-smoke", "--backends",
+                        "fa4_fp8_split_kv", decode.CANDIDATE, "--candidate", candidate, "--out-dir", str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and f"--candidate: " in p.stderr and message in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "decode.json").exists()
+
+
+def test_a_per_head_dim_candidate_reaches_the_kernel(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    cand = {"128": {"d_pieces": 2}}
+    p = subprocess.run([sys.executable, "-m", "sglang_fa4.cli", "bench", "decode", "--cpu-smoke", "--backends",
+                        "fa4_fp8_split_kv", decode.CANDIDATE, "--candidate", json.dumps(cand), "--out-dir",
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "decode.json").read_text())
+    assert res["meta"]["settings"]["candidate"] == cand
+    rows = [r for r in res["rows"] if r["backend"] in decode.OURS]
+    assert rows and all("error" not in r and r["rel_err"] < 1e-2 for r in rows), rows
+    assert {(r["backend"], r["splits"]["d_pieces"]) for r in rows} == {("fa4_fp8_split_kv", 1), (decode.CANDIDATE, 2)}

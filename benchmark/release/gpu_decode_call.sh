@@ -11,6 +11,8 @@
 # STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
+# CANDIDATE (optional): matrix-candidate's launch JSON, per head dim where it differs (bench decode
+# --candidate; default decode_plan.CANDIDATE), e.g. the winner of the candidate sweep.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # a call brings back at most 8 files: results gather in $RES and travel as one archive
@@ -58,7 +60,8 @@ for arg in "$@"; do
     matrix-candidate)  # the candidate beside the default and FA3-FP8 in one process
       t=${t:-240}; step $t matrix-candidate python3 -m sglang_fa4.cli bench decode \
           --backends fa4_fp8_split_kv fa4_fp8_split_kv_candidate fa3_fp8 --batches 1 8 32 64 --contexts 8192 32768 \
-          --no-extra-pages --out-dir "$OUT" --tag candidate --time-budget-s $((t - 25)) ;;
+          --no-extra-pages --out-dir "$OUT" --tag candidate --time-budget-s $((t - 25)) \
+          ${CANDIDATE:+--candidate "$CANDIDATE"} ;;
     occupancy)
       t=${t:-120}; step $t occupancy python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep occupancy --tag occupancy \
           --budget-s $((t - 25)) ;;

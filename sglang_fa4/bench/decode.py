@@ -22,7 +22,8 @@ decode kernel on the same pool, its split heuristic ``get_num_kv_splits_triton``
 default 8 splits at most, q bf16 as SGLang's triton backend keeps it), ``fa3_bf16`` (FA3 on a bf16
 pool of the same values: what FP8 halves), and, on request, ``fa4_bf16`` (FA4 b36 on the bf16
 pool) and ``fa4_fp8_split_kv_candidate`` (our kernel with ``decode_plan.CANDIDATE``, the launch
-change under evaluation, timed beside the default and FA3-FP8 before it may become the default).
+change under evaluation, timed beside the default and FA3-FP8 before it may become the default;
+``--candidate`` names another, per head dim where it differs).
 A backend that is missing, fails a shape or does not fit is recorded with its reason, the others
 go on.  Results are written after every case.
 
@@ -34,6 +35,7 @@ GPU-only backends recorded as unavailable; it checks the plumbing and the report
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from typing import NamedTuple
 
@@ -185,9 +187,29 @@ def _dequantized_bf16(x, scale: float):
     return out
 
 
-def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tuple[dict, dict, dict, dict]:
+def candidate_launch(candidate, head_dim: int) -> dict:
+    """The candidate backend's launch overrides at ``head_dim``: ``candidate`` is one launch dict for
+    every head dim, or {head dim: launch dict} (a head dim it leaves out runs the default launch);
+    None is ``decode_plan.CANDIDATE``."""
+    from sglang_fa4.kernels.fp8_paged_kv import DECODE_CANDIDATE
+
+    if candidate is None:
+        return dict(DECODE_CANDIDATE)
+    if not isinstance(candidate, dict):
+        raise ValueError(f"--candidate must be a JSON object, got {candidate!r}")
+    keys = [k for k in candidate if str(k).isdigit()]
+    if keys and len(keys) != len(candidate):
+        raise ValueError(f"--candidate mixes head-dim keys and launch keys: {sorted(map(str, candidate))}")
+    launch = candidate.get(str(head_dim), candidate.get(head_dim, {})) if keys else candidate
+    if not isinstance(launch, dict):
+        raise ValueError(f"--candidate's launch for head dim {head_dim} must be a JSON object, got {launch!r}")
+    return dict(launch)
+
+
+def runners(case: Case, x: dict, backends, num_splits: int | None = None,
+            candidate=None) -> tuple[dict, dict, dict, dict]:
     """({backend: call over every layer}, {backend: output tensor}, {backend: error}, {backend: its
-    split facts}) for the asked backends."""
+    split facts}) for the asked backends (``candidate``: :func:`candidate_launch`'s argument)."""
     import torch
 
     calls, outs, errors, splits = {}, {}, {}, {}
@@ -197,12 +219,11 @@ def runners(case: Case, x: dict, backends, num_splits: int | None = None) -> tup
             out = torch.empty(case.batch, case.hq, case.head_dim, dtype=torch.bfloat16, device=x["q8"].device)
             if name in OURS:
                 from sglang_fa4.integration.llm_fp8_kv import BF16_QUERY_HEAD_DIMS
-                from sglang_fa4.kernels.fp8_paged_kv import (DECODE_CANDIDATE, decode_launch_plan,
-                                                             paged_decode_attention, sm_count)
+                from sglang_fa4.kernels.fp8_paged_kv import decode_launch_plan, paged_decode_attention, sm_count
 
                 # the q the route gets: bf16 where SGLang leaves it so (the same values: q8 in bf16)
                 q = x["q8"].to(torch.bfloat16) if case.head_dim in BF16_QUERY_HEAD_DIMS else x["q8"]
-                launch = dict(DECODE_CANDIDATE) if name == CANDIDATE else None
+                launch = candidate_launch(candidate, case.head_dim) if name == CANDIDATE else None
 
                 def one(k, v, o=out, q=q, launch=launch):
                     paged_decode_attention(q, k, v, x["table"], x["seqlens"], x["cu_q"], 1, k_descale=x["kd"],
@@ -337,7 +358,8 @@ def wall_rounds(calls: dict, rounds: int) -> dict:
 
 
 def bench_case(case: Case, backends, rounds: int, replays: int, device, seed: int,
-               num_splits: int | None = None, copy_gbps: float | None = None, wide_tokens: int = 0) -> list[dict]:
+               num_splits: int | None = None, copy_gbps: float | None = None, wide_tokens: int = 0,
+               candidate=None) -> list[dict]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -357,7 +379,7 @@ def bench_case(case: Case, backends, rounds: int, replays: int, device, seed: in
         if wants16 and need8 + layers * pool_bytes(lens, case, 2) > free:
             wants16, skip16 = False, f"skipped: the bf16 pools ({layers * pool_bytes(lens, case, 2) / 2**30:.1f} GiB) do not fit"
     x = make_inputs(case, device, seed, layers, bf16=wants16, wide_tokens=wide_tokens)
-    calls, outs, errors, split_facts = runners(case, x, backends, num_splits)
+    calls, outs, errors, split_facts = runners(case, x, backends, num_splits, candidate)
     if skip16:
         for b in ("fa3_bf16", "fa4_bf16"):
             if b in errors:
@@ -483,11 +505,22 @@ def run(args) -> dict:
         meta = base_meta("decode")
         meta["ceilings"] = ceilings()
         copy_gbps = meta["ceilings"]["copy_gbps"]
+    if CANDIDATE in args.backends:  # a malformed --candidate stops here, before any case runs
+        from sglang_fa4.kernels.fp8_paged_kv import PagedKVError, decode_launch_plan
+
+        named = [int(k) for k in args.candidate if str(k).isdigit()] if isinstance(args.candidate, dict) else []
+        for d in sorted({c.head_dim for c in todo} | set(named)):
+            try:
+                decode_launch_plan(1, 1, 1, d, 1, 4096, 132, launch=candidate_launch(args.candidate, d))
+            except (ValueError, PagedKVError) as exc:
+                raise SystemExit(f"--candidate: {exc}") from exc
     rounds = min(args.rounds, 2) if smoke else args.rounds
     meta["settings"] = {"backends": list(args.backends), "rounds": rounds, "num_splits": args.num_splits or "heuristic",
                         "replays": args.replays, "cases": len(todo), "k_scale": K_SCALE, "v_scale": V_SCALE,
                         "triton_kv_splits": TRITON_KV_SPLITS, "ragged": RAGGED, "cold_bytes": COLD_BYTES,
                         "wide_table_tokens": args.wide_table}
+    if CANDIDATE in args.backends:
+        meta["settings"]["candidate"] = args.candidate if args.candidate is not None else "decode_plan.CANDIDATE"
     out_dir = report.resolve_out_dir(args.out_dir)
     stem = "decode" + (f"-{args.tag}" if args.tag else "")
     result = {"meta": meta, "rows": []}
@@ -497,7 +530,8 @@ def run(args) -> dict:
             break
         try:
             rows = bench_case(case, args.backends, rounds, args.replays, device, seed=1000 + i,
-                              num_splits=args.num_splits or None, copy_gbps=copy_gbps, wide_tokens=args.wide_table)
+                              num_splits=args.num_splits or None, copy_gbps=copy_gbps, wide_tokens=args.wide_table,
+                              candidate=args.candidate)
         except torch.cuda.OutOfMemoryError as exc:  # a case that does not fit is recorded; the others go on
             rows = [dict(case._asdict(), name=case.name, backend=b, error=f"OutOfMemoryError: {str(exc)[:200]}")
                     for b in args.backends]
@@ -529,6 +563,10 @@ def add_arguments(p) -> None:
     p.add_argument("--wide-table", type=int, default=0, metavar="TOKENS",
                    help="page tables this many tokens wide (SGLang's decode graphs pass the context limit), "
                         "the columns past a sequence's pages unused")
+    p.add_argument("--candidate", type=json.loads, default=None, metavar="JSON",
+                   help=f"{CANDIDATE}'s launch overrides: one object for every head dim, or one per head dim "
+                        "('{\"256\": {\"d_pieces\": 2, \"maxnreg\": 168, \"programs_per_sm\": 3}}'; a head dim "
+                        "left out runs the default launch); default decode_plan.CANDIDATE")
     p.add_argument("--tag", default="", help="suffix of the output files (decode-<tag>.json/.md)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny shapes on the CPU, the kernel in Triton's interpreter (TRITON_INTERPRET=1); CI")

@@ -157,12 +157,22 @@ class DecodePlan(tuple):
     d_pieces = property(lambda s: s[9])
 
 
+#: what ``plan``'s ``launch`` may override
+LAUNCH_KEYS = frozenset({"block_m", "block_n", "num_warps", "num_stages", "min_chunk", "programs_per_sm", "maxnreg",
+                         "prefetch_pages", "d_pieces"})
+
+
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
     ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
     maxnreg / prefetch_pages / d_pieces, for the tuning sweep)."""
     launch = launch or {}
+    unknown = sorted(set(launch) - LAUNCH_KEYS)
+    if unknown:
+        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
+
+        raise PagedKVError(f"launch overrides {unknown} are not among {sorted(LAUNCH_KEYS)}")
     rows = max_seqlen_q * group
     bm = launch.get("block_m", block_m(rows, head_dim))
     if not (isinstance(bm, int) and bm >= 16 and bm & (bm - 1) == 0):
