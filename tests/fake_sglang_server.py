@@ -69,6 +69,13 @@ class JsonHandler(BaseHTTPRequestHandler):
 HOLD_S = 60.0
 
 
+class Server(ThreadingHTTPServer):
+    #: the listen backlog: socketserver's 5 reset connections when the profile's 16 requests connect
+    #: at once on a loaded machine (a clean-clone CI run: ConnectionResetError); SGLang's uvicorn
+    #: listens with 2048
+    request_queue_size = 128
+
+
 class State:
     def __init__(self, skew: float, gather: int, gather_new_tokens: int):
         self.skew, self.running, self.most_running = skew, 0, 0
@@ -142,7 +149,7 @@ def main() -> None:
     ap.add_argument("--gather-new-tokens", type=int, default=-1, help="... before ones of this size answer")
     a, _ = ap.parse_known_args()
     log(f"server_args=ServerArgs(attention_backend='{a.attention_backend}', fake=True)")
-    server = ThreadingHTTPServer(("127.0.0.1", a.port), handler(State(a.skew, a.gather, a.gather_new_tokens)))
+    server = Server(("127.0.0.1", a.port), handler(State(a.skew, a.gather, a.gather_new_tokens)))
     log("Full KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 1000")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log(READY)
