@@ -187,6 +187,14 @@ def _dequantized_bf16(x, scale: float):
     return out
 
 
+def _head_dim_keys(candidate: dict) -> list[int]:
+    """The head dims a per-head-dim ``--candidate`` names (none for one launch for every head dim)."""
+    keys = [k for k in candidate if str(k).isdigit()]
+    if keys and len(keys) != len(candidate):
+        raise ValueError(f"--candidate mixes head-dim keys and launch keys: {sorted(map(str, candidate))}")
+    return [int(k) for k in keys]
+
+
 def candidate_launch(candidate, head_dim: int) -> dict:
     """The candidate backend's launch overrides at ``head_dim``: ``candidate`` is one launch dict for
     every head dim, or {head dim: launch dict} (a head dim it leaves out runs the default launch);
@@ -197,13 +205,22 @@ def candidate_launch(candidate, head_dim: int) -> dict:
         return dict(DECODE_CANDIDATE)
     if not isinstance(candidate, dict):
         raise ValueError(f"--candidate must be a JSON object, got {candidate!r}")
-    keys = [k for k in candidate if str(k).isdigit()]
-    if keys and len(keys) != len(candidate):
-        raise ValueError(f"--candidate mixes head-dim keys and launch keys: {sorted(map(str, candidate))}")
-    launch = candidate.get(str(head_dim), candidate.get(head_dim, {})) if keys else candidate
+    if not _head_dim_keys(candidate):
+        return dict(candidate)
+    launch = candidate.get(str(head_dim), candidate.get(head_dim, {}))
     if not isinstance(launch, dict):
         raise ValueError(f"--candidate's launch for head dim {head_dim} must be a JSON object, got {launch!r}")
     return dict(launch)
+
+
+def check_candidate(candidate, head_dims) -> None:
+    """Plan the candidate's launch at every head dim the run has and every one it names: a malformed
+    ``--candidate`` raises (ValueError / PagedKVError) before any case runs."""
+    from sglang_fa4.kernels.fp8_paged_kv import decode_launch_plan
+
+    named = _head_dim_keys(candidate) if isinstance(candidate, dict) else []
+    for d in sorted(set(head_dims) | set(named)):
+        decode_launch_plan(1, 1, 1, d, 1, 4096, 132, launch=candidate_launch(candidate, d))
 
 
 def runners(case: Case, x: dict, backends, num_splits: int | None = None,
@@ -505,21 +522,16 @@ def run(args) -> dict:
         meta = base_meta("decode")
         meta["ceilings"] = ceilings()
         copy_gbps = meta["ceilings"]["copy_gbps"]
-    if CANDIDATE in args.backends:  # a malformed --candidate stops here, before any case runs
-        from sglang_fa4.kernels.fp8_paged_kv import PagedKVError, decode_launch_plan
-
-        named = [int(k) for k in args.candidate if str(k).isdigit()] if isinstance(args.candidate, dict) else []
-        for d in sorted({c.head_dim for c in todo} | set(named)):
-            try:
-                decode_launch_plan(1, 1, 1, d, 1, 4096, 132, launch=candidate_launch(args.candidate, d))
-            except (ValueError, PagedKVError) as exc:
-                raise SystemExit(f"--candidate: {exc}") from exc
     rounds = min(args.rounds, 2) if smoke else args.rounds
     meta["settings"] = {"backends": list(args.backends), "rounds": rounds, "num_splits": args.num_splits or "heuristic",
                         "replays": args.replays, "cases": len(todo), "k_scale": K_SCALE, "v_scale": V_SCALE,
                         "triton_kv_splits": TRITON_KV_SPLITS, "ragged": RAGGED, "cold_bytes": COLD_BYTES,
                         "wide_table_tokens": args.wide_table}
-    if CANDIDATE in args.backends:
+    if CANDIDATE in args.backends:  # a malformed --candidate stops here, before any case runs
+        try:
+            check_candidate(args.candidate, {c.head_dim for c in todo})
+        except ValueError as exc:  # PagedKVError is one
+            raise SystemExit(f"--candidate: {exc}") from exc
         meta["settings"]["candidate"] = args.candidate if args.candidate is not None else "decode_plan.CANDIDATE"
     out_dir = report.resolve_out_dir(args.out_dir)
     stem = "decode" + (f"-{args.tag}" if args.tag else "")

@@ -157,6 +157,14 @@ class DecodePlan(tuple):
     d_pieces = property(lambda s: s[9])
 
 
+def _need(cond: bool, msg: str) -> None:
+    """gather._need (a PagedKVError), imported only when it raises: this module stays free of torch."""
+    if not cond:
+        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
+
+        raise PagedKVError(msg)
+
+
 #: what ``plan``'s ``launch`` may override
 LAUNCH_KEYS = frozenset({"block_m", "block_n", "num_warps", "num_stages", "min_chunk", "programs_per_sm", "maxnreg",
                          "prefetch_pages", "d_pieces"})
@@ -169,31 +177,21 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     maxnreg / prefetch_pages / d_pieces, for the tuning sweep)."""
     launch = launch or {}
     unknown = sorted(set(launch) - LAUNCH_KEYS)
-    if unknown:
-        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
-
-        raise PagedKVError(f"launch overrides {unknown} are not among {sorted(LAUNCH_KEYS)}")
+    _need(not unknown, f"launch overrides {unknown} are not among {sorted(LAUNCH_KEYS)}")
     rows = max_seqlen_q * group
     bm = launch.get("block_m", block_m(rows, head_dim))
-    if not (isinstance(bm, int) and bm >= 16 and bm & (bm - 1) == 0):
-        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
-
-        raise PagedKVError(f"launch block_m must be a power of two >= 16, got {bm!r}")
+    _need(isinstance(bm, int) and bm >= 16 and bm & (bm - 1) == 0,
+          f"launch block_m must be a power of two >= 16, got {bm!r}")
     row_blocks = max(1, -(-rows // bm))
     min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
     if num_splits is None:
         num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
                                    programs_per_sm=launch.get("programs_per_sm", programs_per_sm(head_dim)),
                                    min_keys_per_split=min_chunk)
-    if not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
-        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
-
-        raise PagedKVError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
+    _need(isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS,
+          f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     pieces = launch.get("d_pieces", D_PIECES)
-    if pieces not in (1, 2) or isinstance(pieces, bool):
-        from sglang_fa4.kernels.fp8_paged_kv.gather import PagedKVError
-
-        raise PagedKVError(f"launch d_pieces must be 1 or 2, got {pieces!r}")
+    _need(pieces in (1, 2) and not isinstance(pieces, bool), f"launch d_pieces must be 1 or 2, got {pieces!r}")
     bn = launch.get("block_n", block_n(head_dim, bm))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
