@@ -133,6 +133,11 @@ PIECES_CAPS = {128: [{"d_pieces": 2, "maxnreg": 96, "programs_per_sm": 5}],
                512: [{"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3}]}
 
 
+def head_dim_bucket(d: int) -> int:
+    """The key of OCCUPANCY_CAP / PIECES_CAPS a head dim falls under (OCCUPANCY_CAP has no 512)."""
+    return 128 if d <= 128 else 256 if d <= 256 else 512
+
+
 def product_variants(cands: list[dict], smoke: bool) -> dict:
     """The plan's default and launch overrides of the product kernel, labelled as the sweeps label them
     (the first override only in the CPU smoke)."""
@@ -195,18 +200,19 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         if d <= 128:
             cands.append({**S.CANDIDATE, "block_n": 128})
         if d <= 256:  # and with the occupancy sweep's register cap
-            cands.append({**S.CANDIDATE, **OCCUPANCY_CAP[128 if d <= 128 else 256]})
+            cands.append({**S.CANDIDATE, **OCCUPANCY_CAP[head_dim_bucket(d)]})
         # the head dim in two pieces under a cap, alone and with the candidate
-        pieces = PIECES_CAPS[128 if d <= 128 else 256 if d <= 256 else 512]
+        pieces = PIECES_CAPS[head_dim_bucket(d)]
         cands += pieces + [{**S.CANDIDATE, **pieces[0]}]
         variants = product_variants(cands, smoke)
     elif sweep == "occupancy":  # more CTAs an SM by a register cap (OCCUPANCY_CAP and its neighbours)
-        cap = OCCUPANCY_CAP[128 if d <= 128 else 256]
         if d > 256:
             cands = []
         elif d > 128:
+            cap = OCCUPANCY_CAP[256]
             cands = [{"block_n": 32}, cap, {**cap, "num_stages": 4}, {**cap, "maxnreg": 128, "programs_per_sm": 4}]
         else:
+            cap = OCCUPANCY_CAP[128]
             cands = [cap, {**cap, "num_stages": 4}, {"block_n": 32, "programs_per_sm": 4}]
         variants = product_variants(cands, smoke)
     elif sweep == "splits":
