@@ -323,18 +323,10 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
     key loop is shifts (no integer division: page sizes are powers of two)."""
     import re
 
-    from triton_ptx import sm90_ptx
+    pytest.importorskip("triton")
+    from benchmark.lab import decode_regs
 
-    fn = D._make_split_kernel()
-    names = [p.name for p in fn.params]
-    ptrs = {"Q": "*fp8e4nv", "K_CACHE": "*fp8e4nv", "V_CACHE": "*fp8e4nv", "K_DESC": "*fp32", "V_DESC": "*fp32",
-            "OUT": "*bf16", "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
-    sig = {n: ptrs.get(n, "*i32" if n.isupper() else "fp32" if n == "qk_scale_log2" else "i32") for n in names}
-    consts = {"G": 7, "D": d, "D_POW2": S.pow2_at_least(d), "BLOCK_M": 16, "BLOCK_N": S.block_n(d), "SINGLE": single,
-              "WRITE_LSE": False, "IMAGE": False, "PREFETCH_PAGES": S.PREFETCH_PAGES, "D_PIECES": S.D_PIECES}
-    aligned = [n for n in names if n.isupper() or n in ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t",
-                                                         "o_stride_h", "pt_stride", "part_stride_s", "part_stride_t")]
-    ptx = sm90_ptx(fn, sig, consts, aligned)
+    ptx = decode_regs.compile_split(d, 16, S.block_n(d), 4, q="fp8", single=single, g=7).asm["ptx"]
     ops = re.findall(r"\b(ld|st)\.global(\.v\d)?\.[bu](\d+)", ptx)
     assert not [o for o in ops if o[2] == "8"], "byte-wise global loads/stores"
     # the K and V tiles: 16-byte vectors, straight to registers or through cp.async into shared memory
