@@ -256,7 +256,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=None, metavar="SUBSTRING",
                     help="run only the cases whose name contains one of these")
     ap.add_argument("--launch", type=json.loads, default=None, metavar="JSON",
-                    help='launch-plan overrides for every case (e.g. \'{"block_n": 32}\': a launch candidate to check)')
+                    help='launch-plan overrides for every case (e.g. \'{"block_n": 32}\': a launch candidate to check), '
+                         'or per head dim as bench decode --candidate takes them (\'{"256": {...}}\': cases at other '
+                         'head dims keep their launch)')
     ap.add_argument("--out", default=None, help="also write the results (JSON) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every case passes the test's thresholds")
     args = ap.parse_args()
@@ -273,7 +275,10 @@ def main() -> None:
     if args.only:
         cases = {n: c for n, c in cases.items() if any(part in n for part in args.only)}
     if args.launch:
-        cases = {n: {**c, "launch": {**c.get("launch", {}), **args.launch}} for n, c in cases.items()}
+        from sglang_fa4.bench.decode import candidate_launch
+
+        cases = {n: {**c, "launch": {**c.get("launch", {}), **candidate_launch(args.launch, c["d"])}}
+                 for n, c in cases.items()}
     results = {}
     for name, c in cases.items():
         try:

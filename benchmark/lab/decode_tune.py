@@ -10,6 +10,7 @@ contract (NaN-poisoned first) before it is timed; a wrong candidate is reported,
 
     python benchmark/lab/decode_tune.py --out $OUT --budget-s 400              # GPU
     TRITON_INTERPRET=1 python benchmark/lab/decode_tune.py --cpu-smoke         # plumbing only
+    python benchmark/lab/decode_tune.py --pick decode_tune-candidate.json      # the winners per head dim
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -228,7 +230,7 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
     for label, (launch, splits, which) in variants.items():
         row = {"shape": name, "batch": batch, "context": context, "page": page, "hq": hq, "hkv": hkv, "d": d,
                "lens_min": min(lens), "lens_max": max(lens), "layers": layers, "variant": label,
-               "heuristic_splits": heuristic.num_splits}
+               "heuristic_splits": heuristic.num_splits, "launch": launch, "forced_splits": splits}
 
         row["splits"] = S.plan(batch, hkv, hq // hkv, d, 1, tables[which].shape[1] * page, sms, splits,
                                launch={k: v for k, v in launch.items() if k != "kernel"} or None).num_splits
@@ -314,9 +316,53 @@ def summarize(paths, out: Path) -> str:
     return text
 
 
+#: a sweep's variant replaces the default at a head dim only when its geometric-mean time over the
+#: default's, on that head dim's shapes, is below PICK_BELOW and no shape is slower than PICK_WORST
+#: (the rounds' spread is a few percent: a tie is not a win, and a default must not lose a shape)
+PICK_BELOW = 0.97
+PICK_WORST = 1.02
+
+
+def pick(rows: list[dict]) -> dict:
+    """{head dim: launch} of a sweep's winners (the launch that ``bench decode --candidate`` and
+    ``fp8_decode_child.py --launch`` take): per head dim, the product-kernel variant with the lowest
+    geometric-mean time over the plan's default ("product {}") of the same shape, among those timed
+    and right on every shape of that head dim where the default was timed; head dims where none
+    clears PICK_BELOW / PICK_WORST are left out (the default stays)."""
+    base = {r["shape"]: r["us"] for r in rows if r["variant"] == "product {}" and r.get("us")}
+    shapes: dict = {}
+    ratios: dict = {}
+    for r in rows:
+        if r["shape"] not in base:
+            continue
+        shapes.setdefault(r["d"], set()).add(r["shape"])
+        if r["variant"] == "product {}" or "kernel" in r["launch"] or r.get("forced_splits") is not None:
+            continue
+        got = ratios.setdefault((r["d"], r["variant"]), {"launch": r["launch"], "by_shape": {}})
+        got["by_shape"][r["shape"]] = r["us"] / base[r["shape"]] if r.get("us") else None
+    winners = {}
+    for d, names in sorted(shapes.items()):
+        best = None
+        for (dd, _), got in ratios.items():
+            vals = list(got["by_shape"].values())
+            if dd != d or set(got["by_shape"]) != names or None in vals or max(vals) > PICK_WORST:
+                continue
+            gm = math.exp(sum(math.log(x) for x in vals) / len(vals))
+            if gm < PICK_BELOW and (best is None or gm < best[0]):
+                best = (gm, got["launch"])
+        if best:
+            winners[str(d)] = best[1]
+    return winners
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--summarize":
         print(summarize([Path(p) for p in sys.argv[2:-1]], Path(sys.argv[-1])))
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--pick":  # the winners as JSON (gpu_decode_call.sh matrix-best)
+        from sglang_fa4.bench.report import read_json
+
+        print(json.dumps(pick(read_json(Path(sys.argv[2]))["rows"]), sort_keys=True))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")

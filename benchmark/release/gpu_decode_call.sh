@@ -7,7 +7,8 @@
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
 # STEPS (in the order given): env correctness correctness-candidate refusals fa3 kernel candidate occupancy tune
-# tune-splits wide ncu matrix-first matrix-short matrix-long matrix-candidate matrix-gemma (see the case statement);
+# tune-splits wide ncu matrix-first matrix-short matrix-long matrix-candidate matrix-gemma, and after candidate:
+# matrix-best correctness-best (its winners per head dim; see the case statement);
 # STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
@@ -62,6 +63,26 @@ for arg in "$@"; do
           --backends fa4_fp8_split_kv fa4_fp8_split_kv_candidate fa3_fp8 --batches 1 8 32 64 --contexts 8192 32768 \
           --no-extra-pages --out-dir "$OUT" --tag candidate --time-budget-s $((t - 25)) \
           ${CANDIDATE:+--candidate "$CANDIDATE"} ;;
+    matrix-best|correctness-best)  # the candidate sweep's winners per head dim (decode_tune.py --pick over
+      # the candidate step's result, which runs first): their matrix beside the default and FA3-FP8 at the
+      # head dims they win, or their GPU correctness matrix; skipped where no variant beat the default
+      best=$(python3 benchmark/lab/decode_tune.py --pick "$OUT/decode_tune-candidate.json" 2>>"$OUT/pick.log")
+      [ -n "$best" ] || best="{}"
+      echo "$best" > "$OUT/$s.launch.json"
+      models=""
+      case "$best" in *'"256"'*) models="d256 gemma4-31b-swa" ;; esac
+      case "$best" in *'"512"'*) models="$models gemma4-31b-full" ;; esac
+      case "$best" in *'"128"'*) models="$models llama3-8b qwen2.5-7b" ;; esac
+      if [ -z "$models" ]; then
+        log "$s: skipped: no variant of the candidate sweep beat the default (winners: $best)"
+      elif [ "$s" = matrix-best ]; then
+        t=${t:-240}; step $t matrix-best python3 -m sglang_fa4.cli bench decode --models $models \
+            --backends fa4_fp8_split_kv fa4_fp8_split_kv_candidate fa3_fp8 --batches 1 8 32 64 --contexts 8192 32768 \
+            --no-extra-pages --out-dir "$OUT" --tag best --time-budget-s $((t - 25)) --candidate "$best"
+      else
+        step ${t:-120} correctness-best python3 tests/fp8_decode_child.py --device cuda --matrix gpu --check \
+            --launch "$best" --out "$OUT/fp8_decode_correctness-best.json"
+      fi ;;
     occupancy)
       t=${t:-120}; step $t occupancy python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep occupancy --tag occupancy \
           --budget-s $((t - 25)) ;;
