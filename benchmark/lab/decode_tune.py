@@ -44,6 +44,7 @@ SHAPES = [
     ("qwen b16 8k P16", 16, 8192, 16, 28, 4, 128),
     ("d256 b1 32k P16", 1, 32768, 16, 16, 8, 256),
     ("d256 b16 8k P16", 16, 8192, 16, 16, 8, 256),
+    ("d256 b64 8k P16", 64, 8192, 16, 16, 8, 256),
     # Gemma-4 31B's full-attention layers (32 q / 4 kv heads, d512) and its sliding layers' shape
     ("gemma d512 b1 32k P16", 1, 32768, 16, 32, 4, 512),
     ("gemma d512 b8 8k P16", 8, 8192, 16, 32, 4, 512),
@@ -140,6 +141,14 @@ def head_dim_bucket(d: int) -> int:
     return 128 if d <= 128 else 256 if d <= 256 else 512
 
 
+def custom_launches(spec, d: int) -> list[dict]:
+    """``--variants``' launches at head dim ``d``: one list for every head dim, or {head dim: list}
+    (keyed by the head dim bucket: 128, 256, 512; a head dim it leaves out runs no shape)."""
+    if isinstance(spec, list):
+        return spec
+    return spec.get(str(head_dim_bucket(d)), [])
+
+
 def product_variants(cands: list[dict], smoke: bool) -> dict:
     """The plan's default and launch overrides of the product kernel, labelled as the sweeps label them
     (the first override only in the CPU smoke)."""
@@ -153,7 +162,8 @@ def split_candidates(smoke: bool) -> list[int]:
     return [1, 2] if smoke else [1, 2, 4, 8, 16, 32, 64]
 
 
-def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, copy_gbps, sweep: str) -> list[dict]:
+def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, copy_gbps, sweep: str,
+              custom=None) -> list[dict]:
     name, batch, context, page, hq, hkv, d = shape
     g = torch.Generator().manual_seed(seed)
     lens = ragged_lens(batch, context, g)
@@ -217,6 +227,8 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
             cap = OCCUPANCY_CAP[128]
             cands = [cap, {**cap, "num_stages": 4}, {"block_n": 32, "programs_per_sm": 4}]
         variants = product_variants(cands, smoke)
+    elif sweep == "custom":  # --variants: launches named on the command line, beside the default
+        variants = product_variants(custom_launches(custom, d), smoke)
     elif sweep == "splits":
         variants = {"{}": ({}, None, "tight")}  # the heuristic's count
         variants.update({f"splits={s}": ({}, s, "tight") for s in split_candidates(smoke) if s <= S.MAX_SPLITS})
@@ -370,12 +382,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=400)
-    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "occupancy", "candidate", "both"],
+    ap.add_argument("--variants", type=json.loads, default=None, metavar="JSON",
+                    help="--sweep custom's launches: a list for every head dim or {head dim: list} (128, 256, 512)")
+    ap.add_argument("--sweep", choices=["launch", "splits", "wide", "kernel", "occupancy", "candidate", "custom",
+                                        "both"],
                     default="both")
     ap.add_argument("--shapes", nargs="*", default=None, help="names (substrings) of SHAPES to run")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     smoke = args.cpu_smoke
+    if args.sweep == "custom":
+        if not isinstance(args.variants, (list, dict)) or not all(
+                isinstance(v, dict) for vs in ([args.variants] if isinstance(args.variants, list)
+                                               else args.variants.values()) for v in vs):
+            ap.error("--sweep custom needs --variants: a JSON list of launch objects, or {head dim: list}")
+        for d in (128, 256, 512):  # a malformed launch fails here, not after the first shapes ran
+            for launch in custom_launches(args.variants, d):
+                S.plan(1, 1, 1, d, 1, 4096, 132, launch=launch)
     device = "cpu" if smoke else "cuda"
     t0 = time.monotonic()
     meta = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
@@ -404,12 +427,16 @@ def main() -> None:
                                               "kernel": KERNEL_SHAPES + GEMMA_SHAPES,
                                               "occupancy": KERNEL_SHAPES + ("d256 b16 8k P16",),
                                               "candidate": KERNEL_SHAPES + ("d256 b16 8k P16",) + GEMMA_SHAPES,
+                                              "custom": KERNEL_SHAPES + ("d256 b16 8k P16", "d256 b64 8k P16")
+                                              + GEMMA_SHAPES,
                                               }.get(sweep, (shape[0],)):
+                continue
+            if sweep == "custom" and not custom_launches(args.variants, shape[6]):
                 continue
             if time.monotonic() - t0 > args.budget_s:
                 meta["truncated"] = f"budget reached before {sweep} {shape[0]}"
                 break
-            got = run_shape(shape, smoke, args.rounds, args.replays, device, 100 + i, copy_gbps, sweep)
+            got = run_shape(shape, smoke, args.rounds, args.replays, device, 100 + i, copy_gbps, sweep, args.variants)
             for r in got:
                 r["sweep"] = sweep
             rows += got

@@ -7,11 +7,13 @@
 #   run(carry=[".fa3", ".sgl_decode"]): bash benchmark/release/gpu_decode_call.sh STEPS...
 #
 # STEPS (in the order given): env correctness correctness-candidate refusals fa3 kernel candidate occupancy tune
-# tune-splits wide ncu matrix-first matrix-short matrix-long matrix-candidate matrix-gemma, and after candidate:
-# matrix-best correctness-best (its winners per head dim; see the case statement);
+# tune-splits wide ncu matrix-first matrix-short matrix-long matrix-candidate matrix-gemma custom, and after
+# candidate or custom: matrix-best correctness-best (its winners per head dim; see the case statement);
 # STEP=SECONDS sets a step's time budget (e.g. tune=150).
 # .fa3: benchmark/fa3_build/build.sh; .sgl_decode: benchmark/sglang_on_gpu/make_triton_decode_bundle.sh.
 # BACKENDS (optional): the decode matrix's backends (default: all of bench decode's).
+# VARIANTS: the custom step's launches (decode_tune.py --variants); PICK (optional): the sweep whose winners
+# matrix-best / correctness-best take (candidate, custom; default candidate).
 # CANDIDATE (optional): matrix-candidate's launch JSON, per head dim where it differs (bench decode
 # --candidate; default decode_plan.CANDIDATE), e.g. the winner of the candidate sweep.
 set -uo pipefail
@@ -63,10 +65,13 @@ for arg in "$@"; do
           --backends fa4_fp8_split_kv fa4_fp8_split_kv_candidate fa3_fp8 --batches 1 8 32 64 --contexts 8192 32768 \
           --no-extra-pages --out-dir "$OUT" --tag candidate --time-budget-s $((t - 25)) \
           ${CANDIDATE:+--candidate "$CANDIDATE"} ;;
-    matrix-best|correctness-best)  # the candidate sweep's winners per head dim (decode_tune.py --pick over
-      # the candidate step's result, which runs first): their matrix beside the default and FA3-FP8 at the
-      # head dims they win, or their GPU correctness matrix; skipped where no variant beat the default
-      best=$(python3 benchmark/lab/decode_tune.py --pick "$OUT/decode_tune-candidate.json" 2>>"$OUT/pick.log")
+    custom)  # launches named in VARIANTS (decode_tune.py --variants: a JSON list, or {head dim: list})
+      t=${t:-120}; step $t custom python3 benchmark/lab/decode_tune.py --out "$OUT" --sweep custom --tag custom \
+          --variants "$VARIANTS" --budget-s $((t - 25)) ;;
+    matrix-best|correctness-best)  # a sweep's winners per head dim (decode_tune.py --pick over the result of
+      # the step PICK names, candidate by default, which runs first): their matrix beside the default and
+      # FA3-FP8 at the head dims they win, or their GPU correctness matrix; skipped where none beat the default
+      best=$(python3 benchmark/lab/decode_tune.py --pick "$OUT/decode_tune-${PICK:-candidate}.json" 2>>"$OUT/pick.log")
       [ -n "$best" ] || best="{}"
       echo "$best" > "$OUT/$s.launch.json"
       models=""
