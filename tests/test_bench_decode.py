@@ -150,7 +150,7 @@ def test_cpu_smoke_times_the_launch_candidate_beside_the_default(tmp_path):
     evaluation), checked against fp32 and timed in the same rounds as the default, with its own ratio
     columns."""
     pytest.importorskip("triton")
-    from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE, PREFETCH_PAGES
+    from sglang_fa4.kernels.fp8_paged_kv.decode_plan import CANDIDATE
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "sglang_fa4.cli", "bench", "decode", "--cpu-smoke", "--backends",
@@ -162,8 +162,9 @@ def test_cpu_smoke_times_the_launch_candidate_beside_the_default(tmp_path):
     assert len(ours) == 2 * len(decode.cases(**decode.SMOKE))
     for (name, backend), r in ours.items():
         assert "error" not in r and r["finite"] and r["rel_err"] < 1e-2 and len(r["per_round_us"]) == 2, r
-        want = CANDIDATE.get("prefetch_pages", PREFETCH_PAGES) if backend == decode.CANDIDATE else PREFETCH_PAGES
-        assert r["splits"]["prefetch_pages"] is want
+        # d128: the default launch is whole and capped at 128 registers, the candidate's its own
+        want = (CANDIDATE["d_pieces"], CANDIDATE["maxnreg"]) if backend == decode.CANDIDATE else (1, 128)
+        assert (r["splits"]["d_pieces"], r["splits"]["maxnreg"]) == want and r["splits"]["prefetch_pages"] is True
         # the same keys in the same order: the same error against fp32
         assert r["rel_err"] == pytest.approx(ours[(name, "fa4_fp8_split_kv")]["rel_err"], rel=1e-6)
     md = (tmp_path / "decode.md").read_text()

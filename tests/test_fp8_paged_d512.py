@@ -179,10 +179,14 @@ def test_a_head_dim_no_kernel_runs_is_refused_naming_it(d, q_dtype, new, device)
 
 
 def test_d512_block_sizes():
-    """Decode of GQA 8 (8 rows): 16 rows x 32 keys, 4 warps (measured fastest on an H100); prefills:
-    32-row blocks, 16 keys, 8 warps; no register cap (decode_plan.block_n's docstring)."""
+    """Decode of GQA 8 (8 rows): 16 rows x 32 keys, 4 warps (measured fastest on an H100), capped at
+    168 registers in two head-dim pieces while the batch leaves the GPU unfilled (the split regime),
+    uncapped and whole once it fills it; prefills: 32-row blocks, 16 keys, 8 warps, no register cap
+    (decode_plan.block_n's docstring)."""
     dec = S.plan(8, 4, 8, 512, 1, 8192, 132)
-    assert (dec.block_m, dec.row_blocks, dec.block_n, dec.num_warps, dec.maxnreg) == (16, 1, 32, 4, None)
+    assert (dec.block_m, dec.row_blocks, dec.block_n, dec.num_warps, dec.maxnreg, dec.d_pieces) == (16, 1, 32, 4, 168, 2)
+    dec = S.plan(64, 4, 8, 512, 1, 8192, 132)
+    assert (dec.block_m, dec.row_blocks, dec.block_n, dec.num_warps, dec.maxnreg, dec.d_pieces) == (16, 1, 32, 4, None, 1)
     pre = S.plan(1, 4, 8, 512, 300, 8192, 132)
     assert (pre.block_m, pre.row_blocks, pre.block_n, pre.num_warps, pre.maxnreg) == (32, 75, 16, 8, None)
     assert S.plan(1, 4, 8, 512, 4, 8192, 132).row_blocks == 1 and S.plan(1, 4, 8, 512, 5, 8192, 132).row_blocks == 2
@@ -228,27 +232,31 @@ def test_the_warmup_lists_the_d512_split_kv_variants_only(monkeypatch):
     assert swa == ["fp8_paged_decode", "fp8_forward", "fp8_forward", "fp8_paged_gather"]
     seen = []
     monkeypatch.setattr(W, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
-        (max_q, kw["num_splits"], kw["return_lse"], q.dtype, tuple(q.shape))))
+        (max_q, kw["num_splits"], kw["return_lse"], kw["launch"], q.dtype, tuple(q.shape))))
+    decode = [(1, splits, lse) for splits in (1, 2) for lse in (False, True)]
     for limit in (16, 0):
         seen.clear()
         W.warm_split_kv(W.SplitKvShape(512, 32, 4, 16, limit, "bfloat16"), "cpu")
-        # GQA 8: one new token -> 16-row blocks, 3 -> 32 (the largest at d512); bf16 q
-        assert [c[:3] for c in seen] == [(1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True),
-                                         (3, 1, False), (3, 2, False)], limit
-        assert {c[3] for c in seen} == {BF16} and seen[-1][4] == (3, 32, 512)
+        # GQA 8: one new token -> 16-row blocks, in the split regime's launch and the filled GPU's;
+        # 3 -> 32 (the largest at d512), its one launch; bf16 q
+        assert [c[:4] for c in seen] == ([(*c, S.SPLIT_REGIME_LAUNCH) for c in decode]
+                                         + [(*c, S.FILLED_LAUNCH) for c in decode]
+                                         + [(3, 1, False, None), (3, 2, False, None)]), limit
+        assert {c[4] for c in seen} == {BF16} and seen[-1][5] == (3, 32, 512)
     # a multimodal model: the image prefill variants too (every row block, one split and several, no
     # LSE), also where decode would take the gather (d256, the route's limit 0: image calls only)
     monkeypatch.setattr(W, "paged_decode_attention", lambda q, k, v, t, s, cu, max_q, **kw: seen.append(
         (max_q, kw["num_splits"], kw.get("return_lse", False), kw.get("image_ranges") is not None)))
     seen.clear()
     W.warm_split_kv(W.SplitKvShape(512, 32, 4, 16, 16, "bfloat16", True), "cpu")
-    assert [c for c in seen if c[3]] == [(1, 1, False, True), (1, 2, False, True), (3, 1, False, True),
-                                         (3, 2, False, True)]
-    assert len([c for c in seen if not c[3]]) == 6
+    # (the 16-row block in both launches)
+    assert [c for c in seen if c[3]] == [(1, 1, False, True), (1, 2, False, True)] * 2 + [
+        (3, 1, False, True), (3, 2, False, True)]
+    assert len([c for c in seen if not c[3]]) == 10
     seen.clear()
     W.warm_split_kv(W.SplitKvShape(256, 32, 16, 16, 0, "float8_e4m3fn", True), "cpu")
-    # GQA 2: 1-8 new tokens -> 16-row blocks, 9-16 -> 32, 17-32 -> 64; image variants only
-    assert seen == [(m, s, False, True) for m in (1, 9, 17) for s in (1, 2)]
+    # GQA 2: 1-8 new tokens -> 16-row blocks (both launches), 9-16 -> 32, 17-32 -> 64; image variants only
+    assert seen == [(m, s, False, True) for m in (1, 1, 9, 17) for s in (1, 2)]
     items = llm_fp8_kv_warmup_list(LlmAttentionShape(256, 32, 16, 16, 1023, images=True),
                                    RoutingSettings(split_kv_max_q=0))
     assert items[0] == WarmItem("fp8_paged_decode", W.SplitKvShape(256, 32, 16, 16, 0, "float8_e4m3fn", True))

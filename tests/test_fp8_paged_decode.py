@@ -87,12 +87,16 @@ def _matrix_cases() -> dict:
             "wide-table-empty-splits", "edge-column-sliced-table", "edge-zero-length-sequence", "extend-few-rows",
             "decode-vs-extend", "decode-vs-extend-window"]:
         cases[f"candidate-{name}"] = {**cases[name], "launch": dict(S.CANDIDATE)}
-    # the head dim in two column pieces (launch d_pieces=2, a candidate of decode_tune's sweep): every
-    # head dim at GQA 7 (96 and 192 with a padded, masked second piece), the edges, decode == extend
+    # the head dim in two column pieces (launch d_pieces=2, the split regime's): every head dim at
+    # GQA 7 (96 and 192 with a padded, masked second piece), the edges, decode == extend
     for name in [n for n in cases if "-g7-" in n] + [
             "edge-window-narrower-than-rows-d256", "edge-last-split-shorter-than-rows", "ctx3-splits8",
             "edge-descales-wide-k-none-v", "edge-zero-length-sequence", "decode-vs-extend", "decode-vs-extend-window"]:
         cases[f"pieces-{name}"] = {**cases[name], "launch": {"d_pieces": 2}}
+        # above head dim 128 the plan takes two pieces by itself while the GPU is unfilled (these
+        # small batches with long contexts): the whole head dim there too, as a filled GPU runs it
+        if cases[name].get("d", 0) > 128 and not name.startswith("candidate-"):
+            cases[f"whole-{name}"] = {**cases[name], "launch": {"d_pieces": 1}}
     return cases
 
 
@@ -159,9 +163,11 @@ def test_choose_splits_fills_one_wave_from_host_facts():
     # the batch alone fills a wave (exactly, one under, one past): no split
     assert choose_splits(132, 4, 1, 4096, 132) == choose_splits(131, 4, 1, 4096, 132) == 1
     assert choose_splits(133, 4, 1, 4096, 132) == 1 and choose_splits(66, 4, 1, 4096, 132) == 2
-    # d > 128 holds 2 CTAs an SM: the wave is half as wide
+    # d > 128 holds 2 CTAs an SM: the wave is half as wide (3 in the split regime's launch)
     assert S.programs_per_sm(128) == 4 and S.programs_per_sm(256) == S.programs_per_sm(512) == 2
-    assert S.plan(1, 8, 2, 256, 1, 32768, 132).num_splits == 33 and S.plan(1, 8, 4, 128, 1, 32768, 132).num_splits == 64
+    assert S.plan(1, 8, 4, 128, 1, 32768, 132).num_splits == 64
+    assert S.plan(1, 8, 2, 256, 1, 32768, 132).num_splits == 396 // 8 == 49
+    assert S.plan(1, 8, 2, 256, 1, 32768, 132, launch={"programs_per_sm": 2}).num_splits == 33
     # short contexts: no split below MIN_KEYS_PER_SPLIT keys (511 keys: 1; 512: 2)
     assert choose_splits(1, 1, 1, 511, 132) == 1 and choose_splits(1, 1, 1, 512, 132) == 2
     assert choose_splits(0, 4, 1, 4096, 132) == 1 and choose_splits(2, 4, 1, 0, 132) == 1
@@ -171,6 +177,42 @@ def test_choose_splits_fills_one_wave_from_host_facts():
         args = {**dict(batch=1, kv_heads=1, row_blocks=1, max_context=1, sm_count=1), **bad}
         with pytest.raises(ValueError, match=next(iter(bad))):
             choose_splits(**args)
+
+
+def test_split_regime_launch_above_head_dim_128_while_the_batch_leaves_the_gpu_unfilled():
+    """Above head dim 128 a decode program (16 rows) takes SPLIT_REGIME_LAUNCH (two head-dim pieces,
+    168 registers, 3 CTAs an SM) exactly while the one-wave rule at 3 CTAs an SM splits the keys:
+    the batch's CTAs at most half of 3 x SMs and the context at least two splits long. Elsewhere the
+    whole head dim, no cap, 2 CTAs an SM; at d <= 128 the page indices a block ahead, 4 CTAs."""
+    def facts(p):
+        return p.d_pieces, p.maxnreg, p.prefetch_pages
+
+    regime, filled = (2, 168, False), (1, None, False)
+    # 132 SMs: 396 CTAs a wave at 3 an SM; 198 CTAs split in two, 199 do not (exact boundary)
+    assert facts(S.plan(99, 2, 2, 256, 1, 8192, 132)) == regime and S.plan(99, 2, 2, 256, 1, 8192, 132).num_splits == 2
+    assert facts(S.plan(199, 1, 2, 256, 1, 8192, 132)) == filled
+    assert S.plan(199, 1, 2, 256, 1, 8192, 132).num_splits == 1  # 264 // 199 at 2 CTAs an SM
+    assert facts(S.plan(198, 1, 2, 256, 1, 8192, 132)) == regime
+    # the SM count is a host fact of its own: 133 SMs fit 199 CTAs twice over (399 // 199)
+    assert facts(S.plan(199, 1, 2, 256, 1, 8192, 133)) == regime
+    # a context too short for two splits (min_chunk 256: 511 keys one split, 512 two)
+    assert facts(S.plan(1, 1, 2, 256, 1, 511, 132)) == filled and facts(S.plan(1, 1, 2, 256, 1, 512, 132)) == regime
+    assert facts(S.plan(1, 1, 2, 256, 1, 512, 132, launch={"min_chunk": 512})) == filled
+    # d512 (32 keys a step) and d192 as d256; d128 never (and its page indices go a block ahead)
+    assert facts(S.plan(8, 4, 8, 512, 1, 8192, 132)) == regime and facts(S.plan(64, 4, 8, 512, 1, 8192, 132)) == filled
+    assert facts(S.plan(1, 1, 7, 192, 1, 8192, 132)) == regime
+    assert facts(S.plan(1, 1, 7, 128, 1, 8192, 132)) == (1, 128, True)
+    # wider row blocks (extends of several tokens, d512 prefill) keep their launch
+    assert facts(S.plan(1, 1, 8, 256, 4, 8192, 132)) == filled and S.plan(1, 1, 8, 256, 4, 8192, 132).block_m == 32
+    # an explicit launch overrides the regime's key by key
+    p = S.plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_pieces": 1})
+    assert facts(p) == (1, 168, False) and p.num_splits == 32  # 8192 // 256 keys a split: context-bound
+    assert facts(S.plan(1, 1, 2, 256, 1, 8192, 132, launch=S.FILLED_LAUNCH)) == filled
+    # what the warmup resolves: both launches where the plan may choose either, one elsewhere
+    assert S.launch_variants(256, 16) == (S.SPLIT_REGIME_LAUNCH, S.FILLED_LAUNCH)
+    assert S.launch_variants(512, 16) == (S.SPLIT_REGIME_LAUNCH, S.FILLED_LAUNCH)
+    assert S.launch_variants(256, 32) == S.launch_variants(128, 16) == ({},)
+    assert [S.in_split_regime(1, 1, 1, 8192, 132, d, 16) for d in (128, 129)] == [False, True]
 
 
 def test_plan_blocks_and_bounds():
@@ -345,14 +387,14 @@ def test_split_kernel_compiles_for_sm90_with_16_byte_kv_loads_and_tensor_cores(d
 def test_page_indices_a_block_ahead_let_triton_keep_kv_loads_in_flight(d, rows):
     """Compiled for sm_90a: with the page-table load inside each key block, Triton's pipeliner keeps
     one K/V buffer and waits for every copy before a tile is used (no load in flight under the
-    products); with the indices loaded a block ahead (decode_plan.CANDIDATE) it double-buffers K and
-    V and leaves the next tiles' copies outstanding. What the candidate is for, as the compiler sees
-    it (its speed is a GPU's to measure)."""
+    products); with the indices loaded a block ahead it double-buffers K and V and leaves the next
+    tiles' copies outstanding. What the prefetch is for, as the compiler sees it; timed on an H100 it
+    is the default at head dims <= 128 only (decode_plan.PREFETCH_PAGES_MAX_HEAD_DIM)."""
     pytest.importorskip("triton")
     from benchmark.lab import decode_pipeline, decode_regs
 
     g = rows if rows <= 8 else 2
-    p = S.plan(1, 1, g, d, max(1, rows // g), 8192, 132)
+    p = S.plan(1, 1, g, d, max(1, rows // g), 8192, 132, launch=S.FILLED_LAUNCH if d > 128 else None)
     facts = {}
     for prefetch in (False, True):
         k = decode_regs.compile_split(d, p.block_m, p.block_n, p.num_warps, p.num_stages, "bf16" if d == 512 else "fp8",
@@ -360,15 +402,16 @@ def test_page_indices_a_block_ahead_let_triton_keep_kv_loads_in_flight(d, rows):
         facts[prefetch] = decode_pipeline.pipeline_facts(k.asm["ttgir"])
     assert not decode_pipeline.in_flight(facts[False]) and f"1x{p.block_n}x{d}" in facts[False]["kv_buffers"], facts
     assert decode_pipeline.in_flight(facts[True]) and f"2x{p.block_n}x{d}" in facts[True]["kv_buffers"], facts
-    assert S.CANDIDATE == {"prefetch_pages": not S.PREFETCH_PAGES}
+    assert S.plan(1, 1, g, d, max(1, rows // g), 8192, 132).prefetch_pages is (d <= S.PREFETCH_PAGES_MAX_HEAD_DIM)
+    assert S.prefetch_pages(128) and not S.prefetch_pages(129)
 
 
 def test_two_head_dim_pieces_spill_less_under_a_register_cap():
     """Compiled for sm_90a at the d256 decode plan (64 keys a step) capped at 168 registers (3 CTAs an
     SM instead of 2): with the head dim as two column pieces (launch d_pieces=2) half a K/V tile is
     live at once, and ptxas spills at most a third of what the one-piece kernel spills. What the
-    pieces are for, as the compiler sees it (benchmark/lab/decode_pieces.py; their speed is a GPU's
-    to measure)."""
+    pieces are for, as the compiler sees it (benchmark/lab/decode_pieces.py); timed on an H100 they
+    are the split regime's launch (decode_plan.SPLIT_REGIME_LAUNCH)."""
     pytest.importorskip("triton")
     from benchmark.lab import decode_regs
 
@@ -382,7 +425,8 @@ def test_two_head_dim_pieces_spill_less_under_a_register_cap():
     with pytest.raises(PagedKVError, match="d_pieces must be 1 or 2, got True"):
         S.plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_pieces": True})
     assert S.plan(1, 1, 2, 256, 1, 8192, 132, launch={"d_pieces": 2}).d_pieces == 2
-    assert S.plan(1, 1, 2, 256, 1, 8192, 132).d_pieces == S.D_PIECES == 1
+    assert S.plan(1, 1, 2, 256, 1, 8192, 132).d_pieces == S.SPLIT_REGIME_LAUNCH["d_pieces"] == 2
+    assert S.SPLIT_REGIME_LAUNCH["maxnreg"] == 168 and S.plan(200, 1, 2, 256, 1, 8192, 132).d_pieces == 1
 
 
 def test_warm_calls_every_variant_the_route_launches(monkeypatch):

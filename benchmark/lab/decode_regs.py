@@ -32,7 +32,7 @@ ALIGNED = ("tok_stride", "q_stride_t", "q_stride_h", "o_stride_t", "o_stride_h",
 
 def compile_split(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
                   single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
-                  prefetch_pages: bool = S.PREFETCH_PAGES, d_pieces: int = S.D_PIECES):
+                  prefetch_pages: bool = False, d_pieces: int = 1):
     """The split kernel compiled for sm_90a with a real launch's specialization (Triton's
     CompiledKernel: ``asm["ptx"]``, ``asm["cubin"]``, ``asm["ttgir"]``)."""
     import triton
@@ -83,7 +83,7 @@ def kernel_resources(kernel) -> dict:
 
 def resources(d: int, bm: int, bn: int, warps: int = 8, stages: int = S.NUM_STAGES, q: str = "bf16",
               single: bool = True, g: int = 8, maxnreg=None, image: bool = False,
-              prefetch_pages: bool = S.PREFETCH_PAGES, d_pieces: int = S.D_PIECES) -> dict:
+              prefetch_pages: bool = False, d_pieces: int = 1) -> dict:
     """:func:`kernel_resources` of the split kernel compiled for sm_90a."""
     return kernel_resources(compile_split(d, bm, bn, warps, stages, q, single, g, maxnreg, image, prefetch_pages,
                                           d_pieces))

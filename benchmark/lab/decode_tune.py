@@ -206,8 +206,8 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"
             variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
-    elif sweep == "candidate":  # decode_plan.CANDIDATE (page indices a key block ahead: K/V double-
-        # buffered, benchmark/results/cpu/decode_pipeline-triton*.md), alone and with what it may shift
+    elif sweep == "candidate":  # decode_plan.CANDIDATE (the launch under evaluation), alone and with
+        # what it may shift
         cands = [dict(S.CANDIDATE), {**S.CANDIDATE, "num_stages": 4}, {**S.CANDIDATE, "block_n": 32}]
         if d <= 128:
             cands.append({**S.CANDIDATE, "block_n": 128})

@@ -23,8 +23,11 @@ mantissa bits, and Triton's CPU interpreter (the tests) computes bf16 dots wrong
   normalized partial output and log-sum-exp (fp32 scratch), and a second small kernel combines
   them weighted by exp(lse - max).  With one split the first kernel writes the output itself.
 * **Head-dim pieces.** With launch ``d_pieces=2`` the key loop takes the head dim as two column
-  pieces, each its own pair of products, so half a K/V tile is live in registers at once (a
-  candidate under register caps: :data:`.decode_plan.D_PIECES`).
+  pieces, each its own pair of products, so half a K/V tile is live in registers at once: the
+  launch above head dim 128 while the batch does not fill the GPU, under a register cap that lets 3
+  CTAs share an SM (:data:`.decode_plan.SPLIT_REGIME_LAUNCH`).
+* **Page indices ahead.** With ``prefetch_pages`` (the default up to head dim 128:
+  :func:`.decode_plan.prefetch_pages`) each key block's page indices are loaded one block ahead.
 * **Host side.** :func:`launch` runs one layer from the route's plan (:mod:`.batch_plan`: the arguments
   checked, the launch plan and scratch sizes chosen once per batch shape): descale strides, the
   output and scratch allocations, the two launches. CUDA or Triton's interpreter only; the CPU

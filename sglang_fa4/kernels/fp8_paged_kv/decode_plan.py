@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Optional
 
 #: CTAs of the decode program an SM holds at once, by its registers (ptxas, sm_90a): 128 a thread
-#: at d <= 128 (4 warps, capped: 4 CTAs), up to 255 above (2 CTAs)
+#: at d <= 128 (4 warps, capped: 4 CTAs), up to 255 above (2 CTAs; 3 in the split regime's launch,
+#: capped at 168: SPLIT_REGIME_LAUNCH)
 PROGRAMS_PER_SM = 4
 PROGRAMS_PER_SM_WIDE = 2
 #: a split gets at least this many keys: below it the partial's write-back and the combine cost
@@ -111,21 +112,58 @@ def maxnreg(head_dim: int, warps: int) -> Optional[int]:
 NUM_STAGES = 3
 
 
-#: whether the key loop loads each block's page indices one block ahead (True) or inside the block
-#: (False). Inside, Triton 3.6-3.8's pipeliner keeps a single K/V buffer and waits for every copy
-#: at each step; ahead, it double-buffers K and V (results/cpu/decode_pipeline-triton*.md, on a
-#: CPU). Not yet timed on a GPU: the default stays until it is.
-PREFETCH_PAGES = False
-#: the head dim in how many column pieces the key loop takes (1 or 2), each piece's K/V tile its own
-#: pair of products: two pieces keep half a tile in registers at once, so a register cap that lets
-#: more CTAs share an SM spills less (ptxas sm_90a, results/cpu/decode_pieces-triton*.md: d256 with
-#: 64 keys a step capped at 168 registers, 3 CTAs an SM: 312 stack bytes whole, 24 in two pieces,
-#: under Triton 3.6.0).
-#: Not yet timed on a GPU (``decode_tune.py --sweep candidate``): the default stays.
-D_PIECES = 1
+#: the largest head dim whose key loop loads each block's page indices one block ahead rather than
+#: inside the block. Inside, Triton 3.6-3.8's pipeliner keeps a single K/V buffer and waits for every
+#: copy at each step; ahead, it double-buffers K and V (results/cpu/decode_pipeline-triton*.md). On an
+#: H100 ahead took 0.87-1.01x the time at d128 (median of the interleaved rounds' ratios, 42 cases:
+#: batch 1 of Qwen's 4 kv heads 0.87-0.90x, batch 64-128 0.93-0.95x, the rest 0.99-1.01x) and
+#: 1.03-1.28x at d256 and d512, where the second buffer's shared memory costs a CTA an SM
+#: (results/h100/decode_tune-candidate.json.gz, decode_tune-custom.json.gz, decode-best-{1,2}.md).
+PREFETCH_PAGES_MAX_HEAD_DIM = 128
+
+
+def prefetch_pages(head_dim: int) -> bool:
+    """Whether the key loop loads the page indices a key block ahead (:data:`PREFETCH_PAGES_MAX_HEAD_DIM`)."""
+    return head_dim <= PREFETCH_PAGES_MAX_HEAD_DIM
+
+
+#: the decode program's launch above head dim 128 while a batch does not fill the GPU by itself
+#: (:func:`in_split_regime`): the head dim in two column pieces (each its own pair of products, half
+#: a K/V tile live at once) under a 168-register cap, 3 CTAs an SM instead of 2, and the one-wave
+#: split rule told so. Two pieces spill 24 stack bytes at d256 under that cap where one piece spills
+#: 312 (ptxas sm_90a, results/cpu/decode_pieces-triton*.md). On an H100 it took 0.84-0.98x the
+#: default's time in each of the 16 such cases measured (d256 batch 1-16, Gemma-4's sliding shape
+#: batch 1-8, its d512 layers batch 1-8; results/h100/decode-best-1.md, decode_tune-candidate.json.gz,
+#: decode_tune-custom.json.gz); in the 11 where the batch fills a wave by itself 0.87-1.09x, so the
+#: default stays there.
+SPLIT_REGIME_LAUNCH = {"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3}
+#: the launch of the same program once the batch fills the GPU: the whole head dim, no cap (ptxas
+#: gives 255 registers, 2 CTAs an SM); what :func:`launch_variants` warms beside the split regime's
+FILLED_LAUNCH = {"d_pieces": 1, "maxnreg": None}
 #: the launch change under evaluation: ``bench decode``'s ``fa4_fp8_split_kv_candidate`` and
-#: ``decode_tune.py --sweep candidate`` time it beside the default
-CANDIDATE = {"prefetch_pages": True}
+#: ``decode_tune.py --sweep candidate`` time it beside the default: the split regime's launch at
+#: every batch (0.87-1.09x of the default's time where the batch fills the GPU: mixed)
+CANDIDATE = dict(SPLIT_REGIME_LAUNCH)
+
+
+def in_split_regime(batch: int, hkv: int, row_blocks: int, max_context: int, sms: int, head_dim: int,
+                    block_m_: int, min_keys_per_split: int = MIN_KEYS_PER_SPLIT) -> bool:
+    """Whether a decode program (16 rows) above head dim 128 takes :data:`SPLIT_REGIME_LAUNCH`: the
+    one-wave rule at its 3 CTAs an SM splits the keys (the batch's CTAs alone fill less than half
+    that wave, and the context allows two splits). Host facts only, as :func:`choose_splits`: a
+    captured graph's launch is fixed per batch size."""
+    return head_dim > 128 and block_m_ == 16 and choose_splits(
+        batch, hkv, row_blocks, max_context, sms, programs_per_sm=SPLIT_REGIME_LAUNCH["programs_per_sm"],
+        min_keys_per_split=min_keys_per_split) > 1
+
+
+def launch_variants(head_dim: int, block_m_: int) -> tuple:
+    """The launch overrides that give every compiled variant the plan itself may choose at
+    ``head_dim`` and row block ``block_m_`` (the warmup resolves each): the split regime's and the
+    filled GPU's for a decode program above head dim 128, the one default elsewhere."""
+    if head_dim > 128 and block_m_ == 16:
+        return (dict(SPLIT_REGIME_LAUNCH), dict(FILLED_LAUNCH))
+    return ({},)
 
 
 class DecodePlan(tuple):
@@ -135,7 +173,7 @@ class DecodePlan(tuple):
     __slots__ = ()
 
     def __new__(cls, block_m, row_blocks, block_n, num_splits, num_warps=4, num_stages=NUM_STAGES,
-                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch_pages=PREFETCH_PAGES, d_pieces=D_PIECES):
+                min_chunk=MIN_KEYS_PER_SPLIT, maxnreg=None, prefetch_pages=False, d_pieces=1):
         return super().__new__(cls, (block_m, row_blocks, block_n, num_splits, num_warps, num_stages, min_chunk,
                                      maxnreg, bool(prefetch_pages), d_pieces))
 
@@ -151,9 +189,9 @@ class DecodePlan(tuple):
     #: a register cap per thread (Triton's maxnreg; None: the compiler's choice): the CTAs an SM
     #: holds at once are bounded by registers, and decode needs many in flight
     maxnreg = property(lambda s: s[7])
-    #: page indices loaded a key block ahead (:data:`PREFETCH_PAGES`)
+    #: page indices loaded a key block ahead (:func:`prefetch_pages`)
     prefetch_pages = property(lambda s: s[8])
-    #: column pieces of the head dim (:data:`D_PIECES`)
+    #: column pieces of the head dim, 1 or 2 (:data:`SPLIT_REGIME_LAUNCH`)
     d_pieces = property(lambda s: s[9])
 
 
@@ -174,7 +212,8 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
     ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
-    maxnreg / prefetch_pages / d_pieces, for the tuning sweep)."""
+    maxnreg / prefetch_pages / d_pieces, for the tuning sweep and the warmup: over the split
+    regime's launch where :func:`in_split_regime`, over the defaults elsewhere)."""
     launch = launch or {}
     unknown = sorted(set(launch) - LAUNCH_KEYS)
     _need(not unknown, f"launch overrides {unknown} are not among {sorted(LAUNCH_KEYS)}")
@@ -184,16 +223,18 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
           f"launch block_m must be a power of two >= 16, got {bm!r}")
     row_blocks = max(1, -(-rows // bm))
     min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
+    if in_split_regime(batch, hkv, row_blocks, max_context, sms, head_dim, bm, min_chunk):
+        launch = {**SPLIT_REGIME_LAUNCH, **launch}
     if num_splits is None:
         num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
                                    programs_per_sm=launch.get("programs_per_sm", programs_per_sm(head_dim)),
                                    min_keys_per_split=min_chunk)
     _need(isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS,
           f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    pieces = launch.get("d_pieces", D_PIECES)
+    pieces = launch.get("d_pieces", 1)
     _need(pieces in (1, 2) and not isinstance(pieces, bool), f"launch d_pieces must be 1 or 2, got {pieces!r}")
     bn = launch.get("block_n", block_n(head_dim, bm))
     warps = launch.get("num_warps", num_warps(bm, head_dim))
     return DecodePlan(bm, row_blocks, bn, num_splits, warps, launch.get("num_stages", NUM_STAGES), min_chunk,
                       launch.get("maxnreg", maxnreg(head_dim, warps)) or None,
-                      launch.get("prefetch_pages", PREFETCH_PAGES), pieces)
+                      launch.get("prefetch_pages", prefetch_pages(head_dim)), pieces)

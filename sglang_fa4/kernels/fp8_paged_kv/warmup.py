@@ -1,7 +1,8 @@
 """What the paged FP8 KV route compiles per layer shape, for the warmup registry.
 
 Two Triton families: the split-KV decode kernel (``fp8_paged_decode``, a :class:`SplitKvShape`:
-decode with one split and with several, with and without the LSE, and the extend row blocks up to
+decode with one split and with several, with and without the LSE, in each launch the plan may
+choose (:func:`.decode_plan.launch_variants`), and the extend row blocks up to
 the route's ``split_kv_max_q`` new tokens -- every row block size for a layer that takes this
 kernel at every call size, head dim 512 with its bf16 q) and the page gather (``fp8_paged_gather``,
 a :class:`~.gather.GatherShape`). The SM90 FP8 forward variants the gather route launches are the
@@ -19,7 +20,7 @@ from sglang_fa4.kernels.compile_events import KernelFamily
 from sglang_fa4.kernels.fp8_paged_kv import gather
 from sglang_fa4.kernels.fp8_paged_kv.attention import paged_decode_attention
 from sglang_fa4.kernels.fp8_paged_kv.batch_plan import gather_runs
-from sglang_fa4.kernels.fp8_paged_kv.decode_plan import block_m, max_block_m
+from sglang_fa4.kernels.fp8_paged_kv.decode_plan import block_m, launch_variants, max_block_m
 
 FP8 = torch.float8_e4m3fn
 
@@ -67,20 +68,23 @@ def warm_split_kv(shape: SplitKvShape, device) -> int:
         rows_for.setdefault(block_m(max_q * group, d), max_q)
     cache = torch.zeros((4, page, hkv, d), dtype=FP8, device=device)
     table = torch.zeros((1, 2), dtype=torch.int32, device=device)
-    for max_q in sorted(rows_for.values()):
+    for bm, max_q in sorted(rows_for.items(), key=lambda kv: kv[1]):
         seqlens = torch.tensor([max_q + 1], dtype=torch.int32, device=device)
         cu = torch.tensor([0, max_q], dtype=torch.int32, device=device)
         q = torch.zeros((max_q, hq, d), dtype=getattr(torch, shape.q_dtype), device=device)
         plain = max_q <= limit or shape.every_call()  # else only image prefills take this kernel there
         images = torch.full((max_q, 2), -1, dtype=torch.int32, device=device)
-        for splits in (1, 2):
-            for lse in ((False, True) if max_q == 1 and plain else (False,)):
-                if plain:
-                    paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True,
-                                           num_splits=splits, return_lse=lse)
-                if shape.images and not lse:
-                    paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True,
-                                           num_splits=splits, image_ranges=images)
+        # each launch the plan may choose for this row block by itself (above head dim 128 the split
+        # regime's and the filled GPU's: a small warm call would plan only one of them)
+        for launch in launch_variants(d, bm):
+            for splits in (1, 2):
+                for lse in ((False, True) if max_q == 1 and plain else (False,)):
+                    if plain:
+                        paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True,
+                                               num_splits=splits, return_lse=lse, launch=launch or None)
+                    if shape.images and not lse:
+                        paged_decode_attention(q, cache, cache, table, seqlens, cu, max_q, causal=True,
+                                               num_splits=splits, image_ranges=images, launch=launch or None)
     return compile_events.count("triton") - before
 
 
