@@ -116,7 +116,8 @@ NUM_STAGES = 3
 #: inside the block. Inside, Triton 3.6-3.8's pipeliner keeps a single K/V buffer and waits for every
 #: copy at each step; ahead, it double-buffers K and V (results/cpu/decode_pipeline-triton*.md). On an
 #: H100 ahead took 0.87-1.01x the time at d128 (median of the interleaved rounds' ratios, 42 cases:
-#: batch 1 of Qwen's 4 kv heads 0.87-0.90x, batch 64-128 0.93-0.95x, the rest 0.99-1.01x) and
+#: batch 1 0.87-1.01x, of Qwen's 4 kv heads 0.87-0.90x; Llama's batch 64-128 0.93-0.95x; the rest
+#: 0.99-1.01x) and
 #: 1.03-1.28x at d256 and d512, where the second buffer's shared memory costs a CTA an SM
 #: (results/h100/decode_tune-candidate.json.gz, decode_tune-custom.json.gz, decode-best-{1,2}.md).
 PREFETCH_PAGES_MAX_HEAD_DIM = 128
