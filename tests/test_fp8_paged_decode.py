@@ -215,6 +215,39 @@ def test_split_regime_launch_above_head_dim_128_while_the_batch_leaves_the_gpu_u
     assert [S.in_split_regime(1, 1, 1, 8192, 132, d, 16) for d in (128, 129)] == [False, True]
 
 
+def test_splits_filling_waves_past_one_wave():
+    """The candidate's split rule (launch fill_waves): the one-wave rule's count while two splits fit
+    one wave; past that, the fewest splits whose CTAs use their waves within FILL_SLACK of the best
+    count, where the one-wave rule keeps 1 however little of its last wave the batch fills."""
+    fill = S.choose_splits_filling_waves
+    wave = 3 * 132
+    # d256 batch 64 x 8 kv heads: 512 CTAs use 65% of two waves; 3 splits: 1536 of four waves' 1584
+    assert S.wave_use(512, wave) == 512 / 792 and S.wave_use(1536, wave) == 1536 / 1584
+    assert choose_splits(64, 8, 1, 8192, 132, programs_per_sm=3) == 1
+    assert fill(64, 8, 1, 8192, 132, programs_per_sm=3) == 3
+    assert fill(32, 8, 1, 8192, 132, programs_per_sm=3) == 3  # 256 CTAs: 768 of two waves' 792
+    # room for two splits in one wave (198 CTAs, exact boundary): the one-wave rule's count, not fewer
+    for batch, hkv, ctx in ((99, 2, 8192), (1, 8, 8192), (16, 8, 8192), (1, 1, 10**6)):
+        assert fill(batch, hkv, 1, ctx, 132, programs_per_sm=3) == choose_splits(batch, hkv, 1, ctx, 132,
+                                                                                programs_per_sm=3)
+    assert fill(99, 2, 1, 8192, 132, programs_per_sm=3) == 2
+    # 199 CTAs: past it; the count is the fewest within the slack of the best use (checked by definition)
+    got = fill(199, 1, 1, 8192, 132, programs_per_sm=3)
+    uses = {n: S.wave_use(199 * n, wave) for n in range(1, 33)}
+    assert uses[got] >= max(uses.values()) - S.FILL_SLACK
+    assert all(uses[n] < max(uses.values()) - S.FILL_SLACK for n in range(1, got)) and got > 1
+    # the context and max_splits bound it as they bound the one-wave rule
+    assert fill(64, 8, 1, 511, 132, programs_per_sm=3) == 1 and fill(64, 8, 1, 512, 132, programs_per_sm=3) == 2
+    assert fill(64, 8, 1, 8192, 132, programs_per_sm=3, max_splits=2) == 2
+    assert fill(0, 8, 1, 8192, 132, programs_per_sm=3) == 1 == fill(64, 8, 1, 0, 132, programs_per_sm=3)
+    # through the plan: the candidate launch at d256 batch 64 (not the split regime: one wave is full)
+    p = S.plan(64, 8, 2, 256, 1, 8192, 132, launch=S.CANDIDATE)
+    assert (p.num_splits, p.d_pieces, p.maxnreg) == (3, 2, 168) and S.CANDIDATE["fill_waves"] is True
+    assert S.plan(64, 8, 2, 256, 1, 8192, 132).num_splits == 1  # the default: 512 CTAs at 2 an SM
+    with pytest.raises(PagedKVError, match="fill_waves must be true or false, got 1"):
+        S.plan(64, 8, 2, 256, 1, 8192, 132, launch={"fill_waves": 1})
+
+
 def test_plan_blocks_and_bounds():
     p = S.plan(8, 4, 7, 128, 1, 8192, 132)
     assert (p.block_m, p.row_blocks, p.block_n) == (16, 1, 64)  # 7 rows padded to 16

@@ -127,13 +127,10 @@ def candidates(d: int, smoke: bool) -> list[dict]:
 #: 32 capped at 168 16 B (3 CTAs), at 128 128 B (4); d128 block 64 at 128 32 B (4), block 32 at 96 32 B (5))
 OCCUPANCY_CAP = {128: {"block_n": 32, "maxnreg": 96, "programs_per_sm": 5},
                  256: {"block_n": 32, "maxnreg": 168, "programs_per_sm": 3}}
-#: the head dim in two column pieces (decode_plan launch ``d_pieces``) under register caps for more
-#: CTAs an SM, 64 keys a step kept (32 at d512): with half a K/V tile live at once the capped kernel
-#: spills far less (benchmark/results/cpu/decode_pieces-triton*.md)
-PIECES_CAPS = {128: [{"d_pieces": 2, "maxnreg": 96, "programs_per_sm": 5}],
-               256: [{"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3},
-                     {"d_pieces": 2, "maxnreg": 128, "programs_per_sm": 4}],
-               512: [{"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3}]}
+#: the head dim in two column pieces (decode_plan launch ``d_pieces``) under a d128 register cap for
+#: more CTAs an SM (above d128 the split regime's launch, decode_plan.SPLIT_REGIME_LAUNCH, is the
+#: default where it won and part of the candidate elsewhere)
+PIECES_CAPS = {128: [{"d_pieces": 2, "maxnreg": 96, "programs_per_sm": 5}]}
 
 
 def head_dim_bucket(d: int) -> int:
@@ -206,16 +203,11 @@ def run_shape(shape, smoke: bool, rounds: int, replays: int, device, seed: int, 
         for kernel, c in (cands[:2] if smoke else cands):
             label = f"{kernel} {json.dumps(c, sort_keys=True)}"
             variants[label] = ({**c, "kernel": kernel} if kernel == "transposed" else c, None, "tight")
-    elif sweep == "candidate":  # decode_plan.CANDIDATE (the launch under evaluation), alone and with
-        # what it may shift
-        cands = [dict(S.CANDIDATE), {**S.CANDIDATE, "num_stages": 4}, {**S.CANDIDATE, "block_n": 32}]
-        if d <= 128:
-            cands.append({**S.CANDIDATE, "block_n": 128})
-        if d <= 256:  # and with the occupancy sweep's register cap
-            cands.append({**S.CANDIDATE, **OCCUPANCY_CAP[head_dim_bucket(d)]})
-        # the head dim in two pieces under a cap, alone and with the candidate
-        pieces = PIECES_CAPS[head_dim_bucket(d)]
-        cands += pieces + [{**S.CANDIDATE, **pieces[0]}]
+    elif sweep == "candidate":  # decode_plan.CANDIDATE (the launch under evaluation) beside its parts
+        cands = [dict(S.CANDIDATE), dict(S.SPLIT_REGIME_LAUNCH), {"fill_waves": True},
+                 {**S.CANDIDATE, "num_stages": 4}]
+        if d <= 128:  # and the head-dim pieces under the d128 caps
+            cands += PIECES_CAPS[128]
         variants = product_variants(cands, smoke)
     elif sweep == "occupancy":  # more CTAs an SM by a register cap (OCCUPANCY_CAP and its neighbours)
         if d > 256:
@@ -426,7 +418,8 @@ def main() -> None:
             if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES,
                                               "kernel": KERNEL_SHAPES + GEMMA_SHAPES,
                                               "occupancy": KERNEL_SHAPES + ("d256 b16 8k P16",),
-                                              "candidate": KERNEL_SHAPES + ("d256 b16 8k P16",) + GEMMA_SHAPES,
+                                              "candidate": KERNEL_SHAPES + ("d256 b16 8k P16", "d256 b64 8k P16")
+                                              + GEMMA_SHAPES,
                                               "custom": KERNEL_SHAPES + ("d256 b16 8k P16", "d256 b64 8k P16")
                                               + GEMMA_SHAPES,
                                               }.get(sweep, (shape[0],)):

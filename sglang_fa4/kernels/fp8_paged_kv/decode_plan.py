@@ -60,6 +60,36 @@ def choose_splits(batch: int, kv_heads: int, row_blocks: int, max_context: int, 
     return max(1, min(one_wave, by_context, max_splits))
 
 
+#: the wave-filling rule's slack: the fewest splits whose wave use is within this of the best count's
+FILL_SLACK = 0.05
+
+
+def wave_use(ctas: int, wave: int) -> float:
+    """The share of the CTA slots ``ctas`` CTAs use over the whole waves of ``wave`` slots they take."""
+    return ctas / (-(-ctas // wave) * wave)
+
+
+def choose_splits_filling_waves(batch: int, kv_heads: int, row_blocks: int, max_context: int, sm_count: int, *,
+                                programs_per_sm: int, min_keys_per_split: int = MIN_KEYS_PER_SPLIT,
+                                max_splits: int = MAX_SPLITS) -> int:
+    """Splits per sequence that fill whole waves: :func:`choose_splits`' count where the batch leaves
+    room for two splits in one wave; past that, the fewest splits whose CTAs use the waves they
+    start within :data:`FILL_SLACK` of the best count's use (the one-wave rule keeps 1 there,
+    however little of its waves the batch fills: 512 CTAs on a wave of 396 use 65% of two).
+    Same bounds as :func:`choose_splits` (context, ``max_splits``); a candidate
+    (launch ``fill_waves``)."""
+    one_wave = choose_splits(batch, kv_heads, row_blocks, max_context, sm_count, programs_per_sm=programs_per_sm,
+                             min_keys_per_split=min_keys_per_split, max_splits=max_splits)
+    base = batch * kv_heads * row_blocks
+    if one_wave > 1 or base == 0 or max_context == 0:  # splits that fit one wave: the more the better
+        return one_wave
+    wave = programs_per_sm * sm_count
+    top = max(1, min(max_context // min_keys_per_split, max_splits))
+    use = {s: wave_use(base * s, wave) for s in range(1, top + 1)}
+    best = max(use.values())
+    return min(s for s, u in use.items() if u >= best - FILL_SLACK)
+
+
 def programs_per_sm(head_dim: int) -> int:
     """CTAs of the decode program an SM holds at once (:data:`PROGRAMS_PER_SM`)."""
     return PROGRAMS_PER_SM if head_dim <= 128 else PROGRAMS_PER_SM_WIDE
@@ -143,8 +173,11 @@ SPLIT_REGIME_LAUNCH = {"d_pieces": 2, "maxnreg": 168, "programs_per_sm": 3}
 FILLED_LAUNCH = {"d_pieces": 1, "maxnreg": None}
 #: the launch change under evaluation: ``bench decode``'s ``fa4_fp8_split_kv_candidate`` and
 #: ``decode_tune.py --sweep candidate`` time it beside the default: the split regime's launch at
-#: every batch (0.87-1.09x of the default's time where the batch fills the GPU: mixed)
-CANDIDATE = dict(SPLIT_REGIME_LAUNCH)
+#: every batch with splits that fill whole waves (:func:`choose_splits_filling_waves`). Where the
+#: batch fills the GPU the split regime's launch took 0.87-1.09x of the default's time with one
+#: split, and its losses were where its wave of 3 CTAs an SM was filled least (d256 batch 64: 512
+#: CTAs, 65% of two waves); with 3 splits there they fill 97% of four.
+CANDIDATE = {**SPLIT_REGIME_LAUNCH, "fill_waves": True}
 
 
 def in_split_regime(batch: int, hkv: int, row_blocks: int, max_context: int, sms: int, head_dim: int,
@@ -206,14 +239,14 @@ def _need(cond: bool, msg: str) -> None:
 
 #: what ``plan``'s ``launch`` may override
 LAUNCH_KEYS = frozenset({"block_m", "block_n", "num_warps", "num_stages", "min_chunk", "programs_per_sm", "maxnreg",
-                         "prefetch_pages", "d_pieces"})
+                         "prefetch_pages", "d_pieces", "fill_waves"})
 
 
 def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max_context: int, sms: int,
          num_splits: Optional[int] = None, *, launch: Optional[dict] = None) -> DecodePlan:
     """The grid's host facts for one call (``num_splits`` forces a split count, tests/bench;
     ``launch`` overrides block_m / block_n / num_warps / num_stages / min_chunk / programs_per_sm /
-    maxnreg / prefetch_pages / d_pieces, for the tuning sweep and the warmup: over the split
+    maxnreg / prefetch_pages / d_pieces / fill_waves, for the tuning sweep and the warmup: over the split
     regime's launch where :func:`in_split_regime`, over the defaults elsewhere)."""
     launch = launch or {}
     unknown = sorted(set(launch) - LAUNCH_KEYS)
@@ -226,10 +259,13 @@ def plan(batch: int, hkv: int, group: int, head_dim: int, max_seqlen_q: int, max
     min_chunk = launch.get("min_chunk", MIN_KEYS_PER_SPLIT)
     if in_split_regime(batch, hkv, row_blocks, max_context, sms, head_dim, bm, min_chunk):
         launch = {**SPLIT_REGIME_LAUNCH, **launch}
+    fill = launch.get("fill_waves", False)
+    _need(isinstance(fill, bool), f"launch fill_waves must be true or false, got {fill!r}")
     if num_splits is None:
-        num_splits = choose_splits(batch, hkv, row_blocks, max_context, sms,
-                                   programs_per_sm=launch.get("programs_per_sm", programs_per_sm(head_dim)),
-                                   min_keys_per_split=min_chunk)
+        rule = choose_splits_filling_waves if fill else choose_splits
+        num_splits = rule(batch, hkv, row_blocks, max_context, sms,
+                          programs_per_sm=launch.get("programs_per_sm", programs_per_sm(head_dim)),
+                          min_keys_per_split=min_chunk)
     _need(isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS,
           f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     pieces = launch.get("d_pieces", 1)
