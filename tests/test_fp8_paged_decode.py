@@ -93,10 +93,8 @@ def _matrix_cases() -> dict:
             "edge-window-narrower-than-rows-d256", "edge-last-split-shorter-than-rows", "ctx3-splits8",
             "edge-descales-wide-k-none-v", "edge-zero-length-sequence", "decode-vs-extend", "decode-vs-extend-window"]:
         cases[f"pieces-{name}"] = {**cases[name], "launch": {"d_pieces": 2}}
-        # above head dim 128 the plan takes two pieces by itself while the GPU is unfilled (these
-        # small batches with long contexts): the whole head dim there too, as a filled GPU runs it
-        if cases[name].get("d", 0) > 128 and not name.startswith("candidate-"):
-            cases[f"whole-{name}"] = {**cases[name], "launch": {"d_pieces": 1}}
+    # (above head dim 128 the plan's own launch is two pieces only in the split regime, which these
+    # short contexts stay out of but for long-5000-window-P1: the default cases run the whole head dim)
     return cases
 
 
@@ -213,6 +211,10 @@ def test_split_regime_launch_above_head_dim_128_while_the_batch_leaves_the_gpu_u
     assert S.launch_variants(512, 16) == (S.SPLIT_REGIME_LAUNCH, S.FILLED_LAUNCH)
     assert S.launch_variants(256, 32) == S.launch_variants(128, 16) == ({},)
     assert [S.in_split_regime(1, 1, 1, 8192, 132, d, 16) for d in (128, 129)] == [False, True]
+    # the interpreter matrix's long-5000-window-P1 (d256, 8 SMs) runs the split regime's launch by its
+    # own plan; its short-context cases run the whole head dim
+    assert CASES["long-5000-window-P1"]["d"] == 256 and S.plan(1, 1, 7, 256, 1, 5001, 8).d_pieces == 2
+    assert S.plan(1, 1, 7, 256, 1, 400, 132).d_pieces == 1
 
 
 def test_splits_filling_waves_past_one_wave():
