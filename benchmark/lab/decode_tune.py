@@ -62,6 +62,8 @@ LAUNCH_SHAPES = ("llama b1 32k P16", "llama b32 8k P16", "qwen b1 32k P16", "d25
 KERNEL_SHAPES = LAUNCH_SHAPES + ("llama b8 8k P16", "llama b128 4k P16", "d256 b1 32k P16")
 #: the d512 sweep's (--sweep kernel --shapes gemma)
 GEMMA_SHAPES = ("gemma d512 b1 32k P16", "gemma d512 b8 8k P16", "gemma d512 b64 8k P16")
+#: the candidate and custom sweeps': the kernel shapes, d256 at batch 16 and 64, the d512 ones
+CANDIDATE_SHAPES = KERNEL_SHAPES + ("d256 b16 8k P16", "d256 b64 8k P16") + GEMMA_SHAPES
 #: bytes the layers of one shape span at least (several times the 50-60 MB L2)
 COLD_BYTES = 384 << 20
 MAX_LAYERS = 48
@@ -134,7 +136,7 @@ PIECES_CAPS = {128: [{"d_pieces": 2, "maxnreg": 96, "programs_per_sm": 5}]}
 
 
 def head_dim_bucket(d: int) -> int:
-    """The key of OCCUPANCY_CAP / PIECES_CAPS a head dim falls under (OCCUPANCY_CAP has no 512)."""
+    """The ``--variants`` key a head dim falls under."""
     return 128 if d <= 128 else 256 if d <= 256 else 512
 
 
@@ -418,10 +420,8 @@ def main() -> None:
             if not smoke and shape[0] not in {"launch": LAUNCH_SHAPES,
                                               "kernel": KERNEL_SHAPES + GEMMA_SHAPES,
                                               "occupancy": KERNEL_SHAPES + ("d256 b16 8k P16",),
-                                              "candidate": KERNEL_SHAPES + ("d256 b16 8k P16", "d256 b64 8k P16")
-                                              + GEMMA_SHAPES,
-                                              "custom": KERNEL_SHAPES + ("d256 b16 8k P16", "d256 b64 8k P16")
-                                              + GEMMA_SHAPES,
+                                              "candidate": CANDIDATE_SHAPES,
+                                              "custom": CANDIDATE_SHAPES,
                                               }.get(sweep, (shape[0],)):
                 continue
             if sweep == "custom" and not custom_launches(args.variants, shape[6]):

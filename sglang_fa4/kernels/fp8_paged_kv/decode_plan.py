@@ -180,13 +180,19 @@ FILLED_LAUNCH = {"d_pieces": 1, "maxnreg": None}
 CANDIDATE = {**SPLIT_REGIME_LAUNCH, "fill_waves": True}
 
 
+def _has_split_regime(head_dim: int, block_m_: int) -> bool:
+    """A decode program (16 rows) above head dim 128: the one that takes SPLIT_REGIME_LAUNCH or
+    FILLED_LAUNCH by the batch."""
+    return head_dim > 128 and block_m_ == 16
+
+
 def in_split_regime(batch: int, hkv: int, row_blocks: int, max_context: int, sms: int, head_dim: int,
                     block_m_: int, min_keys_per_split: int = MIN_KEYS_PER_SPLIT) -> bool:
     """Whether a decode program (16 rows) above head dim 128 takes :data:`SPLIT_REGIME_LAUNCH`: the
     one-wave rule at its 3 CTAs an SM splits the keys (the batch's CTAs alone fill less than half
     that wave, and the context allows two splits). Host facts only, as :func:`choose_splits`: a
     captured graph's launch is fixed per batch size."""
-    return head_dim > 128 and block_m_ == 16 and choose_splits(
+    return _has_split_regime(head_dim, block_m_) and choose_splits(
         batch, hkv, row_blocks, max_context, sms, programs_per_sm=SPLIT_REGIME_LAUNCH["programs_per_sm"],
         min_keys_per_split=min_keys_per_split) > 1
 
@@ -195,7 +201,7 @@ def launch_variants(head_dim: int, block_m_: int) -> tuple:
     """The launch overrides that give every compiled variant the plan itself may choose at
     ``head_dim`` and row block ``block_m_`` (the warmup resolves each): the split regime's and the
     filled GPU's for a decode program above head dim 128, the one default elsewhere."""
-    if head_dim > 128 and block_m_ == 16:
+    if _has_split_regime(head_dim, block_m_):
         return (dict(SPLIT_REGIME_LAUNCH), dict(FILLED_LAUNCH))
     return ({},)
 
